@@ -1,0 +1,38 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU wheel of torch. Unpinned, pip would pull a CUDA build of several GB.
+TORCH := torch==2.13.0
+EXTRAS := torch,cpu,rtx,samples,dev
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: install samples demo test lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q '$(TORCH)'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]' '$(TORCH)'
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+samples: install
+	$(BIN)/python -m tensorsmith.samples.prepare
+
+demo: samples
+	$(BIN)/tensorsmith compile samples/minilm/tensorsmith.toml -o build/minilm
+	$(BIN)/tensorsmith run build/minilm --inputs samples/minilm/evaluation.npz --output build/minilm-outputs.npz
+	$(BIN)/python -m tensorsmith.samples.minilm.parity build/minilm
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy compiler passes calibration runtime cli samples
+
+test: samples lint
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,178 @@
+"""The `tensorsmith` command. Each command parses flags, calls one library function, and prints."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+from rich.table import Table
+
+from tensorsmith.cli.output import emit_json, handle_errors, setup_logging, stderr, stdout
+from tensorsmith.runtime.errors import TensorsmithError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug); tracebacks on errors.")
+@click.version_option(package_name="tensorsmith")
+def main(verbose: int) -> None:
+    """tensorsmith: compile PyTorch and ONNX models into per-architecture TensorRT engines."""
+    setup_logging(verbose)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Any]:
+    """A rich spinner with the current stage on a terminal; plain log lines (at -v) otherwise."""
+    if enabled and stderr.is_terminal:
+        with stderr.status("compiling") as status:
+            yield lambda text: status.update(text)
+    else:
+        yield None
+
+
+@main.command("compile")
+@click.argument("source")
+@click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Artifact directory.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="tensorsmith.toml with settings.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), help=".safetensors or .pt/.pth (weights only).")
+@click.option("--input", "inputs", multiple=True, metavar="NAME:DTYPE:DIMS", help="e.g. input_ids:int64:batch,128")
+@click.option("--output-name", "outputs", multiple=True, help="Names for the model's outputs, in order.")
+@click.option("--opset", type=int, help="ai.onnx opset of the compiled graph (default 20).")
+@click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), help="PyTorch exporter.")
+@click.option("--target", "targets", multiple=True, metavar="TARGET", help="Architecture to compile for (cpu).")
+@click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@handle_errors
+def compile_command(
+    source: str,
+    out: Path,
+    config_path: Path | None,
+    checkpoint: Path | None,
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    opset: int | None,
+    exporter: str | None,
+    targets: tuple[str, ...],
+    no_verify: bool,
+    as_json: bool,
+) -> None:
+    """Compile SOURCE (a tensorsmith.toml, model.onnx, model.pt2, or pkg.module:function) into OUT."""
+    from tensorsmith.compiler import CompileConfig, compile
+    from tensorsmith.compiler.config import parse_input_flag
+
+    overrides: dict[str, Any] = {
+        "checkpoint": str(checkpoint.resolve()) if checkpoint else None,
+        "inputs": [parse_input_flag(text) for text in inputs] or None,
+        "outputs": list(outputs) or None,
+        "opset": opset,
+        "exporter": exporter,
+        "targets": list(targets) or None,
+        "verify": False if no_verify else None,
+    }
+    if source.endswith(".toml"):
+        config = CompileConfig.from_toml(source, **overrides)
+    else:
+        if source.endswith((".onnx", ".pt2")):
+            source = str(Path(source).resolve())
+        if config_path is not None:
+            config = CompileConfig.from_toml(config_path, source=source, **overrides)
+        else:
+            fields = {key: value for key, value in overrides.items() if value is not None}
+            config = CompileConfig.create({"source": source, **fields})
+
+    with _progress(not as_json) as on_stage:
+        result = compile(config, out, on_stage=on_stage)
+
+    manifest = result.manifest
+    if as_json:
+        emit_json({"ok": True, "out": str(result.out), "seconds": result.seconds, **manifest.model_dump(mode="json")})
+        return
+    stdout.print(f"[bold green]compiled[/] {config.source} → {result.out} in {result.seconds:.1f} s")
+    stdout.print(f"  exporter: {manifest.source.exporter}, opset {manifest.source.opset} → {config.opset}")
+    for record in manifest.passes:
+        stdout.print(f"  pass {record.name}: {record.counts} ({record.seconds:.2f} s)")
+    for variant in manifest.variants:
+        accuracy = ", ".join(f"{k}={v:.2e}" for k, v in variant.accuracy.items()) or "not verified"
+        stdout.print(f"  variant {variant.name}: {variant.path} ({accuracy})")
+    for target in manifest.targets:
+        stdout.print(f"  target {target.name}: {target.status} ({target.reason})")
+
+
+@main.command("run")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--inputs", "inputs_path", required=True, type=click.Path(path_type=Path), help="Feeds (.npz).")
+@click.option("--output", "output_path", type=click.Path(path_type=Path), help="Write the outputs here (.npz).")
+@click.option("--backend", type=click.Choice(["auto", "tensorrt", "onnxruntime"]), default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@handle_errors
+def run_command(artifact: Path, inputs_path: Path, output_path: Path | None, backend: str, as_json: bool) -> None:
+    """Run the artifact ARTIFACT on the arrays in an .npz file."""
+    from tensorsmith.runtime import load
+
+    try:
+        with np.load(inputs_path, allow_pickle=False) as archive:
+            feeds = {name: archive[name] for name in archive.files}
+    except (OSError, ValueError) as err:
+        raise TensorsmithError(f"cannot read feeds from {inputs_path}: {err}", hint="pass an .npz of arrays") from err
+    with load(artifact, backend=backend) as model:
+        outputs = model.run(feeds)
+        backend_name, reason = model.backend, model.fallback_reason
+    if output_path is not None:
+        np.savez(output_path, **outputs)
+    summary = {name: {"shape": list(array.shape), "dtype": array.dtype.name} for name, array in outputs.items()}
+    if as_json:
+        emit_json({"ok": True, "backend": backend_name, "fallback_reason": reason, "outputs": summary})
+        return
+    stdout.print(f"backend: {backend_name}" + (f" (fallback: {reason})" if reason else ""))
+    for name, info in summary.items():
+        stdout.print(f"  {name}: {info['dtype']} {tuple(info['shape'])}")
+    if output_path is not None:
+        stdout.print(f"wrote {output_path}")
+
+
+def _specs_table(title: str, records: list[dict[str, Any]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("name", "dtype", "shape"):
+        table.add_column(column)
+    for record in records:
+        table.add_row(record["name"], record["dtype"], str(record["shape"]))
+    return table
+
+
+@main.command("inspect")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@handle_errors
+def inspect_command(path: Path, as_json: bool) -> None:
+    """Summarize an artifact directory OUT or an ONNX file."""
+    from tensorsmith.compiler.inspection import inspect_path
+
+    summary = inspect_path(path)
+    if as_json:
+        emit_json({"ok": True, **summary})
+        return
+    if summary["kind"] == "onnx":
+        stdout.print(
+            f"[bold]{path}[/]: opset {summary['opset']}, {summary['nodes']} nodes, "
+            f"{summary['parameters']:,} parameters, {summary['bytes'] / 1e6:.1f} MB ({summary['producer']})"
+        )
+        stdout.print(_specs_table("inputs", summary["inputs"]))
+        stdout.print(_specs_table("outputs", summary["outputs"]))
+        stdout.print("ops: " + ", ".join(f"{op}×{count}" for op, count in summary["ops"].items()))
+        return
+    source = summary["source"]
+    stdout.print(f"[bold]{path}[/]: tensorsmith {summary['tensorsmith_version']} artifact")
+    stdout.print(
+        f"  source: {source['kind']} {source['path']} (exporter {source['exporter']}, opset {source['opset']})"
+    )
+    stdout.print(_specs_table("inputs", summary["inputs"]))
+    stdout.print(_specs_table("outputs", summary["outputs"]))
+    for record in summary["passes"]:
+        stdout.print(f"  pass {record['name']}: changed={record['changed']} {record['counts']}")
+    for variant in summary["variants"]:
+        stdout.print(f"  variant {variant['name']}: {variant['path']} {variant['precisions']} {variant['accuracy']}")
+    for target in summary["targets"]:
+        stdout.print(f"  target {target['name']}: {target['status']} via {target['builder']} ({target['reason']})")

@@ -1,0 +1,62 @@
+"""How commands talk: one JSON object on stdout with --json, rich text otherwise; errors as one line + hint."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from tensorsmith.runtime.errors import TensorsmithError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# soft_wrap: long lines stay whole when piped to a file or a CI log.
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    if stderr.is_terminal:
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(console=stderr, show_path=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    # The exporters and Polygraphy are chatty at INFO; keep them to warnings unless -vv.
+    for name in ("torch", "onnxscript", "polygraphy", "onnx_ir"):
+        logging.getLogger(name).setLevel(logging.ERROR if verbose < 2 else logging.DEBUG)
+
+
+def emit_json(payload: dict[str, Any]) -> None:
+    click.echo(json.dumps(payload, indent=2, default=str))
+
+
+def handle_errors(command: F) -> F:
+    """Turn a TensorsmithError (or a ValueError from input checks) into one line + hint on stderr and exit 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        context = click.get_current_context()
+        verbose = (context.find_root().params.get("verbose") or 0) > 0
+        try:
+            return command(*args, **kwargs)
+        except (TensorsmithError, ValueError) as err:
+            if verbose:
+                stderr.print_exception()
+            hint = getattr(err, "hint", None)
+            message = getattr(err, "message", str(err))
+            if kwargs.get("as_json"):
+                emit_json({"ok": False, "error": message, "hint": hint, "type": type(err).__name__})
+            click.echo(f"error: {message}" + (f" (hint: {hint})" if hint else ""), err=True)
+            sys.exit(1)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,80 @@
+"""Load weights into a module from safetensors or a weights-only torch checkpoint; never unpickle objects."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tensorsmith.compiler.errors import ExportError
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+_LIST_LIMIT = 8  # names shown in an error before "... and N more"
+
+
+def _names(keys: list[str]) -> str:
+    shown = ", ".join(keys[:_LIST_LIMIT])
+    return shown + (f" … and {len(keys) - _LIST_LIMIT} more" if len(keys) > _LIST_LIMIT else "")
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors in `path`: `.safetensors`, or `.pt`/`.pth`/`.bin` via `torch.load(weights_only=True)`."""
+    import torch
+
+    if not path.is_file():
+        raise ExportError(f"checkpoint {path} does not exist", hint="check --checkpoint or `checkpoint` in the TOML")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ExportError(f"checkpoint {path} is not a valid safetensors file: {err}") from err
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for a bad file
+        raise ExportError(
+            f"checkpoint {path} could not be loaded with weights_only=True: {str(err).splitlines()[0]}",
+            hint="tensorsmith loads tensors only, never arbitrary pickled objects; save a state_dict "
+            "(torch.save(model.state_dict(), path)) or use safetensors",
+        ) from err
+    if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
+        loaded = loaded["state_dict"]  # the common {"state_dict": ..., "epoch": ...} training checkpoint
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise ExportError(
+            f"checkpoint {path} holds a {type(loaded).__name__}, not a state_dict of tensors",
+            hint="save model.state_dict() rather than the model object",
+        )
+    return loaded
+
+
+def load_checkpoint(module: torch.nn.Module, path: Path) -> None:
+    """Load `path` into `module`, strictly: missing, unexpected and mis-shaped keys are errors, named."""
+    state = read_state_dict(path)
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    mismatched = [
+        f"{key} {tuple(state[key].shape)} vs {tuple(expected[key].shape)}"
+        for key in sorted(set(state) & set(expected))
+        if state[key].shape != expected[key].shape
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {_names(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {_names(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatches (checkpoint vs model): {_names(mismatched)}")
+    if problems:
+        raise ExportError(
+            f"checkpoint {path} does not fit {type(module).__name__}: {'; '.join(problems)}",
+            hint="check that the factory builds the same architecture the checkpoint was saved from",
+        )
+    module.load_state_dict(state, strict=True)
+    logger.info("loaded %d tensors from %s", len(state), path)

@@ -1,0 +1,163 @@
+"""`CompileConfig`: everything `compile` needs, read from `tensorsmith.toml` or built from CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import tomllib
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tensorsmith.compiler.errors import ConfigError
+
+DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
+SourceKind = Literal["factory", "exported_program", "onnx"]
+
+DEFAULT_OPSET = 20
+# Sizes used for a dynamic dim when exporting and verifying, unless `[dims.NAME] opt` says otherwise. Distinct
+# sizes, none of them 0 or 1, so the exporters neither specialise a dim nor confuse two of them.
+DEFAULT_DYNAMIC_SIZES = (2, 3, 5, 7, 11, 13)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputDecl(_Strict):
+    """One model input. A dim given as a name (e.g. "batch") is dynamic."""
+
+    name: str = Field(description="the forward() argument / ONNX graph input name")
+    dtype: DType = Field(description="numpy dtype name")
+    dims: list[int | str] = Field(description="sizes; a name makes that axis dynamic")
+    value_range: tuple[float, float] | None = Field(
+        None, description="[low, high) of example values used for export and verification (e.g. token ids)"
+    )
+
+    @field_validator("dims")
+    @classmethod
+    def _dims_valid(cls, dims: list[int | str]) -> list[int | str]:
+        for dim in dims:
+            if isinstance(dim, int) and dim < 1:
+                raise ValueError(f"static dim {dim} must be >= 1")
+            if isinstance(dim, str) and not dim.isidentifier():
+                raise ValueError(f"dynamic dim name {dim!r} must be an identifier, like 'batch'")
+        return dims
+
+    def describe(self) -> str:
+        return f"{self.name}:{self.dtype}:{','.join(str(d) for d in self.dims)}"
+
+
+class DimRange(_Strict):
+    """Sizes of one dynamic dim: `opt` is also the size used for export and verification."""
+
+    min: int = Field(1, ge=1)
+    opt: int | None = Field(None, ge=1)
+    max: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DimRange:
+        sizes = [s for s in (self.min, self.opt, self.max) if s is not None]
+        if sizes != sorted(sizes):
+            raise ValueError(f"need min <= opt <= max, got min={self.min} opt={self.opt} max={self.max}")
+        return self
+
+
+class CompileConfig(_Strict):
+    """What to compile and how. Relative paths are resolved against `base_dir` (the TOML file's folder)."""
+
+    source: str = Field(description="a factory 'pkg.module:function', a .pt2 ExportedProgram, or an .onnx file")
+    checkpoint: Path | None = Field(None, description=".safetensors, or .pt/.pth (loaded with weights_only=True)")
+    inputs: list[InputDecl] = Field(default_factory=list, description="required for PyTorch sources")
+    outputs: list[str] = Field(default_factory=list, description="names for the model outputs, in order")
+    dims: dict[str, DimRange] = Field(default_factory=dict, description="sizes of the named dynamic dims")
+    opset: int = Field(DEFAULT_OPSET, ge=13, le=23, description="ai.onnx opset of the compiled graph")
+    exporter: Literal["auto", "dynamo", "torchscript"] = Field(
+        "auto", description="auto: dynamo, then TorchScript if dynamo fails"
+    )
+    targets: list[str] = Field(default_factory=lambda: ["cpu"], description="architectures to compile for")
+    verify: bool = Field(True, description="compare the compiled graph with the source on ONNX Runtime")
+    tolerance: float = Field(1e-4, gt=0, description="max |difference| / max |reference| allowed by verify")
+    base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+
+    @field_validator("targets")
+    @classmethod
+    def _known_targets(cls, targets: list[str]) -> list[str]:
+        for target in targets:
+            if target != "cpu":
+                raise ValueError(
+                    f"target {target!r} is not supported yet; this version compiles for 'cpu' (ONNX Runtime)"
+                )
+        return targets
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> CompileConfig:
+        names = [decl.name for decl in self.inputs]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"inputs declared twice: {duplicates}")
+        return self
+
+    @property
+    def source_kind(self) -> SourceKind:
+        if self.source.endswith(".onnx"):
+            return "onnx"
+        if self.source.endswith(".pt2"):
+            return "exported_program"
+        return "factory"
+
+    def resolve(self, path: Path | str) -> Path:
+        path = Path(path).expanduser()
+        return path if path.is_absolute() else self.base_dir / path
+
+    def example_sizes(self) -> dict[str, int]:
+        """The size each named dynamic dim takes in export and verification feeds."""
+        sizes: dict[str, int] = {}
+        fallback = iter(DEFAULT_DYNAMIC_SIZES)
+        for decl in self.inputs:
+            for dim in decl.dims:
+                if isinstance(dim, str) and dim not in sizes:
+                    configured = self.dims.get(dim)
+                    default = next(fallback, 4)
+                    sizes[dim] = configured.opt if configured and configured.opt else default
+        return sizes
+
+    @classmethod
+    def from_toml(cls, path: str | Path, **overrides: object) -> CompileConfig:
+        """Read a `tensorsmith.toml`; `overrides` (e.g. from CLI flags) replace its top-level keys."""
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text())
+        except FileNotFoundError as err:
+            raise ConfigError(f"{path} does not exist", hint="check the path to tensorsmith.toml") from err
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"{path} is not valid TOML: {err}", hint="see samples/*/tensorsmith.toml") from err
+        raw.update({key: value for key, value in overrides.items() if value is not None})
+        return cls.create(raw, origin=str(path), base_dir=path.resolve().parent)
+
+    @classmethod
+    def create(
+        cls, raw: dict[str, object], origin: str = "command line", base_dir: Path | None = None
+    ) -> CompileConfig:
+        """Validate `raw`; an error names the field and where it came from (`origin`)."""
+        try:
+            config = cls.model_validate({**raw, "base_dir": base_dir or Path.cwd()})
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+            value = first.get("input")
+            more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+            raise ConfigError(
+                f"{origin}: field '{field}': {first['msg']}{more} (got {value!r})",
+                hint="see the CompileConfig fields in compiler/config.py or samples/*/tensorsmith.toml",
+            ) from err
+        return config
+
+
+def parse_input_flag(text: str) -> dict[str, object]:
+    """Parse `--input NAME:DTYPE:DIMS` (e.g. `input_ids:int64:batch,128`) into an InputDecl's fields."""
+    parts = text.rsplit(":", 2)
+    if len(parts) != 3 or not all(parts):
+        raise ConfigError(f"--input {text!r} is not NAME:DTYPE:DIMS", hint="e.g. --input input_ids:int64:batch,128")
+    name, dtype, dims_text = parts
+    dims: list[int | str] = [int(d) if d.strip().isdigit() else d.strip() for d in dims_text.split(",")]
+    return {"name": name, "dtype": dtype, "dims": dims}

@@ -1,0 +1,108 @@
+"""Load, describe and save ONNX models; models over protobuf's 2 GB limit are saved with external data."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+
+from tensorsmith.compiler.config import InputDecl
+from tensorsmith.compiler.errors import ConfigError, ExportError
+from tensorsmith.runtime.manifest import TensorRecord
+
+logger = logging.getLogger(__name__)
+
+PROTOBUF_LIMIT = 2**31 - 1
+# Leave headroom below the limit: the graph and attributes are serialised beside the initialisers.
+EXTERNAL_DATA_THRESHOLD = PROTOBUF_LIMIT - (64 << 20)
+
+
+def load_onnx(path: Path) -> onnx.ModelProto:
+    """Load an ONNX file (and its external data), with an error that names the file when it cannot."""
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist", hint="check the SOURCE path")
+    try:
+        model = onnx.load(str(path))
+    except (DecodeError, OSError, ValueError, RuntimeError) as err:  # truncated or not protobuf, missing data
+        raise ExportError(
+            f"{path} is not a readable ONNX model: {err}",
+            hint="the file may be truncated or not ONNX; re-export it",
+        ) from err
+    if not model.graph.node:
+        raise ExportError(f"{path} holds no graph nodes", hint="the file may be truncated or not ONNX; re-export it")
+    return model
+
+
+def ai_onnx_opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    raise ExportError("the model imports no ai.onnx opset", hint="re-export it with a standard exporter")
+
+
+def save_onnx(model: onnx.ModelProto, path: Path) -> None:
+    """Save `model` to `path`; over 2 GB the weights go to `<name>.data` beside it."""
+    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        logger.info("%s is over 2 GB: saving weights as external data", path.name)
+        onnx.save(model, str(path), save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)
+    else:
+        onnx.save(model, str(path))
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
+    dims: list[int | str] = []
+    if not value.type.tensor_type.HasField("shape"):
+        return dims
+    for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        else:
+            dims.append(dim.dim_param or f"{value.name}_dim{axis}")
+    return dims
+
+
+def _record(value: onnx.ValueInfoProto) -> TensorRecord:
+    elem_type = value.type.tensor_type.elem_type
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name if elem_type else "unknown"
+    return TensorRecord(name=value.name, dtype=dtype, shape=_dims(value))
+
+
+def io_records(model: onnx.ModelProto) -> tuple[list[TensorRecord], list[TensorRecord]]:
+    """The graph's real inputs (initialisers excluded) and its outputs, as manifest records."""
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = [_record(v) for v in model.graph.input if v.name not in initializers]
+    return inputs, [_record(v) for v in model.graph.output]
+
+
+def apply_input_decls(model: onnx.ModelProto, decls: list[InputDecl], origin: str) -> None:
+    """Set the declared dims (a name makes a dim dynamic) on an ONNX source's inputs; check names and dtypes."""
+    graph_inputs = {value.name: value for value in model.graph.input}
+    for decl in decls:
+        value = graph_inputs.get(decl.name)
+        if value is None:
+            raise ConfigError(
+                f"{origin} has no input '{decl.name}'",
+                hint=f"its inputs are {[r.name for r in io_records(model)[0]]}",
+            )
+        actual = _record(value).dtype
+        if actual != decl.dtype:
+            raise ConfigError(
+                f"input '{decl.name}' of {origin} is {actual}, declared {decl.dtype}",
+                hint=f"declare it as {decl.name}:{actual}:…",
+            )
+        shape = value.type.tensor_type.shape
+        if shape.dim and len(shape.dim) != len(decl.dims):
+            raise ConfigError(
+                f"input '{decl.name}' of {origin} has rank {len(shape.dim)}, declared {decl.describe()}",
+                hint=f"its shape is {_dims(value)}",
+            )
+        del shape.dim[:]
+        for dim in decl.dims:
+            entry = shape.dim.add()
+            if isinstance(dim, int):
+                entry.dim_value = dim
+            else:
+                entry.dim_param = dim

@@ -1,0 +1,172 @@
+"""`compile()`: source → ONNX → passes → verified graph → artifact directory (DESIGN.md, "The pipeline")."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from tensorsmith.compiler.artifact import staged_artifact, write_manifest
+from tensorsmith.compiler.config import CompileConfig, InputDecl
+from tensorsmith.compiler.errors import ConfigError, VerificationError
+from tensorsmith.compiler.export import ExportedModel, export_source
+from tensorsmith.compiler.feeds import example_feeds
+from tensorsmith.compiler.ir import ai_onnx_opset, apply_input_decls, io_records, save_onnx
+from tensorsmith.compiler.verify import compare_outputs, run_onnx
+from tensorsmith.compiler.version import __version__
+from tensorsmith.passes import Canonicalize, GraphPass, PassReport, run_passes
+from tensorsmith.runtime.manifest import (
+    FileRecord,
+    Manifest,
+    PassRecord,
+    SourceRecord,
+    TargetRecord,
+    VariantRecord,
+    sha256_of,
+)
+
+logger = logging.getLogger(__name__)
+
+MODEL_NAME = "model.onnx"
+Stage = Callable[[str], None]
+
+
+@dataclass
+class CompileResult:
+    out: Path
+    manifest: Manifest
+    seconds: float
+
+
+def _declare_onnx_inputs(config: CompileConfig, model: onnx.ModelProto) -> CompileConfig:
+    """An ONNX source: apply declared inputs to the graph, or declare the graph's own inputs."""
+    origin = str(config.resolve(config.source))
+    if config.inputs:
+        apply_input_decls(model, config.inputs, origin)
+        return config
+    decls = []
+    for record in io_records(model)[0]:
+        if record.dtype == "unknown":
+            raise ConfigError(f"input '{record.name}' of {origin} has no dtype", hint="declare it with --input")
+        decls.append(InputDecl(name=record.name, dtype=record.dtype, dims=record.shape))
+    return config.model_copy(update={"inputs": decls})
+
+
+def _source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecord:
+    if config.source_kind == "factory":
+        checkpoint = config.resolve(config.checkpoint) if config.checkpoint else None
+        return SourceRecord(
+            kind="factory",
+            path=config.source,
+            sha256=sha256_of(checkpoint) if checkpoint else None,
+            checkpoint=str(checkpoint) if checkpoint else None,
+            exporter=exported.exporter,
+            fallback_reason=exported.fallback_reason,
+            opset=ai_onnx_opset(exported.model),
+        )
+    path = config.resolve(config.source)
+    return SourceRecord(
+        kind=config.source_kind,
+        path=str(path),
+        sha256=sha256_of(path),
+        exporter=exported.exporter,
+        fallback_reason=exported.fallback_reason,
+        opset=ai_onnx_opset(exported.model),
+    )
+
+
+def graph_passes(config: CompileConfig) -> list[GraphPass]:
+    """The rewrite passes after canonicalize, in order. (Fusions plug in here.)"""
+    return []
+
+
+def optimize(model: onnx.ModelProto, config: CompileConfig) -> tuple[onnx.ModelProto, list[PassReport]]:
+    """Canonicalize, then run the graph passes on onnx-graphsurgeon's IR."""
+    model, canonical = Canonicalize(opset=config.opset)(model)
+    passes = graph_passes(config)
+    if not passes:
+        return model, [canonical]
+    graph = gs.import_onnx(model)
+    reports = run_passes(graph, passes)
+    return gs.export_onnx(graph), [canonical, *reports]
+
+
+def _verify(
+    config: CompileConfig, exported: ExportedModel, source_path: Path | None, compiled: Path, names: list[str]
+) -> dict[str, float]:
+    # Sizes one above the export's, so an exporter that baked in a dynamic dim is caught here.
+    feeds = example_feeds(config, seed=1, size_offset=1)
+    if exported.reference is not None:
+        reference = exported.reference(feeds)
+    else:
+        assert source_path is not None
+        reference = run_onnx(source_path, feeds)
+    try:
+        errors = compare_outputs(names, reference, run_onnx(compiled, feeds))
+    except ValueError as err:
+        raise VerificationError(f"the compiled graph does not match {config.source}: {err}") from err
+    worst = max(errors, key=errors.__getitem__) if errors else None
+    if worst is not None and errors[worst] > config.tolerance:
+        raise VerificationError(
+            f"output '{worst}' differs from {config.source} by {errors[worst]:.2e} of its scale "
+            f"(tolerance {config.tolerance:g})",
+            hint="compile with --no-verify to inspect the artifact anyway, or try --exporter torchscript",
+        )
+    return errors
+
+
+def compile(config: CompileConfig, out: str | Path, on_stage: Stage | None = None) -> CompileResult:
+    """Compile `config.source` into the artifact directory `out` (replaced atomically, never half-written)."""
+    started = time.perf_counter()
+    out = Path(out)
+    stage = on_stage or (lambda text: logger.info("%s", text))
+
+    with staged_artifact(out) as staging:
+        stage(f"exporting {config.source}")
+        exported = export_source(config, example_feeds(config) if config.inputs else {})
+        if config.source_kind == "onnx":
+            config = _declare_onnx_inputs(config, exported.model)
+        source = _source_record(config, exported)
+        source_path = None
+        if config.verify and exported.reference is None:
+            source_path = staging / "source.onnx"  # ONNX sources are verified against themselves on ORT
+            save_onnx(exported.model, source_path)
+
+        stage("running graph passes")
+        model, reports = optimize(exported.model, config)
+        model_path = staging / MODEL_NAME
+        save_onnx(model, model_path)
+        inputs, outputs = io_records(model)
+
+        accuracy: dict[str, float] = {}
+        if config.verify:
+            stage("verifying against the source on ONNX Runtime")
+            errors = _verify(config, exported, source_path, model_path, [o.name for o in outputs])
+            accuracy = {"max_relative_error": max(errors.values(), default=0.0)}
+            if source_path is not None:
+                source_path.unlink()
+
+        model_record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
+        manifest = Manifest(
+            tensorsmith_version=__version__,
+            source=source,
+            model=model_record,
+            inputs=inputs,
+            outputs=outputs,
+            passes=[PassRecord(**vars(report)) for report in reports],
+            variants=[VariantRecord(name="fp32", precisions=["fp32"], accuracy=accuracy, **model_record.model_dump())],
+            targets=[
+                TargetRecord(
+                    name=target, variant="fp32", builder="none", status="not-needed", reason="runs on ONNX Runtime"
+                )
+                for target in config.targets
+            ],
+        )
+        write_manifest(staging, manifest)
+        stage(f"writing {out}")
+    return CompileResult(out=out, manifest=manifest, seconds=round(time.perf_counter() - started, 3))

@@ -1,0 +1,10 @@
+"""tensorsmith's runtime: load a compiled artifact and run it.
+
+It ships alone: it imports nothing else from tensorsmith, and neither torch nor onnx-graphsurgeon.
+"""
+
+from tensorsmith.runtime.errors import ArtifactError, RuntimeLoadError, TensorsmithError
+from tensorsmith.runtime.loader import Model, load
+from tensorsmith.runtime.specs import TensorSpec
+
+__all__ = ["ArtifactError", "Model", "RuntimeLoadError", "TensorSpec", "TensorsmithError", "load"]

@@ -1,0 +1,40 @@
+"""The backend interface: public `run` checks the feeds, `_run_impl` does the work (Polygraphy's runner shape)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+
+import numpy as np
+
+from tensorsmith.runtime.specs import TensorSpec, check_feeds
+
+
+class Backend(abc.ABC):
+    """One loaded model on one execution backend. Use as a context manager, or call `close()`."""
+
+    #: e.g. "onnxruntime:CPUExecutionProvider" or "tensorrt:sm_89"
+    name: str
+
+    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+
+    def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """Run on `feeds` ({input name: array}); raises ValueError naming any input that does not fit its spec."""
+        return self._run_impl(check_feeds(feeds, self.inputs))
+
+    @abc.abstractmethod
+    def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None:  # noqa: B027 - backends without resources need not override it
+        """Release the backend's resources."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

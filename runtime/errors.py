@@ -1,0 +1,27 @@
+"""The one error family of tensorsmith.
+
+It lives in the runtime because the runtime ships alone and every other package may import it; the compiler
+re-exports the whole family from `tensorsmith.compiler.errors`.
+"""
+
+from __future__ import annotations
+
+
+class TensorsmithError(Exception):
+    """Base of every error tensorsmith raises on purpose. `hint` says what to do about it."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+
+class RuntimeLoadError(TensorsmithError):
+    """An artifact, engine or backend could not be loaded."""
+
+
+class ArtifactError(RuntimeLoadError):
+    """An artifact directory or its manifest is missing, malformed or unsafe."""

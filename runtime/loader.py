@@ -1,0 +1,114 @@
+"""`load()`: open an artifact directory on the best backend this machine has, and say why if it fell back."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+import numpy as np
+
+from tensorsmith.runtime.backend import Backend
+from tensorsmith.runtime.errors import ArtifactError, RuntimeLoadError
+from tensorsmith.runtime.manifest import Manifest, read_manifest, resolve_inside, sha256_of
+from tensorsmith.runtime.specs import TensorSpec
+
+logger = logging.getLogger(__name__)
+
+BackendChoice = Literal["auto", "tensorrt", "onnxruntime"]
+CPU_TARGET = "cpu"
+
+
+class Model:
+    """A loaded artifact. `run(feeds) -> outputs`; `backend` and `fallback_reason` tell what was chosen and why."""
+
+    def __init__(self, directory: Path, manifest: Manifest, backend: Backend, fallback_reason: str | None) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self._backend = backend
+        self.fallback_reason = fallback_reason
+
+    @property
+    def backend(self) -> str:
+        return self._backend.name
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return self._backend.inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return self._backend.outputs
+
+    def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """Run once. Raises ValueError naming any input whose name, dtype, rank or static dims are wrong."""
+        return self._backend.run(feeds)
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Model({str(self.directory)!r}, backend={self.backend!r})"
+
+
+def _verified_file(directory: Path, relative: str, sha256: str) -> Path:
+    path = resolve_inside(directory, relative)
+    if not path.is_file():
+        raise ArtifactError(f"{path} is missing", hint="the artifact is incomplete; recompile it")
+    actual = sha256_of(path)
+    if actual != sha256:
+        raise ArtifactError(
+            f"{path} has sha256 {actual[:12]}…, the manifest says {sha256[:12]}…",
+            hint="the file was changed after compiling; recompile the artifact",
+        )
+    return path
+
+
+def _onnx_for_cpu(directory: Path, manifest: Manifest) -> Path:
+    """The variant the manifest assigns to the `cpu` target, else the fp32 reference graph."""
+    for target in manifest.targets:
+        if target.name == CPU_TARGET:
+            variant = manifest.variant(target.variant)
+            return _verified_file(directory, variant.path, variant.sha256)
+    return _verified_file(directory, manifest.model.path, manifest.model.sha256)
+
+
+def _tensorrt_unavailable_reason(manifest: Manifest) -> str:
+    built = [t.name for t in manifest.targets if t.status == "built" and t.engine is not None]
+    if not built:
+        return "the artifact holds no TensorRT engine"
+    return f"no TensorRT backend in this version of the runtime (engines: {built})"
+
+
+def load(path: str | Path, backend: BackendChoice = "auto") -> Model:
+    """Load the artifact at `path`: a TensorRT engine for this GPU when there is one, else ONNX Runtime.
+
+    `backend="onnxruntime"` forces ONNX Runtime; `backend="tensorrt"` raises instead of falling back.
+    """
+    directory = Path(path)
+    manifest = read_manifest(directory)
+    inputs = [record.spec() for record in manifest.inputs]
+    outputs = [record.spec() for record in manifest.outputs]
+
+    fallback_reason: str | None = None
+    if backend in ("auto", "tensorrt"):
+        reason = _tensorrt_unavailable_reason(manifest)
+        if backend == "tensorrt":
+            raise RuntimeLoadError(f"cannot load {directory} on TensorRT: {reason}", hint="use backend='auto'")
+        fallback_reason = reason
+        logger.info("falling back to ONNX Runtime: %s", reason)
+
+    from tensorsmith.runtime.onnxruntime_backend import OnnxRuntimeBackend
+
+    chosen = OnnxRuntimeBackend(_onnx_for_cpu(directory, manifest), inputs, outputs)
+    return Model(directory, manifest, chosen, fallback_reason)

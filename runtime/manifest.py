@@ -1,0 +1,137 @@
+"""The artifact manifest (`OUT/manifest.json`): one schema, written by the compiler and read by the runtime."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tensorsmith.runtime.errors import ArtifactError
+from tensorsmith.runtime.specs import TensorSpec
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TensorRecord(_Record):
+    name: str
+    dtype: str
+    shape: list[int | str]
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.dtype, tuple(self.shape))
+
+
+class SourceRecord(_Record):
+    kind: Literal["factory", "exported_program", "onnx"]
+    path: str = Field(description="factory 'pkg.module:function', or the file's path as given")
+    sha256: str | None = Field(None, description="of the source file; of the checkpoint for a factory")
+    checkpoint: str | None = None
+    exporter: Literal["dynamo", "torchscript", "none"] = "none"
+    fallback_reason: str | None = Field(None, description="why the dynamo exporter was not used, if it was not")
+    opset: int
+
+
+class PassRecord(_Record):
+    name: str
+    changed: bool
+    counts: dict[str, int] = Field(default_factory=dict)
+    seconds: float
+    details: dict[str, object] = Field(default_factory=dict)
+
+
+class FileRecord(_Record):
+    path: str = Field(description="relative to the artifact directory")
+    sha256: str
+
+
+class VariantRecord(FileRecord):
+    name: str
+    precisions: list[str]
+    accuracy: dict[str, float] = Field(default_factory=dict)
+
+
+class EngineRecord(FileRecord):
+    builder_version: str
+    compute_capability: str
+    profiles: list[dict[str, object]] = Field(default_factory=list)
+
+
+class TargetRecord(_Record):
+    name: str
+    variant: str
+    builder: Literal["none", "tensorrt", "tensorrt-rtx"]
+    status: Literal["built", "pending", "failed", "not-needed"]
+    reason: str = ""
+    engine: EngineRecord | None = None
+
+
+class Manifest(_Record):
+    schema_version: int = SCHEMA_VERSION
+    tensorsmith_version: str
+    source: SourceRecord
+    model: FileRecord
+    inputs: list[TensorRecord]
+    outputs: list[TensorRecord]
+    passes: list[PassRecord] = Field(default_factory=list)
+    variants: list[VariantRecord] = Field(default_factory=list)
+    targets: list[TargetRecord] = Field(default_factory=list)
+
+    def variant(self, name: str) -> VariantRecord:
+        for variant in self.variants:
+            if variant.name == name:
+                return variant
+        known = [v.name for v in self.variants]
+        raise ArtifactError(f"the manifest has no variant '{name}'", hint=f"variants are {known}")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def resolve_inside(directory: Path, relative: str) -> Path:
+    """The path `relative` names under `directory`, refused if it escapes it (`..`, absolute, a symlink out)."""
+    root = directory.resolve()
+    candidate = (root / relative).resolve()
+    if Path(relative).is_absolute() or not candidate.is_relative_to(root):
+        raise ArtifactError(
+            f"{directory / MANIFEST_NAME} names '{relative}', which is outside the artifact directory",
+            hint="the manifest may have been tampered with; recompile the artifact",
+        )
+    return candidate
+
+
+def read_manifest(directory: Path) -> Manifest:
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise ArtifactError(
+            f"{path} does not exist",
+            hint="pass the directory that `tensorsmith compile -o OUT` wrote",
+        )
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ArtifactError(f"{path} is not valid JSON: {err}", hint="recompile the artifact") from err
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if version != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{path} has schema_version {version!r}; this tensorsmith reads version {SCHEMA_VERSION}",
+            hint="recompile the artifact with this tensorsmith, or install the version that wrote it",
+        )
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise ArtifactError(f"{path}: field '{field}': {first['msg']}", hint="recompile the artifact") from err

@@ -1,0 +1,70 @@
+"""Tensor specifications and the checks `Model.run` applies to feeds before any backend sees them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Dim = int | str  # an int is a static size; a str names a dynamic axis
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A named tensor: its numpy dtype name (e.g. "float32") and its dims (a str dim is dynamic)."""
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...]
+
+    def describe(self) -> str:
+        dims = ",".join(str(d) for d in self.shape)
+        return f"{self.name}:{self.dtype}:[{dims}]"
+
+
+def check_feeds(feeds: Mapping[str, object], specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    """Return the feeds as numpy arrays, or raise ValueError naming the input and the expected spec.
+
+    Checks names (missing and unexpected), dtypes (no silent casts: a float64 array fed to a float32 input is a
+    bug in the caller more often than not), ranks, static dims, and that one dynamic dim name has one size.
+    """
+    expected = {spec.name: spec for spec in specs}
+    missing = [name for name in expected if name not in feeds]
+    unexpected = [name for name in feeds if name not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing input(s) {missing}")
+        if unexpected:
+            parts.append(f"unexpected input(s) {unexpected}")
+        wanted = ", ".join(spec.describe() for spec in specs)
+        raise ValueError(f"{'; '.join(parts)}; the model takes {wanted}")
+
+    arrays: dict[str, np.ndarray] = {}
+    dynamic_sizes: dict[str, tuple[int, str]] = {}
+    for name, spec in expected.items():
+        array = np.asarray(feeds[name])
+        if array.dtype != np.dtype(spec.dtype):
+            raise ValueError(
+                f"input '{name}' has dtype {array.dtype}, expected {spec.describe()}; "
+                f"convert it with .astype(np.{spec.dtype})"
+            )
+        if array.ndim != len(spec.shape):
+            raise ValueError(f"input '{name}' has rank {array.ndim} (shape {array.shape}), expected {spec.describe()}")
+        for axis, (size, dim) in enumerate(zip(array.shape, spec.shape, strict=True)):
+            if isinstance(dim, int):
+                if size != dim:
+                    raise ValueError(
+                        f"input '{name}' has size {size} on axis {axis}, expected {dim} ({spec.describe()})"
+                    )
+            elif dim in dynamic_sizes and dynamic_sizes[dim][0] != size:
+                other_size, other_input = dynamic_sizes[dim]
+                raise ValueError(
+                    f"input '{name}' has size {size} on axis {axis} ('{dim}'), but '{other_input}' has "
+                    f"{other_size} for the same dim ({spec.describe()})"
+                )
+            else:
+                dynamic_sizes[dim] = (size, name)
+        arrays[name] = array
+    return arrays

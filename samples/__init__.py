@@ -1,0 +1,1 @@
+"""Sample models, each with a tensorsmith.toml. `python -m tensorsmith.samples.prepare` writes their data."""

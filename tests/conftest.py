@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny real models exported with torch, real ONNX Runtime sessions, and the CLI in-process."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+from tensorsmith.cli.main import main
+
+
+def run_cli(*args: str) -> Result:
+    """Invoke `tensorsmith ARGS` in-process; stdout and stderr are kept apart (click >= 8.2)."""
+    return CliRunner().invoke(main, [str(arg) for arg in args], catch_exceptions=False)
+
+
+def run_cli_json(*args: str) -> dict:
+    result = run_cli(*args, "--json")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def cli() -> Callable[..., Result]:
+    return run_cli
+
+
+def small_mlp_onnx(path: Path, opset: int = 14, batch: int = 2) -> Path:
+    """A real two-layer MLP exported by torch's TorchScript exporter with a static batch (an 'old' ONNX file)."""
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    torch.onnx.export(
+        module, (torch.randn(batch, 8),), str(path), dynamo=False, opset_version=opset, input_names=["x"],
+        output_names=["y"],
+    )  # fmt: skip
+    return path
+
+
+@pytest.fixture
+def mlp_onnx(tmp_path: Path) -> Path:
+    return small_mlp_onnx(tmp_path / "mlp.onnx")
+
+
+def max_relative_error(reference: np.ndarray, actual: np.ndarray) -> float:
+    reference = np.asarray(reference, dtype=np.float64)
+    return float(np.max(np.abs(np.asarray(actual, dtype=np.float64) - reference)) / np.max(np.abs(reference)))

@@ -1,0 +1,91 @@
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import pytest
+
+from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.runtime import ArtifactError, RuntimeLoadError, TensorSpec, load
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.conftest import small_mlp_onnx
+
+    directory = tmp_path_factory.mktemp("loader")
+    source = small_mlp_onnx(directory / "mlp.onnx")
+    config = CompileConfig.create({"source": str(source), "inputs": [{"name": "x", "dtype": "float32", "dims": ["batch", 8]}]})
+    return compile(config, directory / "out").out
+
+
+def copy_artifact(artifact: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(artifact, tmp_path / "copy"))
+
+
+def test_load_runs_on_onnxruntime_and_says_why(artifact: Path) -> None:
+    x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    session = onnxruntime.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {"x": x})
+    with load(artifact) as model:
+        assert model.backend == "onnxruntime:CPUExecutionProvider"
+        assert model.fallback_reason == "the artifact holds no TensorRT engine"
+        assert model.inputs == [TensorSpec("x", "float32", ("batch", 8))]
+        assert [spec.name for spec in model.outputs] == ["y"]
+        np.testing.assert_array_equal(model.run({"x": x})["y"], expected)
+
+
+def test_run_rejects_a_wrong_dtype_naming_the_input(artifact: Path) -> None:
+    with load(artifact) as model, pytest.raises(ValueError, match=r"'x' has dtype float64.*x:float32:\[batch,8\]"):
+        model.run({"x": np.zeros((2, 8))})
+
+
+def test_forcing_tensorrt_without_an_engine_raises(artifact: Path) -> None:
+    with pytest.raises(RuntimeLoadError, match="holds no TensorRT engine"):
+        load(artifact, backend="tensorrt")
+
+
+def test_a_changed_model_file_is_refused(artifact: Path, tmp_path: Path) -> None:
+    copy = copy_artifact(artifact, tmp_path)
+    with (copy / "model.onnx").open("ab") as stream:
+        stream.write(b"\0")
+    with pytest.raises(ArtifactError, match="sha256"):
+        load(copy)
+
+
+@pytest.mark.parametrize("path", ["../outside.onnx", "/etc/passwd"])
+def test_a_manifest_path_outside_the_artifact_is_refused(artifact: Path, tmp_path: Path, path: str) -> None:
+    copy = copy_artifact(artifact, tmp_path)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["variants"][0]["path"] = path
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="outside the artifact directory"):
+        load(copy)
+
+
+def test_an_unknown_schema_version_is_a_clear_error(artifact: Path, tmp_path: Path) -> None:
+    copy = copy_artifact(artifact, tmp_path)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["schema_version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="schema_version 99; this tensorsmith reads version 1"):
+        load(copy)
+
+
+def test_a_missing_artifact_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match=r"manifest\.json does not exist"):
+        load(tmp_path / "nothing")
+
+
+def test_run_from_eight_threads_gives_each_its_own_outputs(artifact: Path) -> None:
+    rng = np.random.default_rng(1)
+    batches = [rng.standard_normal((i + 1, 8)).astype(np.float32) for i in range(8)]
+    with load(artifact) as model:
+        expected = [model.run({"x": x})["y"] for x in batches]
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda x: model.run({"x": x})["y"], batches * 4))
+    for index, outputs in enumerate(got):
+        np.testing.assert_array_equal(outputs, expected[index % 8])
