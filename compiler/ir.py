@@ -78,7 +78,11 @@ def io_records(model: onnx.ModelProto) -> tuple[list[TensorRecord], list[TensorR
 
 
 def apply_input_decls(model: onnx.ModelProto, decls: list[InputDecl], origin: str) -> None:
-    """Set the declared dims (a name makes a dim dynamic) on an ONNX source's inputs; check names and dtypes."""
+    """Set the declared dims (a name makes a dim dynamic) on an ONNX source's inputs; check names and dtypes.
+
+    Shapes recorded downstream (value_info, outputs) were inferred from the old input shapes, so they are
+    cleared and inferred again by the canonicalize pass.
+    """
     graph_inputs = {value.name: value for value in model.graph.input}
     for decl in decls:
         value = graph_inputs.get(decl.name)
@@ -106,3 +110,7 @@ def apply_input_decls(model: onnx.ModelProto, decls: list[InputDecl], origin: st
                 entry.dim_value = dim
             else:
                 entry.dim_param = dim
+    if decls:
+        del model.graph.value_info[:]
+        for output in model.graph.output:
+            output.type.tensor_type.ClearField("shape")

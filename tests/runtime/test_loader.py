@@ -16,7 +16,9 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     directory = tmp_path_factory.mktemp("loader")
     source = small_mlp_onnx(directory / "mlp.onnx")
-    config = CompileConfig.create({"source": str(source), "inputs": [{"name": "x", "dtype": "float32", "dims": ["batch", 8]}]})
+    config = CompileConfig.create(
+        {"source": str(source), "inputs": [{"name": "x", "dtype": "float32", "dims": ["batch", 8]}]}
+    )
     return compile(config, directory / "out").out
 
 

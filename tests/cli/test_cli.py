@@ -1,0 +1,74 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli, run_cli_json
+
+
+@pytest.mark.parametrize("command", [[], ["compile"], ["run"], ["inspect"]])
+def test_every_command_has_help(command: list[str]) -> None:
+    result = run_cli(*command, "--help")
+    assert result.exit_code == 0
+    assert "Usage:" in result.stdout
+
+
+def test_compile_run_inspect_an_onnx_file(mlp_onnx: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    compiled = run_cli_json("compile", mlp_onnx, "--input", "x:float32:batch,8", "-o", out)
+    assert compiled["ok"] is True
+    assert compiled["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 8]}]
+    assert compiled["outputs"] == [{"name": "y", "dtype": "float32", "shape": ["batch", 4]}]
+    assert compiled["targets"][0]["name"] == "cpu"
+
+    np.savez(tmp_path / "feeds.npz", x=np.ones((3, 8), np.float32))
+    ran = run_cli_json("run", out, "--inputs", tmp_path / "feeds.npz", "--output", tmp_path / "outputs.npz")
+    assert ran["backend"] == "onnxruntime:CPUExecutionProvider"
+    assert ran["fallback_reason"] == "the artifact holds no TensorRT engine"
+    assert ran["outputs"] == {"y": {"shape": [3, 4], "dtype": "float32"}}
+    with np.load(tmp_path / "outputs.npz") as saved:
+        assert saved["y"].shape == (3, 4)
+
+    inspected = run_cli_json("inspect", out)
+    assert inspected["kind"] == "artifact" and inspected["source"]["kind"] == "onnx"
+    graph = run_cli_json("inspect", out / "model.onnx")
+    assert graph["opset"] == 20 and graph["ops"]["Gemm"] == 2
+    text = run_cli("inspect", out / "model.onnx")
+    assert "opset 20" in text.stdout
+
+
+def test_errors_are_one_line_with_a_hint_and_exit_1(tmp_path: Path) -> None:
+    result = run_cli("compile", tmp_path / "missing.onnx", "-o", tmp_path / "out")
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "missing.onnx does not exist" in lines[0] and "(hint: " in lines[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_errors_with_json_also_print_a_json_object(tmp_path: Path) -> None:
+    result = run_cli("inspect", tmp_path / "nothing", "--json")
+    assert result.exit_code == 1
+    payload = json.loads(result.stdout)
+    assert payload["ok"] is False and "nothing" in payload["error"] and payload["hint"]
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    assert run_cli("compile", "model.onnx").exit_code == 2  # no -o
+    assert run_cli("run", tmp_path, "--inputs", "x.npz", "--backend", "tpu").exit_code == 2
+
+
+def test_run_names_a_wrong_input(mlp_onnx: Path, tmp_path: Path) -> None:
+    run_cli_json("compile", mlp_onnx, "--input", "x:float32:batch,8", "-o", tmp_path / "out")
+    np.savez(tmp_path / "feeds.npz", x=np.ones((3, 8), np.float64))
+    result = run_cli("run", tmp_path / "out", "--inputs", tmp_path / "feeds.npz")
+    assert result.exit_code == 1
+    assert "input 'x' has dtype float64, expected x:float32:[batch,8]" in result.stderr
+
+
+def test_a_bad_input_flag_is_an_error(mlp_onnx: Path, tmp_path: Path) -> None:
+    result = run_cli("compile", mlp_onnx, "--input", "x:float32", "-o", tmp_path / "out")
+    assert result.exit_code == 1
+    assert "NAME:DTYPE:DIMS" in result.stderr

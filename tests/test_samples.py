@@ -1,0 +1,82 @@
+"""Every sample compiles with `tensorsmith compile samples/NAME/tensorsmith.toml` and matches PyTorch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tensorsmith.runtime import load
+from tensorsmith.samples import prepare
+from tests.conftest import max_relative_error, run_cli_json
+
+SAMPLES = Path(prepare.__file__).resolve().parent
+TOLERANCE = 1e-4  # max |difference| relative to the output's scale
+
+
+def tiny_bert() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
+    from safetensors.torch import load_file
+
+    from tensorsmith.samples.tiny_bert.model import build
+
+    module = build()
+    module.load_state_dict(load_file(str(SAMPLES / "tiny_bert" / "weights.safetensors")))
+    rng = np.random.default_rng(7)
+    mask = np.ones((3, 10), np.int64)
+    mask[1, 6:] = 0  # one padded sequence
+    return module, {"input_ids": rng.integers(0, 1000, (3, 10)), "attention_mask": mask}
+
+
+def cnn() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
+    from tensorsmith.samples.cnn.model import build
+
+    module = build()
+    module.load_state_dict(torch.load(SAMPLES / "cnn" / "weights.pt", weights_only=True))
+    images = np.random.default_rng(7).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    return module, {"images": images}
+
+
+def moe() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
+    from tensorsmith.samples.moe.model import build
+
+    hidden = np.random.default_rng(7).standard_normal((3, 10, 64)).astype(np.float32)
+    return build(), {"hidden_states": hidden}
+
+
+def minilm() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
+    from tensorsmith.samples.minilm.model import build
+
+    with np.load(SAMPLES / "minilm" / "evaluation.npz") as held_out:
+        feeds = {name: held_out[name][:16] for name in held_out.files}
+    return build(), feeds
+
+
+CASES: dict[str, Callable[[], tuple[torch.nn.Module, dict[str, np.ndarray]]]] = {
+    "tiny_bert": tiny_bert,
+    "cnn": cnn,
+    "moe": moe,
+    "minilm": minilm,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CASES)
+def test_sample_compiles_and_matches_pytorch(name: str, tmp_path: Path) -> None:
+    prepare.prepare(name)
+    compiled = run_cli_json("compile", SAMPLES / name / "tensorsmith.toml", "-o", tmp_path / name)
+    assert compiled["source"]["exporter"] == "dynamo"
+
+    module, feeds = CASES[name]()
+    with torch.inference_mode():
+        expected = module.eval()(*(torch.from_numpy(array) for array in feeds.values()))
+    expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+
+    with load(tmp_path / name) as model:
+        outputs = model.run(feeds)
+    assert len(outputs) == len(expected)
+    for (output_name, actual), reference in zip(outputs.items(), expected, strict=True):
+        assert actual.shape == tuple(reference.shape), output_name
+        assert max_relative_error(reference.numpy(), actual) < TOLERANCE, output_name
