@@ -43,6 +43,7 @@ def _progress(enabled: bool) -> Iterator[Any]:
 @click.option("--opset", type=int, help="ai.onnx opset of the compiled graph (default 20).")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), help="PyTorch exporter.")
 @click.option("--target", "targets", multiple=True, metavar="TARGET", help="Architecture to compile for (cpu).")
+@click.option("--no-fuse", is_flag=True, help="Skip the fusion passes (LayerNorm, GELU, attention scale).")
 @click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
@@ -56,6 +57,7 @@ def compile_command(
     opset: int | None,
     exporter: str | None,
     targets: tuple[str, ...],
+    no_fuse: bool,
     no_verify: bool,
     as_json: bool,
 ) -> None:
@@ -70,6 +72,7 @@ def compile_command(
         "opset": opset,
         "exporter": exporter,
         "targets": list(targets) or None,
+        "fuse": False if no_fuse else None,
         "verify": False if no_verify else None,
     }
     if source.endswith(".toml"):

@@ -74,6 +74,7 @@ class CompileConfig(_Strict):
     exporter: Literal["auto", "dynamo", "torchscript"] = Field(
         "auto", description="auto: dynamo, then TorchScript if dynamo fails"
     )
+    fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
     targets: list[str] = Field(default_factory=lambda: ["cpu"], description="architectures to compile for")
     verify: bool = Field(True, description="compare the compiled graph with the source on ONNX Runtime")
     tolerance: float = Field(1e-4, gt=0, description="max |difference| / max |reference| allowed by verify")

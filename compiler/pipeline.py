@@ -19,7 +19,7 @@ from tensorsmith.compiler.feeds import example_feeds
 from tensorsmith.compiler.ir import ai_onnx_opset, apply_input_decls, io_records, save_onnx
 from tensorsmith.compiler.verify import compare_outputs, run_onnx
 from tensorsmith.compiler.version import __version__
-from tensorsmith.passes import Canonicalize, GraphPass, PassReport, run_passes
+from tensorsmith.passes import Canonicalize, GraphPass, PassReport, default_passes, run_passes
 from tensorsmith.runtime.manifest import (
     FileRecord,
     Manifest,
@@ -81,8 +81,8 @@ def _source_record(config: CompileConfig, exported: ExportedModel) -> SourceReco
 
 
 def graph_passes(config: CompileConfig) -> list[GraphPass]:
-    """The rewrite passes after canonicalize, in order. (Fusions plug in here.)"""
-    return []
+    """The rewrite passes after canonicalize, in order: fusions, then attention-scale folding."""
+    return default_passes() if config.fuse else []
 
 
 def optimize(model: onnx.ModelProto, config: CompileConfig) -> tuple[onnx.ModelProto, list[PassReport]]:

@@ -1,4 +1,5 @@
-"""Every sample compiles with `tensorsmith compile samples/NAME/tensorsmith.toml` and matches PyTorch."""
+"""Every sample compiles with `tensorsmith compile samples/NAME/tensorsmith.toml`, matches PyTorch, and its fused
+graph builds with TensorRT for RTX for SM86."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from tensorsmith.compiler.build import build_engine, profile_for
+from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.runtime import load
+from tensorsmith.runtime.manifest import read_manifest
 from tensorsmith.samples import prepare
 from tests.conftest import max_relative_error, run_cli_json
 
@@ -80,3 +84,47 @@ def test_sample_compiles_and_matches_pytorch(name: str, tmp_path: Path) -> None:
     for (output_name, actual), reference in zip(outputs.items(), expected, strict=True):
         assert actual.shape == tuple(reference.shape), output_name
         assert max_relative_error(reference.numpy(), actual) < TOLERANCE, output_name
+
+    passes = [record["name"] for record in compiled["passes"]]
+    assert passes == ["canonicalize", "fuse", "fold_attention_scale"]
+    manifest = read_manifest(tmp_path / name)
+    config = CompileConfig.from_toml(SAMPLES / name / "tensorsmith.toml")
+    engine = build_engine(tmp_path / name / "model.onnx", "sm_86", profile_for(manifest.inputs, config.dims))
+    assert engine.builder == "tensorrt-rtx" and len(engine.plan) > 0
+
+
+@pytest.mark.slow
+def test_minilm_from_torchscript_opset_14_fuses_to_standard_ops(tmp_path: Path) -> None:
+    """An 'old' ONNX file: the real MiniLM through the TorchScript exporter at opset 14 (decomposed LayerNorm
+    and GELU), compiled as an ONNX source."""
+    import onnx
+    import onnxruntime
+
+    module, feeds = minilm()
+    old = tmp_path / "minilm-opset14.onnx"
+    names = ["input_ids", "attention_mask"]
+    torch.onnx.export(
+        module, tuple(torch.from_numpy(feeds[n][:2]) for n in names), str(old), dynamo=False, opset_version=14,
+        input_names=names, output_names=["token_embeddings", "sentence_embedding"],
+        dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names},
+    )  # fmt: skip
+    compiled = run_cli_json("compile", old, "-o", tmp_path / "out")
+    fuse = next(record for record in compiled["passes"] if record["name"] == "fuse")
+    assert fuse["counts"]["layernorm.matched"] == 13
+    assert fuse["counts"]["gelu_erf.matched"] == 6
+
+    model = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    ops = [node.op_type for node in model.graph.node]
+    assert ops.count("LayerNormalization") == 13 and ops.count("Gelu") == 6
+    assert "ReduceMean" not in ops and "Erf" not in ops
+
+    unfused = onnxruntime.InferenceSession(str(old), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with load(tmp_path / "out") as compiled_model:
+        outputs = list(compiled_model.run(feeds).values())
+    for reference, actual in zip(unfused, outputs, strict=True):
+        assert max_relative_error(reference, actual) < TOLERANCE
+
+    dims = {"batch": {"opt": 8, "max": 64}, "sequence": {"opt": 64, "max": 512}}
+    config = CompileConfig.create({"source": str(old), "dims": dims})
+    manifest = read_manifest(tmp_path / "out")
+    assert len(build_engine(tmp_path / "out" / "model.onnx", "sm_86", profile_for(manifest.inputs, config.dims)).plan)

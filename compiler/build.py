@@ -1,0 +1,177 @@
+"""Build a TensorRT engine from an ONNX graph for one target architecture.
+
+One builder serves both flavours, parameterized by the module: `tensorrt_rtx` (TensorRT for RTX) builds ahead of
+time for any of its architectures on any machine, a CPU-only one included; `tensorrt` (data-centre TensorRT)
+builds for the GPU it runs on. Networks are strongly typed: precision comes from the graph (Q/DQ, Casts), never
+from builder flags. Both modules are imported lazily, here only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from tensorsmith.compiler.config import DimRange
+from tensorsmith.compiler.errors import BuildError
+from tensorsmith.runtime.manifest import TensorRecord
+
+logger = logging.getLogger(__name__)
+
+Builder = Literal["tensorrt-rtx", "tensorrt"]
+BUILDER_MODULES: dict[str, str] = {"tensorrt-rtx": "tensorrt_rtx", "tensorrt": "tensorrt"}
+# Architectures TensorRT for RTX builds for, by target name → its ComputeCapability member.
+RTX_ARCHITECTURES = {
+    "sm_75": "SM75",
+    "sm_80": "SM80",
+    "sm_86": "SM86",
+    "sm_89": "SM89",
+    "sm_120": "SM120",
+    "sm_121": "SM121",
+}
+DEFAULT_MAX_SIZE = 64  # a dynamic dim's max when the config gives none
+PARSER_ERRORS_SHOWN = 5
+
+
+@dataclass
+class Profile:
+    """One optimization profile: (min, opt, max) shapes per input."""
+
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+
+    def as_record(self) -> dict[str, object]:
+        return {name: {"min": s[0], "opt": s[1], "max": s[2]} for name, s in self.shapes.items()}
+
+
+def profile_for(inputs: Sequence[TensorRecord], dims: Mapping[str, DimRange]) -> Profile:
+    """Min/opt/max shapes from the declared dims: `[dims.NAME] min/opt/max`, else 1 / max / 64."""
+    shapes = {}
+    for record in inputs:
+        low: list[int] = []
+        best: list[int] = []
+        high: list[int] = []
+        for dim in record.shape:
+            if isinstance(dim, int):
+                sizes = (dim, dim, dim)
+            else:
+                limits = dims.get(dim, DimRange())
+                maximum = limits.max or max(limits.opt or 1, DEFAULT_MAX_SIZE)
+                sizes = (limits.min, limits.opt or maximum, maximum)
+            for bound, size in zip((low, best, high), sizes, strict=True):
+                bound.append(size)
+        shapes[record.name] = (tuple(low), tuple(best), tuple(high))
+    return Profile(shapes)
+
+
+@dataclass
+class BuiltEngine:
+    plan: bytes
+    builder: Builder
+    builder_version: str
+    compute_capability: str
+    profiles: list[dict[str, object]]
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+
+def import_builder(builder: Builder) -> ModuleType:
+    try:
+        return importlib.import_module(BUILDER_MODULES[builder])
+    except ImportError as err:
+        hint = "pip install 'tensorsmith[rtx]'" if builder == "tensorrt-rtx" else "install TensorRT for your CUDA"
+        raise BuildError(f"the {builder} builder is not installed ({err})", hint=hint) from err
+
+
+def _logger(trt: ModuleType, messages: list[tuple[Any, str]]) -> Any:
+    """A TensorRT logger that forwards to `logging` and keeps warnings and errors for BuildError messages."""
+
+    class ForwardingLogger(trt.ILogger):  # type: ignore[name-defined]
+        def log(self, severity: Any, message: str) -> None:
+            if severity in (trt.ILogger.INTERNAL_ERROR, trt.ILogger.ERROR):
+                logger.error("TensorRT: %s", message)
+                messages.append((severity, message))
+            elif severity == trt.ILogger.WARNING:
+                logger.warning("TensorRT: %s", message)
+                messages.append((severity, message))
+            else:
+                logger.debug("TensorRT: %s", message)
+
+    return ForwardingLogger()
+
+
+def _parse(trt: ModuleType, network: Any, parser: Any, onnx_path: Path) -> None:
+    if parser.parse_from_file(str(onnx_path)):
+        return
+    errors = [parser.get_error(i) for i in range(parser.num_errors)]
+    described = [f"node '{error.node_name()}' ({error.node_operator()}): {error.desc().strip()}" for error in errors]
+    more = f" … and {len(described) - PARSER_ERRORS_SHOWN} more" if len(described) > PARSER_ERRORS_SHOWN else ""
+    raise BuildError(
+        f"TensorRT could not parse {onnx_path}: {'; '.join(described[:PARSER_ERRORS_SHOWN])}{more}",
+        hint="these nodes use ops or types TensorRT's ONNX parser does not support; `tensorsmith inspect` lists ops",
+    )
+
+
+def build_engine(
+    onnx_path: Path,
+    target: str,
+    profile: Profile,
+    builder: Builder = "tensorrt-rtx",
+    optimization_level: int | None = None,
+    workspace_bytes: int | None = None,
+) -> BuiltEngine:
+    """Build a serialized engine for `target` (e.g. "sm_86") from the ONNX graph at `onnx_path`."""
+    trt = import_builder(builder)
+    if builder == "tensorrt-rtx" and target not in RTX_ARCHITECTURES:
+        raise BuildError(
+            f"tensorrt-rtx does not build for {target}",
+            hint=f"it builds for {sorted(RTX_ARCHITECTURES)}; build {target} with tensorrt on a {target} GPU",
+        )
+    messages: list[tuple[Any, str]] = []
+    trt_logger = _logger(trt, messages)
+    started = time.perf_counter()
+    network_builder = trt.Builder(trt_logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = network_builder.create_network(flags)
+    parser = trt.OnnxParser(network, trt_logger)
+    _parse(trt, network, parser, onnx_path)
+
+    config = network_builder.create_builder_config()
+    if builder == "tensorrt-rtx":
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(getattr(trt.ComputeCapability, RTX_ARCHITECTURES[target]), 0)
+    if optimization_level is not None:
+        config.builder_optimization_level = optimization_level
+    if workspace_bytes is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
+    optimization_profile = network_builder.create_optimization_profile()
+    for index in range(network.num_inputs):
+        name = network.get_input(index).name
+        if name not in profile.shapes:
+            raise BuildError(f"no profile shapes for input '{name}'", hint="declare its dims in the config")
+        optimization_profile.set_shape(name, *profile.shapes[name])
+    config.add_optimization_profile(optimization_profile)
+
+    plan = network_builder.build_serialized_network(network, config)
+    if plan is None:
+        errors = [message for severity, message in messages if severity != trt.ILogger.WARNING]
+        raise BuildError(
+            f"TensorRT ({builder}) could not build {onnx_path.name} for {target}: "
+            + ("; ".join(errors[-3:]) or "no error message"),
+            hint="run with -vv for TensorRT's log",
+        )
+    return BuiltEngine(
+        plan=bytes(plan),
+        builder=builder,
+        builder_version=str(trt.__version__),
+        compute_capability=target,
+        profiles=[profile.as_record()],
+        seconds=round(time.perf_counter() - started, 3),
+        warnings=[message for severity, message in messages if severity == trt.ILogger.WARNING],
+    )

@@ -1,0 +1,81 @@
+"""Attention-scale folding on a hand-built attention block."""
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from tensorsmith.passes import ATTENTION_SCALE, Fuse
+from tests.passes.graphs import GraphBuilder, apply, assert_same_outputs, ops
+
+HIDDEN, HEADS, SEQUENCE = 16, 2, 5
+HEAD = HIDDEN // HEADS
+RNG = np.random.default_rng(0)
+
+
+def attention(scale: str = "div", q_also_output: bool = False, k_bias: bool = True) -> onnx.ModelProto:
+    g = GraphBuilder(20)
+
+    def heads(tensor: str) -> str:
+        split = g.op("Reshape", tensor, g.const([1, SEQUENCE, HEADS, HEAD], np.int64))
+        return g.op("Transpose", split, perm=[0, 2, 1, 3])
+
+    def projection(bias: bool = True) -> str:
+        out = g.op("MatMul", "x", g.const(RNG.standard_normal((HIDDEN, HIDDEN)) * 0.3))
+        return g.op("Add", g.const(RNG.standard_normal(HIDDEN)), out) if bias else out
+
+    q_projected = projection()
+    q, k, v = heads(q_projected), heads(projection(k_bias)), heads(projection())
+    scores = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2]))
+    if scale == "div":
+        scaled = g.op("Div", scores, g.const(math.sqrt(HEAD)))
+    else:
+        scaled = g.op("Mul", g.const(1 / math.sqrt(HEAD)), scores)
+    masked = g.op("Add", scaled, "mask")
+    context = g.op("MatMul", g.op("Softmax", masked, axis=-1), v)
+    outputs = {context: TensorProto.FLOAT}
+    if q_also_output:
+        outputs[q_projected] = TensorProto.FLOAT
+    return g.model(
+        {"x": (TensorProto.FLOAT, [1, SEQUENCE, HIDDEN]), "mask": (TensorProto.FLOAT, [1, 1, 1, SEQUENCE])}, outputs
+    )
+
+
+FEEDS = {
+    "x": RNG.standard_normal((1, SEQUENCE, HIDDEN)).astype(np.float32),
+    "mask": np.array([[[[0, 0, 0, -1e4, -1e4]]]], np.float32),
+}
+
+
+def test_div_scale_folds_into_the_q_projection() -> None:
+    model = attention("div")
+    fused, (report,) = apply(model, [Fuse([ATTENTION_SCALE])])
+    assert report.counts["attention_scale.matched"] == 1, report.details
+    assert ops(fused)["Div"] == 0
+    assert ops(fused)["MatMul"] == ops(model)["MatMul"]
+    assert_same_outputs(model, fused, FEEDS)
+
+
+def test_mul_scale_on_the_left_folds_too() -> None:
+    model = attention("mul")
+    fused, (report,) = apply(model, [Fuse([ATTENTION_SCALE])])
+    assert report.counts["attention_scale.matched"] == 1
+    assert ops(fused)["Mul"] == 0
+    assert_same_outputs(model, fused, FEEDS)
+
+
+def test_a_q_used_elsewhere_folds_into_k_instead() -> None:
+    model = attention("div", q_also_output=True, k_bias=False)
+    fused, (report,) = apply(model, [Fuse([ATTENTION_SCALE])])
+    assert report.counts["attention_scale.matched"] == 1
+    assert_same_outputs(model, fused, FEEDS)  # Q's own output is unchanged
+
+
+def test_a_softmax_that_is_not_attention_is_a_miss() -> None:
+    g = GraphBuilder(20)
+    out = g.op("Softmax", g.op("MatMul", "x", g.const(np.ones((4, 3)))), axis=-1)
+    model = g.model({"x": (TensorProto.FLOAT, [2, 4])}, {out: TensorProto.FLOAT})
+    fused, (report,) = apply(model, [Fuse([ATTENTION_SCALE])])
+    assert report.counts["attention_scale.missed"] == 1
+    assert ops(fused) == ops(model)
