@@ -27,11 +27,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.runner import machine, markdown_table  # noqa: E402
+from bench.runner import machine, markdown_table
 
 SAMPLES = {"minilm": (12, 384), "tiny_bert": (4, 64)}  # heads, hidden
 EXPORTS = [("torchscript", 14), ("torchscript", 17), ("dynamo", 18), ("dynamo", 20)]
-COUNTED = ("LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization", "Gelu", "FastGelu", "BiasGelu", "Attention", "Erf")
+COUNTED = (
+    "LayerNormalization",
+    "SkipLayerNormalization",
+    "EmbedLayerNormalization",
+    "Gelu",
+    "FastGelu",
+    "BiasGelu",
+    "Attention",
+    "Erf",
+)
 
 
 def export(name: str, exporter: str, opset: int, path: Path) -> dict[str, np.ndarray]:
