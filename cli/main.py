@@ -11,7 +11,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from tensorsmith.cli.output import emit_json, handle_errors, setup_logging, stderr, stdout
+from tensorsmith.cli.output import RichReporter, emit_json, handle_errors, setup_logging, stderr, stdout
 from tensorsmith.runtime.errors import TensorsmithError
 
 
@@ -24,11 +24,11 @@ def main(verbose: int) -> None:
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[Any]:
-    """A rich spinner with the current stage on a terminal; plain log lines (at -v) otherwise."""
+def _reporter(enabled: bool) -> Iterator[Any]:
+    """Rich progress (stages and counted tasks) on a terminal; plain log lines (at -v) otherwise."""
     if enabled and stderr.is_terminal:
-        with stderr.status("compiling") as status:
-            yield lambda text: status.update(text)
+        with RichReporter(stderr) as reporter:
+            yield reporter
     else:
         yield None
 
@@ -43,6 +43,12 @@ def _progress(enabled: bool) -> Iterator[Any]:
 @click.option("--opset", type=int, help="ai.onnx opset of the compiled graph (default 20).")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), help="PyTorch exporter.")
 @click.option("--target", "targets", multiple=True, metavar="TARGET", help="Architecture to compile for (cpu).")
+@click.option("--precision", type=click.Choice(["fp32", "int8", "fp8"]), help="Also emit an int8/fp8 variant.")
+@click.option("--calibrator", type=click.Choice(["entropy", "percentile", "minmax"]), help="Default: entropy.")
+@click.option("--percentile", type=float, help="For --calibrator percentile (default 99.99).")
+@click.option("--calibration", type=click.Path(path_type=Path), help=".npz of inputs (samples on axis 0), or a folder.")
+@click.option("--calibration-samples", type=int, help="Use at most N calibration samples.")
+@click.option("--eval-data", "evaluation", type=click.Path(path_type=Path), help="Held-out .npz for accuracy.")
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes (LayerNorm, GELU, attention scale).")
 @click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -57,6 +63,12 @@ def compile_command(
     opset: int | None,
     exporter: str | None,
     targets: tuple[str, ...],
+    precision: str | None,
+    calibrator: str | None,
+    percentile: float | None,
+    calibration: Path | None,
+    calibration_samples: int | None,
+    evaluation: Path | None,
     no_fuse: bool,
     no_verify: bool,
     as_json: bool,
@@ -72,6 +84,12 @@ def compile_command(
         "opset": opset,
         "exporter": exporter,
         "targets": list(targets) or None,
+        "precision": precision,
+        "calibrator": calibrator,
+        "percentile": percentile,
+        "calibration": str(calibration.resolve()) if calibration else None,
+        "calibration_samples": calibration_samples,
+        "evaluation": str(evaluation.resolve()) if evaluation else None,
         "fuse": False if no_fuse else None,
         "verify": False if no_verify else None,
     }
@@ -86,8 +104,8 @@ def compile_command(
             fields = {key: value for key, value in overrides.items() if value is not None}
             config = CompileConfig.create({"source": source, **fields})
 
-    with _progress(not as_json) as on_stage:
-        result = compile(config, out, on_stage=on_stage)
+    with _reporter(not as_json) as reporter:
+        result = compile(config, out, reporter=reporter)
 
     manifest = result.manifest
     if as_json:
@@ -101,7 +119,8 @@ def compile_command(
         accuracy = ", ".join(f"{k}={v:.2e}" for k, v in variant.accuracy.items()) or "not verified"
         stdout.print(f"  variant {variant.name}: {variant.path} ({accuracy})")
     for target in manifest.targets:
-        stdout.print(f"  target {target.name}: {target.status} ({target.reason})")
+        engine = f" → {target.engine.path}" if target.engine else ""
+        stdout.print(f"  target {target.name}: {target.status} via {target.builder}{engine} {target.reason}".rstrip())
 
 
 @main.command("run")

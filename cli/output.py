@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -34,6 +35,46 @@ def setup_logging(verbose: int) -> None:
     # The exporters and Polygraphy are chatty at INFO; keep them to warnings unless -vv.
     for name in ("torch", "onnxscript", "polygraphy", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.ERROR if verbose < 2 else logging.DEBUG)
+
+
+class RichReporter:
+    """Stages as a spinner line, counted tasks as progress bars, on one rich Progress (stderr)."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        self._stage = self._progress.add_task("compiling", total=None)
+
+    def __enter__(self) -> RichReporter:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def stage(self, text: str) -> None:
+        self._progress.update(self._stage, description=text)
+
+    @contextlib.contextmanager
+    def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+        task = self._progress.add_task(description, total=total)
+
+        def advance(steps: int = 1) -> None:
+            self._progress.advance(task, steps)
+
+        try:
+            yield advance
+        finally:
+            self._progress.remove_task(task)
 
 
 def emit_json(payload: dict[str, Any]) -> None:

@@ -96,7 +96,8 @@ def _logger(trt: ModuleType, messages: list[tuple[Any, str]]) -> Any:
                 logger.error("TensorRT: %s", message)
                 messages.append((severity, message))
             elif severity == trt.ILogger.WARNING:
-                logger.warning("TensorRT: %s", message)
+                # TensorRT warns about routine things (int64 bindings); kept in the engine record, logged at info.
+                logger.info("TensorRT: %s", message)
                 messages.append((severity, message))
             else:
                 logger.debug("TensorRT: %s", message)

@@ -75,6 +75,22 @@ class CompileConfig(_Strict):
         "auto", description="auto: dynamo, then TorchScript if dynamo fails"
     )
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
+    precision: Literal["fp32", "int8", "fp8"] = Field(
+        "fp32", description="int8/fp8: calibrate and emit variants/int8.onnx or variants/fp8.onnx with Q/DQ"
+    )
+    calibrator: Literal["entropy", "percentile", "minmax"] = Field(
+        "entropy", description="how activation thresholds are chosen (TensorRT's entropy by default)"
+    )
+    percentile: float = Field(99.99, gt=0, le=100, description="for --calibrator percentile")
+    calibration: Path | None = Field(None, description=".npz (inputs stacked on axis 0) or a folder of them")
+    calibration_samples: int | None = Field(None, ge=1, description="use at most this many calibration samples")
+    calibration_batch_size: int = Field(16, ge=1, description="samples per ONNX Runtime call while calibrating")
+    evaluation: Path | None = Field(
+        None, description="held-out .npz to measure variants' accuracy on; default: up to 32 calibration samples"
+    )
+    tensorrt_cache_version: int = Field(
+        101601, description="NV_TENSORRT_VERSION written into calibration/int8.cache (10.16.1 → 101601)"
+    )
     targets: list[str] = Field(default_factory=lambda: ["cpu"], description="architectures to compile for")
     verify: bool = Field(True, description="compare the compiled graph with the source on ONNX Runtime")
     tolerance: float = Field(1e-4, gt=0, description="max |difference| / max |reference| allowed by verify")
@@ -83,12 +99,24 @@ class CompileConfig(_Strict):
     @field_validator("targets")
     @classmethod
     def _known_targets(cls, targets: list[str]) -> list[str]:
-        for target in targets:
-            if target != "cpu":
-                raise ValueError(
-                    f"target {target!r} is not supported yet; this version compiles for 'cpu' (ONNX Runtime)"
-                )
-        return targets
+        from tensorsmith.compiler.targets import TARGETS
+
+        unknown = [target for target in targets if target not in TARGETS]
+        if unknown:
+            raise ValueError(f"unknown target(s) {unknown}; targets are {', '.join(TARGETS)}")
+        return list(dict.fromkeys(targets))
+
+    @model_validator(mode="after")
+    def _precision_runs_on_targets(self) -> CompileConfig:
+        from tensorsmith.compiler.targets import check_precision
+
+        try:
+            check_precision(self.precision, self.targets)
+        except ConfigError as err:
+            raise ValueError(str(err)) from err
+        if self.precision in ("int8", "fp8") and self.calibration is None:
+            raise ValueError(f"precision {self.precision} needs calibration data: --calibration PATH")
+        return self
 
     @model_validator(mode="after")
     def _names_unique(self) -> CompileConfig:
@@ -144,11 +172,13 @@ class CompileConfig(_Strict):
             config = cls.model_validate({**raw, "base_dir": base_dir or Path.cwd()})
         except ValidationError as err:
             first = err.errors()[0]
-            field = ".".join(str(part) for part in first["loc"]) or "(top level)"
-            value = first.get("input")
+            field = ".".join(str(part) for part in first["loc"])
+            message = first["msg"].removeprefix("Value error, ")
             more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+            where = f"field '{field}': " if field else ""
+            got = f" (got {first.get('input')!r})" if field else ""
             raise ConfigError(
-                f"{origin}: field '{field}': {first['msg']}{more} (got {value!r})",
+                f"{origin}: {where}{message}{more}{got}",
                 hint="see the CompileConfig fields in compiler/config.py or samples/*/tensorsmith.toml",
             ) from err
         return config

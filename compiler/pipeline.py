@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,10 +12,13 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.compiler.artifact import staged_artifact, write_manifest
 from tensorsmith.compiler.config import CompileConfig, InputDecl
+from tensorsmith.compiler.engines import target_records
 from tensorsmith.compiler.errors import ConfigError, VerificationError
 from tensorsmith.compiler.export import ExportedModel, export_source
 from tensorsmith.compiler.feeds import example_feeds
 from tensorsmith.compiler.ir import ai_onnx_opset, apply_input_decls, io_records, save_onnx
+from tensorsmith.compiler.progress import LogReporter, Reporter
+from tensorsmith.compiler.variants import build_quantized_variant
 from tensorsmith.compiler.verify import compare_outputs, run_onnx
 from tensorsmith.compiler.version import __version__
 from tensorsmith.passes import Canonicalize, GraphPass, PassReport, default_passes, run_passes
@@ -25,7 +27,6 @@ from tensorsmith.runtime.manifest import (
     Manifest,
     PassRecord,
     SourceRecord,
-    TargetRecord,
     VariantRecord,
     sha256_of,
 )
@@ -33,7 +34,6 @@ from tensorsmith.runtime.manifest import (
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "model.onnx"
-Stage = Callable[[str], None]
 
 
 @dataclass
@@ -120,14 +120,14 @@ def _verify(
     return errors
 
 
-def compile(config: CompileConfig, out: str | Path, on_stage: Stage | None = None) -> CompileResult:
+def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = None) -> CompileResult:
     """Compile `config.source` into the artifact directory `out` (replaced atomically, never half-written)."""
     started = time.perf_counter()
     out = Path(out)
-    stage = on_stage or (lambda text: logger.info("%s", text))
+    reporter = reporter or LogReporter()
 
     with staged_artifact(out) as staging:
-        stage(f"exporting {config.source}")
+        reporter.stage(f"exporting {config.source}")
         exported = export_source(config, example_feeds(config) if config.inputs else {})
         if config.source_kind == "onnx":
             config = _declare_onnx_inputs(config, exported.model)
@@ -137,7 +137,7 @@ def compile(config: CompileConfig, out: str | Path, on_stage: Stage | None = Non
             source_path = staging / "source.onnx"  # ONNX sources are verified against themselves on ORT
             save_onnx(exported.model, source_path)
 
-        stage("running graph passes")
+        reporter.stage("running graph passes")
         model, reports = optimize(exported.model, config)
         model_path = staging / MODEL_NAME
         save_onnx(model, model_path)
@@ -145,13 +145,27 @@ def compile(config: CompileConfig, out: str | Path, on_stage: Stage | None = Non
 
         accuracy: dict[str, float] = {}
         if config.verify:
-            stage("verifying against the source on ONNX Runtime")
+            reporter.stage("verifying against the source on ONNX Runtime")
             errors = _verify(config, exported, source_path, model_path, [o.name for o in outputs])
             accuracy = {"max_relative_error": max(errors.values(), default=0.0)}
             if source_path is not None:
                 source_path.unlink()
 
         model_record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
+        reference = VariantRecord(
+            name="fp32",
+            precisions=["fp32"],
+            accuracy=accuracy,
+            evaluated_on="against the source" if accuracy else "",
+            **model_record.model_dump(),
+        )
+        variants = [reference]
+        if config.precision in ("int8", "fp8"):
+            quantized = build_quantized_variant(model, config, inputs, model_path, staging, reporter)
+            variants.append(quantized.record)
+            reports.append(quantized.report)
+
+        targets = target_records(config, variants[-1], inputs, staging, reporter)
         manifest = Manifest(
             tensorsmith_version=__version__,
             source=source,
@@ -159,14 +173,9 @@ def compile(config: CompileConfig, out: str | Path, on_stage: Stage | None = Non
             inputs=inputs,
             outputs=outputs,
             passes=[PassRecord(**vars(report)) for report in reports],
-            variants=[VariantRecord(name="fp32", precisions=["fp32"], accuracy=accuracy, **model_record.model_dump())],
-            targets=[
-                TargetRecord(
-                    name=target, variant="fp32", builder="none", status="not-needed", reason="runs on ONNX Runtime"
-                )
-                for target in config.targets
-            ],
+            variants=variants,
+            targets=targets,
         )
         write_manifest(staging, manifest)
-        stage(f"writing {out}")
+        reporter.stage(f"writing {out}")
     return CompileResult(out=out, manifest=manifest, seconds=round(time.perf_counter() - started, 3))

@@ -56,6 +56,7 @@ class VariantRecord(FileRecord):
     name: str
     precisions: list[str]
     accuracy: dict[str, float] = Field(default_factory=dict)
+    evaluated_on: str = Field("", description="the data `accuracy` was measured on")
 
 
 class EngineRecord(FileRecord):

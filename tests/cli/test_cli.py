@@ -84,3 +84,51 @@ def test_fusion_runs_by_default_and_no_fuse_turns_it_off(mlp_onnx: Path, tmp_pat
     plain = run_cli_json("compile", mlp_onnx, "--no-fuse", "-o", tmp_path / "plain")
     assert [p["name"] for p in plain["passes"]] == ["canonicalize"]
     assert run_cli_json("inspect", tmp_path / "plain" / "model.onnx")["ops"]["Erf"] == 1
+
+
+def test_int8_compile_writes_variant_calibration_and_cache(mlp_onnx: Path, tmp_path: Path) -> None:
+    samples = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+    np.savez(tmp_path / "calibration.npz", x=samples)
+    out = tmp_path / "out"
+    compiled = run_cli_json(
+        "compile", mlp_onnx, "--input", "x:float32:batch,8", "-o", out,
+        "--precision", "int8", "--calibration", tmp_path / "calibration.npz", "--calibrator", "percentile",
+        "--target", "cpu", "--target", "sm_86",
+    )  # fmt: skip
+    variants = {variant["name"]: variant for variant in compiled["variants"]}
+    assert variants["int8"]["path"] == "variants/int8.onnx"
+    assert variants["int8"]["accuracy"]["cosine"] > 0.99
+    assert "calibration samples" in variants["int8"]["evaluated_on"]
+    targets = {target["name"]: target for target in compiled["targets"]}
+    assert targets["cpu"]["variant"] == "int8" and targets["cpu"]["status"] == "not-needed"
+    assert targets["sm_86"]["status"] == "built" and (out / "engines" / "sm_86.engine").stat().st_size > 0
+    assert json.loads((out / "engines" / "sm_86.json").read_text())["variant"] == "int8"
+
+    table = json.loads((out / "calibration.json").read_text())
+    assert table["method"] == "percentile" and table["samples"] == 40
+    tensors = table["tensors"]
+    assert all(t["int8_scale"] == pytest.approx(t["threshold"] / 127) for t in tensors.values())
+    cache = (out / "calibration" / "int8.cache").read_text().splitlines()
+    assert cache[0] == "TRT-101601-EntropyCalibration2"
+    for line in cache[1:]:
+        name, scale = line.split(": ")
+        assert float(np.frombuffer(bytes.fromhex(scale)[::-1], np.float32)[0]) == pytest.approx(
+            tensors[name]["int8_scale"]
+        )
+
+    from tensorsmith.runtime import load
+
+    with load(out) as model:  # the cpu target runs the int8 variant on ONNX Runtime
+        assert model.run({"x": samples[:3]})["y"].shape == (3, 4)
+
+
+def test_fp8_for_an_ampere_target_is_refused_before_any_work(mlp_onnx: Path, tmp_path: Path) -> None:
+    np.savez(tmp_path / "calibration.npz", x=np.ones((4, 8), np.float32))
+    result = run_cli(
+        "compile", mlp_onnx, "-o", tmp_path / "out", "--precision", "fp8",
+        "--calibration", tmp_path / "calibration.npz", "--target", "sm_86",
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "target sm_86 (Ampere (RTX 30, A10)) cannot run fp8" in result.stderr
+    assert "sm_89" in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -76,9 +76,26 @@ def test_invalid_toml_and_missing_files_are_config_errors(tmp_path: Path) -> Non
         CompileConfig.from_toml(tmp_path / "missing.toml")
 
 
-def test_unsupported_targets_are_refused() -> None:
-    with pytest.raises(ConfigError, match="field 'targets'.*'sm_89' is not supported yet"):
-        CompileConfig.create({"source": "m.onnx", "targets": ["sm_89"]})
+def test_unknown_targets_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"field 'targets': unknown target\(s\) \['sm_42'\]"):
+        CompileConfig.create({"source": "m.onnx", "targets": ["sm_42"]})
+
+
+def test_a_precision_a_target_cannot_run_is_refused_before_any_work() -> None:
+    with pytest.raises(ConfigError, match="target sm_86 .* cannot run fp8") as caught:
+        CompileConfig.create({"source": "m.onnx", "precision": "fp8", "calibration": "c.npz", "targets": ["sm_86"]})
+    assert "sm_89" in str(caught.value)
+    with pytest.raises(ConfigError, match="target cpu .* cannot run fp8"):
+        CompileConfig.create({"source": "m.onnx", "precision": "fp8", "calibration": "c.npz"})
+    config = CompileConfig.create(
+        {"source": "m.onnx", "precision": "fp8", "calibration": "c.npz", "targets": ["sm_89", "sm_120"]}
+    )
+    assert config.targets == ["sm_89", "sm_120"]
+
+
+def test_quantized_precisions_need_calibration_data() -> None:
+    with pytest.raises(ConfigError, match="precision int8 needs calibration data"):
+        CompileConfig.create({"source": "m.onnx", "precision": "int8"})
 
 
 def test_duplicate_inputs_are_refused() -> None:

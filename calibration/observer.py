@@ -1,0 +1,83 @@
+"""Run the fp32 graph on ONNX Runtime and collect statistics of the tensors that feed quantizable ops.
+
+Only those tensors are exposed as extra outputs; every batch's values are reduced to statistics at once and
+dropped, so memory never grows with the number of samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tensorsmith.calibration.data import CalibrationData
+from tensorsmith.calibration.statistics import TensorStatistics
+from tensorsmith.compiler.errors import CalibrationError
+from tensorsmith.compiler.ir import save_onnx
+from tensorsmith.compiler.progress import LogReporter, Reporter
+
+logger = logging.getLogger(__name__)
+
+
+class Observer:
+    """An ONNX Runtime session over `model` that also returns the `tensors` to observe."""
+
+    def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], providers: Sequence[str] | None = None) -> None:
+        import onnxruntime
+
+        self.tensors = list(dict.fromkeys(tensors))
+        observed = onnx.ModelProto()
+        observed.CopyFrom(model)
+        outputs = {output.name for output in observed.graph.output}
+        for name in self.tensors:
+            if name not in outputs:
+                observed.graph.output.append(onnx.ValueInfoProto(name=name))
+        available = set(onnxruntime.get_available_providers())
+        chosen = list(providers or [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available])
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3
+        with tempfile.TemporaryDirectory(prefix="tensorsmith-observe-") as scratch:
+            path = Path(scratch) / "observed.onnx"  # a file: models over 2 GB need external data
+            save_onnx(observed, path)
+            try:
+                self.session = onnxruntime.InferenceSession(str(path), options, providers=chosen)
+            except Exception as err:  # onnxruntime's own exception types
+                raise CalibrationError(f"ONNX Runtime cannot run the graph to calibrate it: {err}") from err
+        self.input_names = {value.name for value in self.session.get_inputs()}
+        self.samples = 0  # counted by pass 1
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self.session.run(self.tensors, {k: v for k, v in feeds.items() if k in self.input_names})
+        return dict(zip(self.tensors, values, strict=True))
+
+    def collect_ranges(self, data: CalibrationData, reporter: Reporter | None = None) -> dict[str, TensorStatistics]:
+        """Pass 1: amax and counts of every observed tensor."""
+        statistics = {name: TensorStatistics(name) for name in self.tensors}
+        self.samples = 0
+        with (reporter or LogReporter()).task("calibration pass 1/2 (ranges)", data.limit) as advance:
+            for batch in data.batches():
+                for name, values in self.run(batch).items():
+                    statistics[name].observe_range(values)
+                size = next(iter(batch.values())).shape[0]
+                self.samples += size
+                advance(size)
+        return statistics
+
+    def collect_histograms(
+        self, data: CalibrationData, ranges: dict[str, TensorStatistics], reporter: Reporter | None = None
+    ) -> dict[str, TensorStatistics]:
+        """Pass 2: histograms of |x| over the ranges of pass 1 (which may be merged from several shards)."""
+        statistics = {name: ranges[name].ranged() for name in self.tensors}
+        with (reporter or LogReporter()).task("calibration pass 2/2 (histograms)", data.limit) as advance:
+            for batch in data.batches():
+                for name, values in self.run(batch).items():
+                    statistics[name].observe_histogram(values)
+                advance(next(iter(batch.values())).shape[0])
+        return statistics
+
+    def collect(self, data: CalibrationData, reporter: Reporter | None = None) -> dict[str, TensorStatistics]:
+        return self.collect_histograms(data, self.collect_ranges(data, reporter), reporter)

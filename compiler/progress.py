@@ -1,0 +1,38 @@
+"""How long work reports itself: stages and counted tasks. The CLI shows them with rich; the library logs."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+logger = logging.getLogger("tensorsmith")
+
+Advance = Callable[[int], None]
+
+
+class Reporter(Protocol):
+    def stage(self, text: str) -> None:
+        """A new step of the pipeline begins."""
+
+    def task(self, description: str, total: int | None) -> contextlib.AbstractContextManager[Advance]:
+        """A counted piece of work; the context yields `advance(n)`."""
+
+
+class LogReporter:
+    """The default outside the CLI: stages and task ends as log lines, nothing per step."""
+
+    def stage(self, text: str) -> None:
+        logger.info("%s", text)
+
+    @contextlib.contextmanager
+    def task(self, description: str, total: int | None) -> Iterator[Advance]:
+        done = 0
+
+        def advance(steps: int = 1) -> None:
+            nonlocal done
+            done += steps
+
+        yield advance
+        logger.info("%s: %d%s done", description, done, f"/{total}" if total else "")

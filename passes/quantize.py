@@ -1,0 +1,168 @@
+"""Insert Q/DQ for TensorRT's explicit quantization, from a precision plan and activation scales.
+
+    x ──► QuantizeLinear(s_x, 0) ──► DequantizeLinear(s_x, 0) ──┐
+    W (int8 / fp8 initializer) ──► DequantizeLinear(s_W[c], 0, axis) ──┴─► MatMul / Gemm / Conv ──► (float)
+
+- activations: per-tensor, symmetric (zero point 0); one Q/DQ pair per tensor, shared by its quantized
+  consumers; both inputs of an activation × activation MatMul (attention's Q·Kᵀ, P·V);
+- weights: per-channel on the output-channel axis (MatMul B [K, N]: axis 1; Gemm: 0 with transB, else 1;
+  Conv: 0), stored quantized as initializers, so the variant file shrinks;
+- no Q/DQ on outputs, biases stay float (TensorRT folds them), and everything else stays in float.
+Only standard ONNX ops; fp8 (float8e4m3fn) needs opset 19.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from tensorsmith.calibration.thresholds import FP8_E4M3_MAX, INT8_MAX, per_channel_amax
+from tensorsmith.compiler.errors import PassError
+from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.matching import constant_value
+
+logger = logging.getLogger(__name__)
+
+Precision = Literal["int8", "fp8"]
+QUANTIZABLE_OPS = ("MatMul", "Gemm", "Conv")
+FP8_MIN_OPSET = 19
+FLOAT_TYPES = (np.float32, np.float16)
+
+
+def quantizable_nodes(graph: gs.Graph) -> list[gs.Node]:
+    return [node for node in graph.nodes if node.op in QUANTIZABLE_OPS]
+
+
+def weight_axis(node: gs.Node, weight: np.ndarray) -> int:
+    """The output-channel axis of a weight input (REFERENCE.md §4)."""
+    if node.op == "Conv":
+        return 0
+    if node.op == "Gemm":
+        return 0 if int(node.attrs.get("transB", 0)) else 1
+    return weight.ndim - 1  # MatMul B [..., K, N]
+
+
+def activation_inputs(node: gs.Node) -> list[gs.Tensor]:
+    """The float, non-constant inputs of a quantizable node that get per-tensor Q/DQ (never a bias)."""
+    candidates = node.inputs[:2]
+    return [
+        tensor
+        for tensor in candidates
+        if constant_value(tensor) is None and (tensor.dtype is None or np.dtype(tensor.dtype) in FLOAT_TYPES)
+    ]
+
+
+def _fp8_dtype() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+def quantize_weights(weights: np.ndarray, axis: int, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
+    """(quantized weights, per-channel scales): int8 in [-127, 127], or float8e4m3fn saturating at ±448."""
+    limit = INT8_MAX if precision == "int8" else FP8_E4M3_MAX
+    amax = per_channel_amax(weights.astype(np.float32), axis)
+    scales = np.where(amax > 0, amax / limit, 1.0).astype(np.float32)  # an all-zero channel: any positive scale
+    shape = [1] * weights.ndim
+    shape[axis % weights.ndim] = -1
+    scaled = weights.astype(np.float32) / scales.reshape(shape)
+    if precision == "int8":
+        return np.clip(np.rint(scaled), -limit, limit).astype(np.int8), scales
+    return np.clip(scaled, -limit, limit).astype(_fp8_dtype()), scales
+
+
+def _zero(precision: Precision, shape: tuple[int, ...] = ()) -> np.ndarray:
+    return np.zeros(shape, dtype=np.int8 if precision == "int8" else _fp8_dtype())
+
+
+@dataclass
+class InsertQDQ:
+    """Quantize the inputs of `nodes` (names; None: every MatMul/Gemm/Conv) to `precision` with the given
+    per-tensor activation scales. A node whose activation has no scale stays in float, with the reason."""
+
+    precision: Precision
+    activation_scales: Mapping[str, float]
+    nodes: Collection[str] | None = None
+    name: str = "insert_qdq"
+
+    def __call__(self, graph: gs.Graph) -> PassReport:
+        if self.precision == "fp8" and graph.opset < FP8_MIN_OPSET:
+            raise PassError(
+                f"fp8 Q/DQ needs opset {FP8_MIN_OPSET}, the graph has {graph.opset}",
+                hint=f"compile with --opset {FP8_MIN_OPSET} or newer",
+            )
+        dequantized: dict[str, gs.Variable] = {}
+        skipped: dict[str, str] = {}
+        quantized_nodes = quantized_weights = 0
+        for node in quantizable_nodes(graph):
+            if self.nodes is not None and node.name not in self.nodes:
+                continue
+            activations = activation_inputs(node)
+            missing = [t.name for t in activations if t.name not in self.activation_scales]
+            if missing:
+                skipped[node.name] = f"no calibrated scale for {missing}"
+                continue
+            for tensor in activations:
+                if tensor.name not in dequantized:
+                    dequantized[tensor.name] = self._quantize_activation(graph, tensor)
+                node.inputs[node.inputs.index(tensor)] = dequantized[tensor.name]
+            weight_index = 1
+            weight = constant_value(node.inputs[weight_index]) if len(node.inputs) > 1 else None
+            if weight is not None and weight.dtype in FLOAT_TYPES and weight.ndim >= 2:
+                node.inputs[weight_index] = self._quantize_weight(graph, node, weight)
+                quantized_weights += 1
+            quantized_nodes += 1
+        for node_name, reason in skipped.items():
+            logger.info("left %s in float: %s", node_name, reason)
+        return PassReport(
+            self.name,
+            changed=quantized_nodes > 0,
+            counts={
+                "nodes_quantized": quantized_nodes,
+                "activations_quantized": len(dequantized),
+                "weights_quantized": quantized_weights,
+                "nodes_skipped": len(skipped),
+            },
+            details={"precision": self.precision, "skipped": skipped},
+        )
+
+    def _quantize_activation(self, graph: gs.Graph, tensor: gs.Tensor) -> gs.Variable:
+        scale = gs.Constant(f"{tensor.name}/scale", np.array(self.activation_scales[tensor.name], np.float32))
+        zero = gs.Constant(f"{tensor.name}/zero_point", _zero(self.precision))
+        (quantized,) = graph.layer(
+            op="QuantizeLinear",
+            name=f"{tensor.name}/QuantizeLinear",
+            inputs=[tensor, scale, zero],
+            outputs=[f"{tensor.name}/quantized"],
+        )
+        (dequantized,) = graph.layer(
+            op="DequantizeLinear",
+            name=f"{tensor.name}/DequantizeLinear",
+            inputs=[quantized, scale, zero],
+            outputs=[f"{tensor.name}/dequantized"],
+        )
+        dequantized.dtype = np.float32
+        return dequantized
+
+    def _quantize_weight(self, graph: gs.Graph, node: gs.Node, weight: np.ndarray) -> gs.Variable:
+        axis = weight_axis(node, weight)
+        values, scales = quantize_weights(weight, axis, self.precision)
+        prefix = f"{node.name}/weight"
+        (dequantized,) = graph.layer(
+            op="DequantizeLinear",
+            name=f"{prefix}/DequantizeLinear",
+            attrs={"axis": axis},
+            inputs=[
+                gs.Constant(f"{prefix}/quantized", values),
+                gs.Constant(f"{prefix}/scale", scales),
+                gs.Constant(f"{prefix}/zero_point", _zero(self.precision, scales.shape)),
+            ],
+            outputs=[f"{prefix}/dequantized"],
+        )
+        dequantized.dtype = weight.dtype
+        return dequantized
