@@ -30,26 +30,37 @@ class TensorStatistics:
 
     def observe_range(self, values: np.ndarray) -> None:
         """Pass 1: amax and counts."""
-        magnitudes = np.abs(values.astype(np.float32, copy=False)).ravel()
-        finite = np.isfinite(magnitudes)
-        finite_count = int(np.count_nonzero(finite))
-        self.nonfinite += magnitudes.size - finite_count
-        self.count += finite_count
-        if finite_count:
-            peak = float(np.max(magnitudes, where=finite, initial=0.0))
+        values = np.asarray(values, dtype=np.float32).ravel()
+        if values.size == 0:
+            return
+        peak = max(float(values.max()), -float(values.min()))  # no |x| copy: two reductions
+        if np.isfinite(peak):  # a max or min over data with inf or nan is not finite
+            self.count += values.size
             self.amax = max(self.amax, peak)
+            return
+        magnitudes = np.abs(values[np.isfinite(values)])
+        self.nonfinite += values.size - magnitudes.size
+        self.count += magnitudes.size
+        if magnitudes.size:
+            self.amax = max(self.amax, float(magnitudes.max()))
 
     def observe_histogram(self, values: np.ndarray) -> None:
         """Pass 2: bin |x| over the fixed range [0, amax] (values at amax land in the last bin), and count
         again, so a shard's pass-2 statistics stand alone and merge by addition."""
-        magnitudes = np.abs(values.astype(np.float32, copy=False)).ravel()
-        magnitudes = magnitudes[np.isfinite(magnitudes)]
+        values = np.asarray(values, dtype=np.float32).ravel()
+        if values.size == 0:
+            return
+        all_finite = np.isfinite(values.max()) and np.isfinite(values.min())
+        magnitudes = np.abs(values) if all_finite else np.abs(values[np.isfinite(values)])
         self.nonfinite += values.size - magnitudes.size
         self.count += magnitudes.size
-        if self.amax <= 0:
+        if self.amax <= 0 or not magnitudes.size:
             return
-        # float64 so the bin of a value does not depend on how float32 rounds amax / NUM_BINS.
-        indices = np.minimum((magnitudes.astype(np.float64) * (NUM_BINS / self.amax)).astype(np.int64), NUM_BINS - 1)
+        # In place, to spare allocations; each value's bin depends on that value alone (float32 arithmetic,
+        # the same whatever the batch), so the counts do not depend on batch size or order.
+        np.multiply(magnitudes, np.float32(NUM_BINS / self.amax), out=magnitudes)
+        indices = magnitudes.astype(np.int32)
+        np.minimum(indices, NUM_BINS - 1, out=indices)
         self.histogram += np.bincount(indices, minlength=NUM_BINS)
 
     def merge(self, other: TensorStatistics) -> TensorStatistics:
