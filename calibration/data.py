@@ -71,6 +71,7 @@ class CalibrationData:
     inputs: Sequence[TensorSpec]
     batch_size: int = 16
     limit: int | None = None
+    skip: int = 0  # samples passed over first (to hold some out for evaluation)
 
     def _chunks(self) -> Iterator[tuple[Feeds, str]]:
         if isinstance(self.source, (str, Path)):
@@ -92,9 +93,12 @@ class CalibrationData:
     def batches(self) -> Iterator[Feeds]:
         remaining = self.limit
         seen = 0
+        to_skip = self.skip
         for feeds, origin in self._chunks():
             count = _check(feeds, self.inputs, origin)
-            for start in range(0, count, self.batch_size):
+            first = min(to_skip, count)
+            to_skip -= first
+            for start in range(first, count, self.batch_size):
                 stop = min(start + self.batch_size, count)
                 if remaining is not None:
                     stop = min(stop, start + remaining)
@@ -104,7 +108,10 @@ class CalibrationData:
                 seen += stop - start
                 yield {name: array[start:stop] for name, array in feeds.items()}
         if seen == 0:
-            raise CalibrationError("the calibration data holds no samples", hint="check --calibration")
+            raise CalibrationError(
+                f"the calibration data holds no samples{f' after the first {self.skip}' if self.skip else ''}",
+                hint="check --calibration",
+            )
 
     def count(self) -> int:
         """Samples that `batches()` yields (reads the data once)."""

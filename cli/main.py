@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,12 @@ def _reporter(enabled: bool) -> Iterator[Any]:
 @click.option("--opset", type=int, help="ai.onnx opset of the compiled graph (default 20).")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), help="PyTorch exporter.")
 @click.option("--target", "targets", multiple=True, metavar="TARGET", help="Architecture to compile for (cpu).")
-@click.option("--precision", type=click.Choice(["fp32", "int8", "fp8"]), help="Also emit an int8/fp8 variant.")
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "int8", "fp8", "auto"]),
+    help="int8/fp8: quantize every layer the policy allows; auto: choose per layer and target within --budget.",
+)
+@click.option("--budget", help="For --precision auto, e.g. 'cosine>=0.995' (cosine, min-cosine, max-abs, sqnr-db).")
 @click.option("--calibrator", type=click.Choice(["entropy", "percentile", "minmax"]), help="Default: entropy.")
 @click.option("--percentile", type=float, help="For --calibrator percentile (default 99.99).")
 @click.option("--calibration", type=click.Path(path_type=Path), help=".npz of inputs (samples on axis 0), or a folder.")
@@ -64,6 +70,7 @@ def compile_command(
     exporter: str | None,
     targets: tuple[str, ...],
     precision: str | None,
+    budget: str | None,
     calibrator: str | None,
     percentile: float | None,
     calibration: Path | None,
@@ -85,6 +92,7 @@ def compile_command(
         "exporter": exporter,
         "targets": list(targets) or None,
         "precision": precision,
+        "budget": budget,
         "calibrator": calibrator,
         "percentile": percentile,
         "calibration": str(calibration.resolve()) if calibration else None,
@@ -109,18 +117,33 @@ def compile_command(
 
     manifest = result.manifest
     if as_json:
-        emit_json({"ok": True, "out": str(result.out), "seconds": result.seconds, **manifest.model_dump(mode="json")})
+        payload = manifest.model_dump(mode="json")
+        emit_json({"ok": result.budget_met, "out": str(result.out), "seconds": result.seconds,
+                   "unmet_budgets": result.unmet_budgets, **payload})  # fmt: skip
+        _exit_if_unmet(result.unmet_budgets, result.out)
         return
     stdout.print(f"[bold green]compiled[/] {config.source} → {result.out} in {result.seconds:.1f} s")
     stdout.print(f"  exporter: {manifest.source.exporter}, opset {manifest.source.opset} → {config.opset}")
     for record in manifest.passes:
         stdout.print(f"  pass {record.name}: {record.counts} ({record.seconds:.2f} s)")
     for variant in manifest.variants:
-        accuracy = ", ".join(f"{k}={v:.2e}" for k, v in variant.accuracy.items()) or "not verified"
+        accuracy = ", ".join(f"{k}={v:.4g}" for k, v in variant.accuracy.items()) or "not verified"
         stdout.print(f"  variant {variant.name}: {variant.path} ({accuracy})")
     for target in manifest.targets:
         engine = f" → {target.engine.path}" if target.engine else ""
         stdout.print(f"  target {target.name}: {target.status} via {target.builder}{engine} {target.reason}".rstrip())
+    _exit_if_unmet(result.unmet_budgets, result.out)
+
+
+def _exit_if_unmet(unmet: list[str], out: Path) -> None:
+    """Exit code 3: the accuracy budget does not hold; the best plan is written all the same."""
+    if unmet:
+        click.echo(
+            f"error: accuracy budget not met: {'; '.join(unmet)} (hint: the best plan is in {out}/precision.json; "
+            "loosen --budget, add calibration data, or pin layers with [[overrides]])",
+            err=True,
+        )
+        sys.exit(3)
 
 
 @main.command("run")

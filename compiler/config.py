@@ -62,6 +62,13 @@ class DimRange(_Strict):
         return self
 
 
+class OverrideDecl(_Strict):
+    """Pin matching layers to a precision before any search."""
+
+    match: str = Field(description="glob over the ONNX node name, the PyTorch module path, or the op type")
+    precision: Literal["fp32", "int8", "fp8"]
+
+
 class CompileConfig(_Strict):
     """What to compile and how. Relative paths are resolved against `base_dir` (the TOML file's folder)."""
 
@@ -75,9 +82,16 @@ class CompileConfig(_Strict):
         "auto", description="auto: dynamo, then TorchScript if dynamo fails"
     )
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
-    precision: Literal["fp32", "int8", "fp8"] = Field(
-        "fp32", description="int8/fp8: calibrate and emit variants/int8.onnx or variants/fp8.onnx with Q/DQ"
+    precision: Literal["fp32", "int8", "fp8", "auto"] = Field(
+        "fp32",
+        description="int8/fp8: calibrate and quantize every layer the policy allows; auto: per target (int8, or "
+        "fp8 from sm_89), each layer chosen so that `budget` holds on held-out data",
     )
+    budget: str = Field("cosine>=0.995", description="for precision auto: METRIC>=VALUE or METRIC<=VALUE")
+    overrides: list[OverrideDecl] = Field(
+        default_factory=list, description="[[overrides]] match = glob over node/module/op, precision = fp32|int8|fp8"
+    )
+    sensitivity_samples: int = Field(16, ge=1, description="evaluation samples used per sensitivity run")
     calibrator: Literal["entropy", "percentile", "minmax"] = Field(
         "entropy", description="how activation thresholds are chosen (TensorRT's entropy by default)"
     )
@@ -114,7 +128,7 @@ class CompileConfig(_Strict):
             check_precision(self.precision, self.targets)
         except ConfigError as err:
             raise ValueError(str(err)) from err
-        if self.precision in ("int8", "fp8") and self.calibration is None:
+        if self.precision in ("int8", "fp8", "auto") and self.calibration is None:
             raise ValueError(f"precision {self.precision} needs calibration data: --calibration PATH")
         return self
 

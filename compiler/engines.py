@@ -23,15 +23,17 @@ def _installed(builder: str) -> bool:
 
 def target_records(
     config: CompileConfig,
-    variant: VariantRecord,
+    variants: Mapping[str, VariantRecord],
     inputs: list[TensorRecord],
     directory: Path,
     reporter: Reporter,
 ) -> list[TargetRecord]:
-    """Build (or record) each target's engine from `variant`; engines go to `directory/engines/`."""
+    """Build (or record) each target's engine from its variant (`variants`: target → variant); engines go to
+    `directory/engines/`."""
     records = []
     for name in config.targets:
         target = get_target(name)
+        variant = variants[name]
         if not target.builders:
             records.append(
                 TargetRecord(

@@ -1,27 +1,128 @@
-"""Accuracy of a variant against the fp32 reference: per-sample cosine and error relative to output scale."""
+"""Accuracy of a variant against the fp32 reference, and the accuracy budget a precision plan must meet.
+
+Metrics compare every output and report the worst one: `cosine` (mean per-sample cosine), `min-cosine`
+(the worst sample's), `max-abs` (largest absolute difference), `sqnr-db` (signal-to-quantization-noise ratio),
+or a user function `pkg.module:function(reference, outputs) -> float` over the lists of output arrays.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from tensorsmith.compiler.errors import ConfigError
 from tensorsmith.compiler.verify import relative_error
+
+Outputs = Sequence[np.ndarray]
+
+
+def _per_sample(array: np.ndarray) -> np.ndarray:
+    array = np.asarray(array, dtype=np.float64)
+    return array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)
+
+
+def sample_cosines(reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    a, b = _per_sample(reference), _per_sample(actual)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return np.where(norms > 0, np.sum(a * b, axis=1) / np.where(norms > 0, norms, 1.0), 1.0)
 
 
 def mean_cosine(reference: np.ndarray, actual: np.ndarray) -> float:
     """Mean over samples (axis 0) of the cosine between each sample's flattened outputs."""
-    a = np.asarray(reference, dtype=np.float64).reshape(len(reference), -1)
-    b = np.asarray(actual, dtype=np.float64).reshape(len(actual), -1)
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    cosines = np.where(norms > 0, np.sum(a * b, axis=1) / np.where(norms > 0, norms, 1.0), 1.0)
-    return float(np.mean(cosines))
+    return float(np.mean(sample_cosines(reference, actual)))
 
 
-def accuracy(reference: Sequence[np.ndarray], actual: Sequence[np.ndarray]) -> dict[str, float]:
-    """The worst output's figures: `cosine` (mean per-sample) and `max_relative_error`."""
-    pairs = list(zip(reference, actual, strict=True))
+def _cosine(reference: Outputs, actual: Outputs) -> float:
+    return min(mean_cosine(r, a) for r, a in zip(reference, actual, strict=True))
+
+
+def _min_cosine(reference: Outputs, actual: Outputs) -> float:
+    return min(float(np.min(sample_cosines(r, a))) for r, a in zip(reference, actual, strict=True))
+
+
+def _max_abs(reference: Outputs, actual: Outputs) -> float:
+    return max(
+        float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(r, np.float64))))
+        for r, a in zip(reference, actual, strict=True)
+    )
+
+
+def _sqnr_db(reference: Outputs, actual: Outputs) -> float:
+    worst = np.inf
+    for r, a in zip(reference, actual, strict=True):
+        signal = float(np.sum(np.asarray(r, np.float64) ** 2))
+        noise = float(np.sum((np.asarray(a, np.float64) - np.asarray(r, np.float64)) ** 2))
+        worst = min(worst, np.inf if noise == 0 else 10 * np.log10(signal / noise))
+    return float(worst)
+
+
+Metric = Callable[[Outputs, Outputs], float]
+METRICS: dict[str, tuple[Metric, bool]] = {  # name → (function, higher is better)
+    "cosine": (_cosine, True),
+    "min-cosine": (_min_cosine, True),
+    "max-abs": (_max_abs, False),
+    "sqnr-db": (_sqnr_db, True),
+}
+
+
+def accuracy(reference: Outputs, actual: Outputs) -> dict[str, float]:
+    """The figures recorded for every variant: cosine, min-cosine, sqnr-db and max_relative_error."""
     return {
-        "cosine": min(mean_cosine(r, a) for r, a in pairs),
-        "max_relative_error": max(relative_error(r, a) for r, a in pairs),
+        "cosine": _cosine(reference, actual),
+        "min-cosine": _min_cosine(reference, actual),
+        "sqnr-db": _sqnr_db(reference, actual),
+        "max_relative_error": max(relative_error(r, a) for r, a in zip(reference, actual, strict=True)),
     }
+
+
+_BUDGET = re.compile(r"^\s*([A-Za-z0-9_.\-:]+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """`metric >= value` or `metric <= value`, e.g. 'cosine>=0.995', 'max-abs<=0.05'."""
+
+    metric: str
+    comparison: str
+    value: float
+    function: Metric
+    higher_is_better: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Budget:
+        match = _BUDGET.match(text)
+        if not match:
+            raise ConfigError(
+                f"budget {text!r} is not METRIC>=VALUE or METRIC<=VALUE",
+                hint=f"e.g. --budget 'cosine>=0.995'; metrics: {', '.join(METRICS)} or pkg.module:function",
+            )
+        name, comparison, value = match.group(1), match.group(2), float(match.group(3))
+        if name in METRICS:
+            function, higher = METRICS[name]
+        elif ":" in name:
+            from tensorsmith.compiler.export import import_factory
+
+            function, higher = import_factory(name), comparison == ">="
+        else:
+            raise ConfigError(f"unknown metric {name!r} in budget {text!r}", hint=f"metrics: {', '.join(METRICS)}")
+        if (comparison == ">=") != higher:
+            raise ConfigError(
+                f"budget {text!r} asks {name} to be {'at most' if comparison == '<=' else 'at least'} a value, "
+                f"but {'higher' if higher else 'lower'} {name} is better",
+                hint=f"use {name}{'>=' if higher else '<='}{value:g}",
+            )
+        return cls(name, comparison, value, function, higher)
+
+    def measure(self, reference: Outputs, actual: Outputs) -> float:
+        return float(self.function(reference, actual))
+
+    def met(self, measured: float) -> bool:
+        compare = operator.ge if self.comparison == ">=" else operator.le
+        return bool(compare(measured, self.value))
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.comparison}{self.value:g}"

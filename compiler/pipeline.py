@@ -17,8 +17,9 @@ from tensorsmith.compiler.errors import ConfigError, VerificationError
 from tensorsmith.compiler.export import ExportedModel, export_source
 from tensorsmith.compiler.feeds import example_feeds
 from tensorsmith.compiler.ir import ai_onnx_opset, apply_input_decls, io_records, save_onnx
+from tensorsmith.compiler.module_paths import attach_module_paths, module_paths
 from tensorsmith.compiler.progress import LogReporter, Reporter
-from tensorsmith.compiler.variants import build_quantized_variant
+from tensorsmith.compiler.variants import build_variants
 from tensorsmith.compiler.verify import compare_outputs, run_onnx
 from tensorsmith.compiler.version import __version__
 from tensorsmith.passes import Canonicalize, GraphPass, PassReport, default_passes, run_passes
@@ -41,6 +42,11 @@ class CompileResult:
     out: Path
     manifest: Manifest
     seconds: float
+    unmet_budgets: list[str]  # with --precision auto: recipes whose variant misses the budget (written anyway)
+
+    @property
+    def budget_met(self) -> bool:
+        return not self.unmet_budgets
 
 
 def _declare_onnx_inputs(config: CompileConfig, model: onnx.ModelProto) -> CompileConfig:
@@ -138,7 +144,9 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
             save_onnx(exported.model, source_path)
 
         reporter.stage("running graph passes")
+        paths = module_paths(exported.model)
         model, reports = optimize(exported.model, config)
+        attach_module_paths(model, paths)
         model_path = staging / MODEL_NAME
         save_onnx(model, model_path)
         inputs, outputs = io_records(model)
@@ -160,12 +168,17 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
             **model_record.model_dump(),
         )
         variants = [reference]
-        if config.precision in ("int8", "fp8"):
-            quantized = build_quantized_variant(model, config, inputs, model_path, staging, reporter)
-            variants.append(quantized.record)
-            reports.append(quantized.report)
+        by_target = dict.fromkeys(config.targets, reference)
+        unmet: list[str] = []
+        if config.precision != "fp32":
+            quantized = build_variants(model, config, inputs, model_path, staging, reporter)
+            variants += quantized.records
+            reports += quantized.reports
+            named = {record.name: record for record in quantized.records}
+            by_target = {target: named[name] for target, name in quantized.by_target.items()}
+            unmet = quantized.unmet
 
-        targets = target_records(config, variants[-1], inputs, staging, reporter)
+        targets = target_records(config, by_target, inputs, staging, reporter)
         manifest = Manifest(
             tensorsmith_version=__version__,
             source=source,
@@ -178,4 +191,4 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         )
         write_manifest(staging, manifest)
         reporter.stage(f"writing {out}")
-    return CompileResult(out=out, manifest=manifest, seconds=round(time.perf_counter() - started, 3))
+    return CompileResult(out, manifest, round(time.perf_counter() - started, 3), unmet)

@@ -41,8 +41,21 @@ def get_target(name: str) -> Target:
         raise ConfigError(f"unknown target '{name}'", hint=f"targets are {', '.join(TARGETS)}") from None
 
 
+def quantized_precision(target: str) -> str:
+    """The precision `auto` quantizes to on a target: fp8 where the architecture has it, else int8."""
+    return "fp8" if "fp8" in get_target(target).precisions else "int8"
+
+
 def check_precision(precision: str, target_names: list[str]) -> None:
     """Refuse, before any work starts, a precision that one of the targets cannot run."""
+    if "sm_75" in target_names and precision in ("int8", "auto"):
+        raise ConfigError(
+            "target sm_75 (Turing) has no fp32 GEMM, and the layers a quantized plan leaves in higher precision "
+            "would need fp16 regions, which this version does not emit yet",
+            hint="compile sm_75 separately once fp16 variants land, or leave it out",
+        )
+    if precision == "auto":
+        return
     for name in target_names:
         target = get_target(name)
         if precision not in target.precisions:

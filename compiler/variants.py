@@ -1,94 +1,219 @@
-"""Quantized variants: calibrate the fused fp32 graph, insert Q/DQ, and measure the result against fp32."""
+"""Quantized variants: calibrate the fused fp32 graph once, choose each recipe's layers, insert Q/DQ, and
+measure every variant against fp32 on held-out data.
+
+A recipe is a precision and the targets that run it (`--precision int8|fp8`: one recipe for all targets;
+`auto`: int8 for cpu, sm_75 and Ampere, fp8 from sm_89). Targets that share a recipe share its variant.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from tensorsmith.calibration import CalibrationData, CalibrationTable, calibrate
+from tensorsmith.calibration import CalibrationData, CalibrationTable, Observer, build_table, tensors_to_observe
 from tensorsmith.calibration.data import Feeds
+from tensorsmith.calibration.layers import Layer, Override, activation_shapes, list_layers
+from tensorsmith.calibration.search import PrecisionSearch
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.ir import save_onnx
-from tensorsmith.compiler.metrics import accuracy
+from tensorsmith.compiler.metrics import Budget, accuracy
 from tensorsmith.compiler.progress import Reporter
+from tensorsmith.compiler.targets import quantized_precision
 from tensorsmith.compiler.verify import run_onnx
 from tensorsmith.passes import PassReport, run_passes
-from tensorsmith.passes.quantize import InsertQDQ
+from tensorsmith.passes.quantize import InsertQDQ, Precision
 from tensorsmith.runtime.manifest import TensorRecord, VariantRecord, sha256_of
 
 logger = logging.getLogger(__name__)
 
-EVALUATION_FALLBACK_SAMPLES = 32
+HELD_OUT_FRACTION = 4  # without --eval-data, the last quarter of the calibration samples is held out
+MAX_VERIFY_RETRIES = 4
 
 
 @dataclass
-class QuantizedVariant:
-    record: VariantRecord
-    report: PassReport
-    table: CalibrationTable
+class Variants:
+    records: list[VariantRecord] = field(default_factory=list)
+    reports: list[PassReport] = field(default_factory=list)
+    by_target: dict[str, str] = field(default_factory=dict)  # target → variant name
+    unmet: list[str] = field(default_factory=list)  # recipes whose budget does not hold, with the figure
 
 
-def evaluation_feeds(config: CompileConfig, inputs: list[TensorRecord]) -> tuple[Feeds, str]:
-    """Held-out data when given (`evaluation`), else the first calibration samples (said so in the record)."""
+def _concatenate(batches: list[Feeds]) -> Feeds:
+    return {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
+
+
+def split_data(config: CompileConfig, inputs: list[TensorRecord]) -> tuple[CalibrationData, Feeds, str]:
+    """(calibration data, evaluation feeds, what the evaluation is): never the same samples in both."""
+    assert config.calibration is not None
     specs = [record.spec() for record in inputs]
+    source = config.resolve(config.calibration)
     if config.evaluation is not None:
-        source, limit = config.resolve(config.evaluation), None
-        label = str(source)
-    else:
-        assert config.calibration is not None
-        source, limit = config.resolve(config.calibration), EVALUATION_FALLBACK_SAMPLES
-        label = f"first {EVALUATION_FALLBACK_SAMPLES} calibration samples (no evaluation data given)"
-    batches = list(CalibrationData(source, specs, batch_size=EVALUATION_FALLBACK_SAMPLES, limit=limit).batches())
-    feeds = {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
-    return feeds, label
+        evaluation = config.resolve(config.evaluation)
+        feeds = _concatenate(list(CalibrationData(evaluation, specs, batch_size=256).batches()))
+        data = CalibrationData(source, specs, config.calibration_batch_size, config.calibration_samples)
+        return data, feeds, str(evaluation)
+    total = CalibrationData(source, specs, batch_size=256).count()
+    if config.calibration_samples is not None:
+        total = min(total, config.calibration_samples)
+    held = max(1, total // HELD_OUT_FRACTION)
+    if total - held < 1:
+        data = CalibrationData(source, specs, config.calibration_batch_size, total)
+        feeds = _concatenate(list(CalibrationData(source, specs, batch_size=256, limit=total).batches()))
+        return data, feeds, f"the {total} calibration samples (too few to hold any out)"
+    data = CalibrationData(source, specs, config.calibration_batch_size, limit=total - held)
+    feeds = _concatenate(list(CalibrationData(source, specs, batch_size=256, limit=held, skip=total - held).batches()))
+    return data, feeds, f"{held} calibration samples held out of calibration (the last of {total})"
 
 
-def build_quantized_variant(
+def _recipes(config: CompileConfig) -> dict[Precision, list[str]]:
+    recipes: dict[Precision, list[str]] = {}
+    for target in config.targets:
+        precision = quantized_precision(target) if config.precision == "auto" else config.precision
+        recipes.setdefault(precision, []).append(target)
+    return recipes
+
+
+def _write_variant(model: onnx.ModelProto, precision: Precision, scales: dict[str, float], nodes: list[str],
+                   path: Path) -> PassReport:  # fmt: skip
+    graph = gs.import_onnx(model)
+    (report,) = run_passes(graph, [InsertQDQ(precision, scales, nodes=nodes)])
+    path.parent.mkdir(exist_ok=True)
+    save_onnx(gs.export_onnx(graph), path)
+    return report
+
+
+def build_variants(
     model: onnx.ModelProto,
     config: CompileConfig,
     inputs: list[TensorRecord],
     reference_path: Path,
     directory: Path,
     reporter: Reporter,
-) -> QuantizedVariant:
-    """Write `variants/<precision>.onnx`, `calibration.json` and `calibration/int8.cache` under `directory`."""
-    assert config.precision in ("int8", "fp8") and config.calibration is not None
-    precision = config.precision
-    data = CalibrationData(
-        config.resolve(config.calibration),
-        [record.spec() for record in inputs],
-        batch_size=config.calibration_batch_size,
-        limit=config.calibration_samples,
-    )
+) -> Variants:
+    """Write `variants/<precision>.onnx`, `calibration.json`, `calibration/int8.cache` and `precision.json`."""
+    data, evaluation, evaluated_on = split_data(config, inputs)
     reporter.stage(f"calibrating ({config.calibrator}) on {config.calibration}")
-    table = calibrate(model, data, config.calibrator, config.percentile, reporter=reporter)
+    observer = Observer(model, tensors_to_observe(model))
+    statistics = observer.collect_histograms(data, observer.collect_ranges(data, reporter), reporter)
+    table = build_table(statistics, config.calibrator, samples=observer.samples, percentile=config.percentile)
     table.write_json(directory / "calibration.json")
     (directory / "calibration").mkdir(exist_ok=True)
     table.write_tensorrt_cache(directory / "calibration" / "int8.cache", config.tensorrt_cache_version)
 
-    reporter.stage(f"inserting {precision} Q/DQ")
-    graph = gs.import_onnx(model)
-    scales = table.int8_scales() if precision == "int8" else table.fp8_scales()
-    (report,) = run_passes(graph, [InsertQDQ(precision, scales)])
-    relative = Path("variants") / f"{precision}.onnx"
-    (directory / "variants").mkdir(exist_ok=True)
-    save_onnx(gs.export_onnx(graph), directory / relative)
+    overrides = [Override(o.match, o.precision) for o in config.overrides]
+    one_sample = {name: array[:1] for name, array in evaluation.items()}
+    layers = list_layers(model, activation_shapes(observer.run(one_sample)), overrides)
+    reference = run_onnx(reference_path, evaluation)
+    budget = Budget.parse(config.budget) if config.precision == "auto" else None
 
-    reporter.stage(f"measuring the {precision} variant against fp32")
-    feeds, label = evaluation_feeds(config, inputs)
-    measured = accuracy(run_onnx(reference_path, feeds), run_onnx(directory / relative, feeds))
-    logger.info("%s variant: %s on %s", precision, measured, label)
+    variants = Variants()
+    plan: dict[str, object] = {"precision": config.precision, "evaluated_on": evaluated_on, "recipes": {}}
+    if budget is not None:
+        plan.update(budget=str(budget), sensitivity_samples=config.sensitivity_samples)
+    for precision, targets in _recipes(config).items():
+        scales = table_scales(table, precision)
+        recipe = _recipe(model, config, precision, scales, layers, evaluation, reference, budget, directory, reporter)
+        record, report, summary = recipe
+        record.evaluated_on = evaluated_on
+        variants.records.append(record)
+        variants.reports.append(report)
+        variants.by_target.update({target: record.name for target in targets})
+        summary["targets"] = targets
+        plan["recipes"][precision] = summary  # type: ignore[index]
+        if budget is not None and not summary["met"]:
+            variants.unmet.append(f"{precision}: {budget.metric} {summary['achieved']:.6f} (budget {budget})")
+    (directory / "precision.json").write_text(json.dumps(plan, indent=2) + "\n")
+    return variants
+
+
+def _recipe(
+    model: onnx.ModelProto,
+    config: CompileConfig,
+    precision: Precision,
+    scales: dict[str, float],
+    layers: list[Layer],
+    evaluation: Feeds,
+    reference: list[np.ndarray],
+    budget: Budget | None,
+    directory: Path,
+    reporter: Reporter,
+) -> tuple[VariantRecord, PassReport, dict[str, object]]:
+    pinned = [layer.name for layer in layers if layer.pinned == precision]
+    candidates = [layer.name for layer in layers if layer.pinned is None]
+    sensitivity: dict[str, float] = {}
+    order = candidates
+    chosen = candidates
+    evaluations = 0
+    if budget is not None:
+        reporter.stage(f"{precision}: sensitivity of {len(candidates)} layers against {budget}")
+        sample = {name: array[: config.sensitivity_samples] for name, array in evaluation.items()}
+        flops = {layer.name: layer.flops for layer in layers}
+        search = PrecisionSearch(model, precision, scales, candidates, sample, budget, flops)
+        result = search.search(reporter)
+        sensitivity, chosen, evaluations = result.sensitivity, result.quantized, result.evaluations
+        order = result.quantized
+
+    path = directory / "variants" / f"{precision}.onnx"
+    reporter.stage(f"{precision}: building and verifying the variant")
+    report = _write_variant(model, precision, scales, [*pinned, *chosen], path)
+    outputs = run_onnx(path, evaluation)
+    measured = accuracy(reference, outputs)
+    achieved = budget.measure(reference, outputs) if budget is not None else None
+    retries = 0
+    while (
+        budget is not None
+        and achieved is not None
+        and not budget.met(achieved)
+        and chosen
+        and retries < MAX_VERIFY_RETRIES
+    ):
+        # The switched graph's estimate was optimistic: give back the costliest layers and verify again.
+        retries += 1
+        chosen = order[: len(chosen) - max(1, len(chosen) // 8)]
+        report = _write_variant(model, precision, scales, [*pinned, *chosen], path)
+        outputs = run_onnx(path, evaluation)
+        measured, achieved = accuracy(reference, outputs), budget.measure(reference, outputs)
+        evaluations += 1
+
+    quantized = set(pinned) | set(chosen)
+    total_flops = sum(layer.flops for layer in layers) or 1
+    fraction = sum(layer.flops for layer in layers if layer.name in quantized) / total_flops
+    summary: dict[str, object] = {
+        "met": bool(budget is None or (achieved is not None and budget.met(achieved))),
+        "achieved": achieved,
+        "quantized_flops_fraction": round(fraction, 4),
+        "evaluations": evaluations,
+        "verify_retries": retries,
+        "layers": [
+            {
+                "name": layer.name,
+                "module": layer.module,
+                "op": layer.op,
+                "flops": layer.flops,
+                "precision": precision if layer.name in quantized else (layer.pinned or "fp32"),
+                "sensitivity": sensitivity.get(layer.name),
+                "reason": layer.reason
+                or ("search" if budget is not None else f"--precision {precision}: every layer the policy allows"),
+            }
+            for layer in layers
+        ],
+    }
+    logger.info("%s variant: %s, %.0f%% of FLOPs quantized", precision, measured, 100 * fraction)
     record = VariantRecord(
         name=precision,
-        path=str(relative),
-        sha256=sha256_of(directory / relative),
+        path=str(path.relative_to(directory)),
+        sha256=sha256_of(path),
         precisions=[precision, "fp32"],
-        accuracy=measured,
-        evaluated_on=label,
+        accuracy={**measured, "quantized_flops_fraction": fraction},
     )
-    return QuantizedVariant(record, report, table)
+    return record, report, summary
+
+
+def table_scales(table: CalibrationTable, precision: Precision) -> dict[str, float]:
+    return table.int8_scales() if precision == "int8" else table.fp8_scales()

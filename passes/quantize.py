@@ -80,14 +80,22 @@ def _zero(precision: Precision, shape: tuple[int, ...] = ()) -> np.ndarray:
     return np.zeros(shape, dtype=np.int8 if precision == "int8" else _fp8_dtype())
 
 
+SWITCHES = "quantization_switches"
+
+
 @dataclass
 class InsertQDQ:
     """Quantize the inputs of `nodes` (names; None: every MatMul/Gemm/Conv) to `precision` with the given
-    per-tensor activation scales. A node whose activation has no scale stays in float, with the reason."""
+    per-tensor activation scales. A node whose activation has no scale stays in float, with the reason.
+
+    `switched=True` builds the graph the precision search evaluates: node k's inputs become
+    `x + s[k] · (QDQ(x) − x)` with `s` a new graph input (SWITCHES, one float per node, in the order of
+    `nodes`), so a single ONNX Runtime session evaluates any subset of quantized nodes by feeding 0s and 1s."""
 
     precision: Precision
     activation_scales: Mapping[str, float]
     nodes: Collection[str] | None = None
+    switched: bool = False
     name: str = "insert_qdq"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
@@ -99,6 +107,11 @@ class InsertQDQ:
         dequantized: dict[str, gs.Variable] = {}
         skipped: dict[str, str] = {}
         quantized_nodes = quantized_weights = 0
+        switch_index = {name: index for index, name in enumerate(self.nodes or [])}
+        switches = None
+        if self.switched:
+            switches = gs.Variable(SWITCHES, np.float32, [len(switch_index)])
+            graph.inputs.append(switches)
         for node in quantizable_nodes(graph):
             if self.nodes is not None and node.name not in self.nodes:
                 continue
@@ -107,14 +120,22 @@ class InsertQDQ:
             if missing:
                 skipped[node.name] = f"no calibrated scale for {missing}"
                 continue
+            switch = self._switch(graph, switches, switch_index[node.name]) if switches is not None else None
             for tensor in activations:
                 if tensor.name not in dequantized:
                     dequantized[tensor.name] = self._quantize_activation(graph, tensor)
-                node.inputs[node.inputs.index(tensor)] = dequantized[tensor.name]
+                replacement = dequantized[tensor.name]
+                if switch is not None:
+                    replacement = _blend(graph, tensor, replacement, switch)
+                node.inputs[node.inputs.index(tensor)] = replacement
             weight_index = 1
             weight = constant_value(node.inputs[weight_index]) if len(node.inputs) > 1 else None
             if weight is not None and weight.dtype in FLOAT_TYPES and weight.ndim >= 2:
-                node.inputs[weight_index] = self._quantize_weight(graph, node, weight)
+                original = node.inputs[weight_index]
+                replacement = self._quantize_weight(graph, node, weight)
+                if switch is not None:
+                    replacement = _blend(graph, original, replacement, switch)
+                node.inputs[weight_index] = replacement
                 quantized_weights += 1
             quantized_nodes += 1
         for node_name, reason in skipped.items():
@@ -130,6 +151,17 @@ class InsertQDQ:
             },
             details={"precision": self.precision, "skipped": skipped},
         )
+
+    @staticmethod
+    def _switch(graph: gs.Graph, switches: gs.Variable, index: int) -> gs.Variable:
+        (switch,) = graph.layer(
+            op="Gather",
+            name=f"{SWITCHES}/{index}",
+            inputs=[switches, gs.Constant(f"{SWITCHES}/index_{index}", np.array(index, np.int64))],
+            outputs=[f"{SWITCHES}/switch_{index}"],
+        )
+        switch.dtype = np.float32
+        return switch
 
     def _quantize_activation(self, graph: gs.Graph, tensor: gs.Tensor) -> gs.Variable:
         scale = gs.Constant(f"{tensor.name}/scale", np.array(self.activation_scales[tensor.name], np.float32))
@@ -166,3 +198,12 @@ class InsertQDQ:
         )
         dequantized.dtype = weight.dtype
         return dequantized
+
+
+def _blend(graph: gs.Graph, original: gs.Tensor, quantized: gs.Tensor, switch: gs.Tensor) -> gs.Variable:
+    """original + switch · (quantized − original): the float value at 0, the quantized one at 1."""
+    (difference,) = graph.layer(op="Sub", inputs=[quantized, original], outputs=[f"{quantized.name}/delta"])
+    (scaled,) = graph.layer(op="Mul", inputs=[difference, switch], outputs=[f"{quantized.name}/switched_delta"])
+    (blended,) = graph.layer(op="Add", inputs=[original, scaled], outputs=[f"{quantized.name}/switched"])
+    blended.dtype = np.float32
+    return blended

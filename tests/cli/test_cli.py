@@ -98,14 +98,20 @@ def test_int8_compile_writes_variant_calibration_and_cache(mlp_onnx: Path, tmp_p
     variants = {variant["name"]: variant for variant in compiled["variants"]}
     assert variants["int8"]["path"] == "variants/int8.onnx"
     assert variants["int8"]["accuracy"]["cosine"] > 0.99
-    assert "calibration samples" in variants["int8"]["evaluated_on"]
+    assert variants["int8"]["evaluated_on"] == "10 calibration samples held out of calibration (the last of 40)"
     targets = {target["name"]: target for target in compiled["targets"]}
     assert targets["cpu"]["variant"] == "int8" and targets["cpu"]["status"] == "not-needed"
     assert targets["sm_86"]["status"] == "built" and (out / "engines" / "sm_86.engine").stat().st_size > 0
     assert json.loads((out / "engines" / "sm_86.json").read_text())["variant"] == "int8"
 
     table = json.loads((out / "calibration.json").read_text())
-    assert table["method"] == "percentile" and table["samples"] == 40
+    assert table["method"] == "percentile" and table["samples"] == 30  # never evaluated on what calibrated
+    plan = json.loads((out / "precision.json").read_text())["recipes"]["int8"]
+    reasons = {layer["name"]: (layer["precision"], layer["reason"]) for layer in plan["layers"]}
+    assert list(reasons.values()) == [
+        ("int8", "--precision int8: every layer the policy allows"),
+        ("fp32", "policy: final projection"),
+    ]
     tensors = table["tensors"]
     assert all(t["int8_scale"] == pytest.approx(t["threshold"] / 127) for t in tensors.values())
     cache = (out / "calibration" / "int8.cache").read_text().splitlines()
