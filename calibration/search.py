@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class SearchResult:
-    quantized: list[str]  # in order of increasing sensitivity
+    quantized: list[str]  # the chosen prefix of `order`
+    order: list[str]  # every candidate, cheapest (metric lost per FLOP) first
     sensitivity: dict[str, float]  # the metric with only that layer quantized
     estimate: float  # the metric of the chosen set on the switched graph
     baseline: float  # the metric with nothing quantized (1.0 for cosine, up to float noise)
@@ -100,4 +101,4 @@ class PrecisionSearch:
                 else:
                     high = middle - 1
         logger.info("%d of %d layers within %s (estimate %.6f)", low, len(order), self.budget, best_value)
-        return SearchResult(order[:low], sensitivity, best_value, baseline, self.evaluations)
+        return SearchResult(order[:low], order, sensitivity, best_value, baseline, self.evaluations)

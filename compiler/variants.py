@@ -119,7 +119,7 @@ def build_variants(
     for precision, targets in _recipes(config).items():
         scales = table_scales(table, precision)
         recipe = _recipe(model, config, precision, scales, layers, evaluation, reference, budget, directory, reporter)
-        record, report, summary = recipe
+        record, report, summary, order = recipe
         record.evaluated_on = evaluated_on
         variants.records.append(record)
         variants.reports.append(report)
@@ -128,6 +128,14 @@ def build_variants(
         plan["recipes"][precision] = summary  # type: ignore[index]
         if budget is not None and not summary["met"]:
             variants.unmet.append(f"{precision}: {budget.metric} {summary['achieved']:.6f} (budget {budget})")
+        if budget is not None and precision == "int8" and "cpu" in targets:
+            reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
+            choice = _cpu_choice(model, layers, order, record, evaluation, reference, budget, reference_path, directory)
+            if choice is not None and choice.record is not record:
+                choice.record.evaluated_on = evaluated_on
+                variants.records.append(choice.record)
+                variants.by_target["cpu"] = choice.record.name
+            summary["cpu"] = _cpu_summary(choice, record)
     (directory / "precision.json").write_text(json.dumps(plan, indent=2) + "\n")
     return variants
 
@@ -143,7 +151,7 @@ def _recipe(
     budget: Budget | None,
     directory: Path,
     reporter: Reporter,
-) -> tuple[VariantRecord, PassReport, dict[str, object]]:
+) -> tuple[VariantRecord, PassReport, dict[str, object], list[str]]:
     pinned = [layer.name for layer in layers if layer.pinned == precision]
     candidates = [layer.name for layer in layers if layer.pinned is None]
     sensitivity: dict[str, float] = {}
@@ -157,7 +165,7 @@ def _recipe(
         search = PrecisionSearch(model, precision, scales, candidates, sample, budget, flops)
         result = search.search(reporter)
         sensitivity, chosen, evaluations = result.sensitivity, result.quantized, result.evaluations
-        order = result.quantized
+        order = result.order
 
     path = directory / "variants" / f"{precision}.onnx"
     reporter.stage(f"{precision}: building and verifying the variant")
@@ -212,7 +220,56 @@ def _recipe(
         precisions=[precision, "fp32"],
         accuracy={**measured, "quantized_flops_fraction": fraction},
     )
-    return record, report, summary
+    return record, report, summary, order
+
+
+@dataclass
+class CpuChoice:
+    record: VariantRecord
+    latency_ms: dict[str, float]
+
+
+def _cpu_choice(
+    model: onnx.ModelProto,
+    layers: list[Layer],
+    order: list[str],
+    static: VariantRecord,
+    evaluation: Feeds,
+    reference: list[np.ndarray],
+    budget: Budget,
+    reference_path: Path,
+    directory: Path,
+) -> CpuChoice | None:
+    """Build the dynamic-quantization variant within the budget (weight MatMuls, in the search's order); keep
+    it for cpu if ONNX Runtime runs it faster than the static Q/DQ variant."""
+    from tensorsmith.compiler.cpu_recipe import build_dynamic_variant, latency_ms
+
+    weights = {initializer.name for initializer in model.graph.initializer}
+    weight_matmuls = {n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights}
+    dynamic = build_dynamic_variant(
+        reference_path, [name for name in order if name in weight_matmuls], evaluation, reference, budget, directory
+    )
+    if dynamic is None:
+        return None
+    quantized = set(dynamic.quantized)
+    total = max(sum(layer.flops for layer in layers), 1)
+    fraction = sum(layer.flops for layer in layers if layer.name in quantized) / total
+    dynamic.record.accuracy["quantized_flops_fraction"] = fraction
+    batch = {name: array[:8] for name, array in evaluation.items()}
+    latency = {
+        static.name: latency_ms(directory / static.path, batch),
+        dynamic.record.name: latency_ms(directory / dynamic.record.path, batch),
+    }
+    if latency[dynamic.record.name] >= latency[static.name]:
+        (directory / dynamic.record.path).unlink()
+        return CpuChoice(static, latency)
+    return CpuChoice(dynamic.record, latency)
+
+
+def _cpu_summary(choice: CpuChoice | None, static: VariantRecord) -> dict[str, object]:
+    if choice is None:
+        return {"variant": static.name, "reason": "no layer fits the budget with dynamic quantization"}
+    return {"variant": choice.record.name, "latency_ms_batch8": choice.latency_ms, "reason": "fastest within budget"}
 
 
 def table_scales(table: CalibrationTable, precision: Precision) -> dict[str, float]:

@@ -93,3 +93,29 @@ def test_minilm_scales_do_not_depend_on_batch_size_or_order(int8_artifact: Path)
     assert scales(samples, 1) == reference
     assert scales(samples, 32) == reference
     assert scales({name: array[::-1].copy() for name, array in samples.items()}, 8) == reference
+
+
+@pytest.mark.slow
+def test_auto_precision_meets_the_budget_on_held_out_sentences(tmp_path: Path) -> None:
+    """`--precision auto --budget 'cosine>=0.995'` with int8 (cpu, sm_86) and fp8 (sm_89) recipes."""
+    import json
+
+    out = tmp_path / "auto"
+    targets = [arg for target in ("cpu", "sm_86", "sm_89") for arg in ("--target", target)]
+    compiled = run_cli_json(
+        "compile", MINILM / "tensorsmith.toml", "-o", out, "--precision", "auto", "--budget", "cosine>=0.995",
+        "--calibration", MINILM / "calibration.npz", "--eval-data", MINILM / "evaluation.npz", *targets,
+    )  # fmt: skip
+    assert compiled["ok"] and not compiled["unmet_budgets"]
+    plan = json.loads((out / "precision.json").read_text())
+    for precision in ("int8", "fp8"):
+        recipe = plan["recipes"][precision]
+        assert recipe["met"] and recipe["achieved"] >= 0.995
+        assert all(layer["module"].startswith("bert.encoder.layer.") for layer in recipe["layers"])
+    assert plan["recipes"]["fp8"]["quantized_flops_fraction"] >= 0.7
+    variants = {variant["name"]: variant for variant in compiled["variants"]}
+    for variant in variants.values():
+        if variant["name"] != "fp32":
+            assert variant["accuracy"]["cosine"] >= 0.995, variant["name"]
+    built = {target["name"]: target["variant"] for target in compiled["targets"] if target["status"] == "built"}
+    assert built == {"sm_86": "int8", "sm_89": "fp8"}

@@ -1,0 +1,124 @@
+"""MiniLM on the CPU: tensorsmith's cpu variant against ONNX Runtime fp32, static INT8 and dynamic INT8.
+
+    python bench/precision.py [--auto build/minilm-auto] [--fp32 build/minilm] [--repeats 30]
+
+`--auto` is an artifact compiled with `--precision auto --budget 'cosine>=0.995' --eval-data
+samples/minilm/evaluation.npz --target cpu` (its cpu target's variant is measured). ONNX Runtime's INT8
+models are made here from the same fp32 graph: `quantize_static` (MatMul only, Entropy, QDQ, the 128
+calibration sentences) and `quantize_dynamic` (int8 weights). Latency: batch 8 × 64 tokens, 2 intra-op
+threads, interleaved runs. Accuracy on the 64 held-out sentences: sentence-embedding cosine against fp32, and
+nearest-neighbour agreement (each sentence's nearest other sentence is the same as with fp32). TensorRT Model
+Optimizer is not measured: it does not install here (it needs a CUDA torch build). Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.runner import compare, machine, markdown_table  # noqa: E402
+
+CALIBRATION = ROOT / "samples" / "minilm" / "calibration.npz"
+EVALUATION = ROOT / "samples" / "minilm" / "evaluation.npz"
+
+
+def load_feeds(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def onnxruntime_static(fp32: Path, output: Path) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            data = load_feeds(CALIBRATION)
+            self.batches = iter([{k: v[i : i + 16] for k, v in data.items()} for i in range(0, 128, 16)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    quantize_static(
+        str(fp32), str(output), Reader(), quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
+        calibrate_method=CalibrationMethod.Entropy,
+    )  # fmt: skip
+
+
+def onnxruntime_dynamic(fp32: Path, output: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(fp32), str(output), weight_type=QuantType.QInt8)
+
+
+def session(path: Path):  # type: ignore[no-untyped-def]
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.log_severity_level = 3
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def neighbours(embeddings: np.ndarray) -> np.ndarray:
+    normed = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    similarity = normed @ normed.T
+    np.fill_diagonal(similarity, -np.inf)
+    return np.argmax(similarity, axis=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--auto", type=Path, default=ROOT / "build" / "minilm-auto")
+    parser.add_argument("--fp32", type=Path, default=ROOT / "build" / "minilm")
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+
+    manifest = json.loads((args.auto / "manifest.json").read_text())
+    cpu = next(target for target in manifest["targets"] if target["name"] == "cpu")
+    ours = args.auto / next(v["path"] for v in manifest["variants"] if v["name"] == cpu["variant"])
+    fp32 = args.fp32 / "model.onnx"
+    evaluation = load_feeds(EVALUATION)
+    batch = {name: array[:8] for name, array in evaluation.items()}
+    with tempfile.TemporaryDirectory() as scratch:
+        static, dynamic = Path(scratch) / "static.onnx", Path(scratch) / "dynamic.onnx"
+        onnxruntime_static(fp32, static)
+        onnxruntime_dynamic(fp32, dynamic)
+        models = {
+            "onnxruntime fp32": fp32,
+            "onnxruntime static int8 (MatMul, entropy)": static,
+            "onnxruntime dynamic int8": dynamic,
+            f"tensorsmith cpu variant ({cpu['variant']}, auto)": ours,
+        }
+        sessions = {name: session(path) for name, path in models.items()}
+        embeddings = {name: s.run(["sentence_embedding"], evaluation)[0] for name, s in sessions.items()}
+        timings, ratios = compare(
+            {name: (lambda s=s: s.run(None, batch)) for name, s in sessions.items()}, repeats=args.repeats
+        )
+        reference = embeddings["onnxruntime fp32"]
+        reference_neighbours = neighbours(reference)
+        rows = []
+        for name, path in models.items():
+            actual = embeddings[name]
+            cosine = np.sum(reference * actual, axis=1) / (
+                np.linalg.norm(reference, axis=1) * np.linalg.norm(actual, axis=1)
+            )
+            agreement = float(np.mean(neighbours(actual) == reference_neighbours))
+            rows.append([
+                name, timings[name].summary(), f"{ratios.get(name, 1.0):.2f}", f"{cosine.mean():.4f}",
+                f"{cosine.min():.4f}", f"{agreement:.0%}", f"{path.stat().st_size / 1e6:.0f}",
+            ])  # fmt: skip
+    print(f"{machine()}; MiniLM, batch 8 × 64 tokens, 2 threads, {args.repeats} interleaved runs\n")
+    header = ["model", "ms min / median / max", "latency vs fp32", "cosine mean", "cosine min", "NN agreement", "MB"]
+    print(markdown_table(header, rows))
+
+
+if __name__ == "__main__":
+    main()
