@@ -124,22 +124,14 @@ def match_layernorm(walk: Walk) -> Rewrite:
     if cast is not None:
         output = cast.outputs[0]
     gamma = beta = None
-    multiply_gamma = walk.maybe_consumer(output, "Mul")
-    if multiply_gamma is not None:
-        try:
-            _, gamma = walk.split_constant(multiply_gamma, "γ")
-        except Miss:
-            walk.nodes.remove(multiply_gamma)
-        else:
-            output = multiply_gamma.outputs[0]
-    add_beta = walk.maybe_consumer(output, "Add")
-    if add_beta is not None:
-        try:
-            _, beta = walk.split_constant(add_beta, "β")
-        except Miss:
-            walk.nodes.remove(add_beta)
-        else:
-            output = add_beta.outputs[0]
+    scaled = walk.maybe_constant_consumer(output, "Mul", "γ")
+    if scaled is not None:
+        multiply_gamma, gamma = scaled
+        output = multiply_gamma.outputs[0]
+    shifted = walk.maybe_constant_consumer(output, "Add", "β")
+    if shifted is not None:
+        add_beta, beta = shifted
+        output = add_beta.outputs[0]
 
     shape = x.shape[-count:] if x.shape is not None else None
     if shape is None or not all(isinstance(size, int) for size in shape):

@@ -75,6 +75,18 @@ class Walk:
             return self.take(users[0])
         return None
 
+    def maybe_constant_consumer(self, tensor: gs.Tensor, op: str, what: str) -> tuple[gs.Node, np.ndarray] | None:
+        """The one `op` node using `tensor` with a constant on its other side (e.g. LayerNorm's γ Mul), taken
+        into the match with that constant; None, taking nothing, if there is no such node."""
+        users = list(tensor.outputs)
+        if len(users) != 1 or users[0].op != op:
+            return None
+        try:
+            _, value = self.split_constant(users[0], what)
+        except Miss:
+            return None
+        return self.take(users[0]), value
+
     @staticmethod
     def split_constant(node: gs.Node, what: str) -> tuple[gs.Tensor, np.ndarray]:
         """For a binary node with one constant operand (either side): (the other operand, the constant)."""
