@@ -146,6 +146,24 @@ def _exit_if_unmet(unmet: list[str], out: Path) -> None:
         sys.exit(3)
 
 
+@main.command("build")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--target", required=True, help="Architecture, e.g. sm_90.")
+@click.option("--builder", type=click.Choice(["tensorrt", "tensorrt-rtx"]), help="Default: whichever covers it.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@handle_errors
+def build_command(artifact: Path, target: str, builder: str | None, as_json: bool) -> None:
+    """Add TARGET's engine to an existing artifact (e.g. on a GPU runner in CI)."""
+    from tensorsmith.compiler.engines import build_target
+
+    record = build_target(artifact, target, builder)
+    if as_json:
+        emit_json({"ok": True, "artifact": str(artifact), **record.model_dump(mode="json")})
+        return
+    assert record.engine is not None
+    stdout.print(f"built {target} with {record.builder} {record.engine.builder_version} → {record.engine.path}")
+
+
 @main.command("run")
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--inputs", "inputs_path", required=True, type=click.Path(path_type=Path), help="Feeds (.npz).")
@@ -221,3 +239,7 @@ def inspect_command(path: Path, as_json: bool) -> None:
         stdout.print(f"  variant {variant['name']}: {variant['path']} {variant['precisions']} {variant['accuracy']}")
     for target in summary["targets"]:
         stdout.print(f"  target {target['name']}: {target['status']} via {target['builder']} ({target['reason']})")
+
+
+if __name__ == "__main__":
+    main()

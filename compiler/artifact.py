@@ -64,5 +64,28 @@ def staged_artifact(out: Path) -> Iterator[Path]:
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Write manifest.json through a temporary file and a rename: readers see the old one or the new one."""
     text = json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n"
-    (directory / MANIFEST_NAME).write_text(text)
+    replace_file(directory / MANIFEST_NAME, text.encode())
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as stream:
+        stream.write(data)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.chmod(stream.name, 0o666 & ~_umask())
+    os.replace(stream.name, path)
+
+
+@contextlib.contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock on an artifact directory, for read-modify-write of its manifest by concurrent builds."""
+    import fcntl
+
+    with (directory / ".tensorsmith.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -8,11 +8,22 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from tensorsmith.compiler.build import BUILDER_MODULES, RTX_ARCHITECTURES, build_engine, profile_for
-from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.artifact import locked, replace_file, write_manifest
+from tensorsmith.compiler.build import BUILDER_MODULES, RTX_ARCHITECTURES, Builder, build_engine, profile_for
+from tensorsmith.compiler.config import CompileConfig, DimRange
+from tensorsmith.compiler.errors import BuildError
 from tensorsmith.compiler.progress import Reporter
 from tensorsmith.compiler.targets import get_target
-from tensorsmith.runtime.manifest import EngineRecord, TargetRecord, TensorRecord, VariantRecord, sha256_of
+from tensorsmith.runtime.device import detect_device
+from tensorsmith.runtime.manifest import (
+    EngineRecord,
+    Manifest,
+    TargetRecord,
+    TensorRecord,
+    VariantRecord,
+    read_manifest,
+    sha256_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +62,8 @@ def target_records(
                 variant=variant.name,
                 builder="tensorrt",
                 status="pending",
-                reason=f"no builder for {name} here: data-centre TensorRT builds it on a {target.gpus} GPU",
+                reason=f"no builder for {name} here: on a {target.gpus} machine with TensorRT, run "
+                f"`tensorsmith build OUT --target {name}`",
             )
         )
     return records
@@ -60,11 +72,22 @@ def target_records(
 def _build(
     config: CompileConfig, name: str, variant: VariantRecord, inputs: list[TensorRecord], directory: Path
 ) -> TargetRecord:
-    engine = build_engine(directory / variant.path, name, profile_for(inputs, config.dims))
+    return _build_engine(name, variant, inputs, config.dims, directory, "tensorrt-rtx")
+
+
+def _build_engine(
+    name: str,
+    variant: VariantRecord,
+    inputs: list[TensorRecord],
+    dims: Mapping[str, DimRange],
+    directory: Path,
+    builder: Builder,
+) -> TargetRecord:
+    engine = build_engine(directory / variant.path, name, profile_for(inputs, dims), builder)
     engines = directory / "engines"
     engines.mkdir(exist_ok=True)
     path = engines / f"{name}.engine"
-    path.write_bytes(engine.plan)
+    replace_file(path, engine.plan)
     record = EngineRecord(
         path=str(path.relative_to(directory)),
         sha256=sha256_of(path),
@@ -82,6 +105,63 @@ def _build(
         "sha256": record.sha256,
         "bytes": len(engine.plan),
     }
-    (engines / f"{name}.json").write_text(json.dumps(details, indent=2) + "\n")
+    replace_file(engines / f"{name}.json", (json.dumps(details, indent=2) + "\n").encode())
     logger.info("built %s (%d bytes) in %.1f s", path.name, len(engine.plan), engine.seconds)
-    return TargetRecord(name=name, variant=variant.name, builder="tensorrt-rtx", status="built", engine=record)
+    return TargetRecord(name=name, variant=variant.name, builder=builder, status="built", engine=record)
+
+
+def _variant_for(manifest: Manifest, target: str) -> VariantRecord:
+    """The target's variant as compile recorded it; else the most quantized variant the target can run."""
+    for record in manifest.targets:
+        if record.name == target:
+            return manifest.variant(record.variant)
+    runs = get_target(target).precisions
+    for name in ("fp8", "int8", "fp32"):
+        if name in runs and any(v.name == name for v in manifest.variants):
+            return manifest.variant(name)
+    raise BuildError(
+        f"the artifact has no variant that {target} can run (variants: {[v.name for v in manifest.variants]})",
+        hint=f"recompile with --target {target}",
+    )
+
+
+def _builder_for(target: str, requested: Builder | None) -> Builder:
+    if requested is not None:
+        return requested
+    if target in RTX_ARCHITECTURES and _installed("tensorrt-rtx"):
+        return "tensorrt-rtx"
+    if _installed("tensorrt"):
+        device = detect_device()
+        if device.compute_capability == target:
+            return "tensorrt"
+        raise BuildError(
+            f"data-centre TensorRT builds for the GPU it runs on ({device.compute_capability or device.reason}), "
+            f"not {target}",
+            hint=f"run tensorsmith build on a {get_target(target).gpus} machine",
+        )
+    raise BuildError(
+        f"no builder for {target} is installed here",
+        hint=f"pip install 'tensorsmith[rtx]' (covers {', '.join(RTX_ARCHITECTURES)}) or install TensorRT "
+        f"on a {get_target(target).gpus} machine",
+    )
+
+
+def build_target(directory: Path, target: str, builder: Builder | None = None) -> TargetRecord:
+    """Add `target`'s engine to an existing artifact (`tensorsmith build`). Builds run in parallel; the manifest
+    update is serialised by a lock and written atomically, so concurrent builds for other targets all land."""
+    get_target(target)
+    manifest = read_manifest(directory)
+    variant = _variant_for(manifest, target)
+    record = _build_engine(
+        target,
+        variant,
+        manifest.inputs,
+        {name: DimRange(**limits) for name, limits in manifest.dims.items()},
+        directory,
+        _builder_for(target, builder),
+    )
+    with locked(directory):
+        current = read_manifest(directory)
+        current.targets = [t for t in current.targets if t.name != target] + [record]
+        write_manifest(directory, current)
+    return record

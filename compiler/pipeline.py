@@ -185,6 +185,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
             model=model_record,
             inputs=inputs,
             outputs=outputs,
+            dims={name: limits.model_dump() for name, limits in config.dims.items()},
             passes=[PassRecord(**vars(report)) for report in reports],
             variants=variants,
             targets=targets,

@@ -3,8 +3,21 @@
 It ships alone: it imports nothing else from tensorsmith, and neither torch nor onnx-graphsurgeon.
 """
 
+from tensorsmith.runtime.device import Device, detect_device
 from tensorsmith.runtime.errors import ArtifactError, RuntimeLoadError, TensorsmithError
 from tensorsmith.runtime.loader import Model, load
+from tensorsmith.runtime.selection import Selection, select_engine
 from tensorsmith.runtime.specs import TensorSpec
 
-__all__ = ["ArtifactError", "Model", "RuntimeLoadError", "TensorSpec", "TensorsmithError", "load"]
+__all__ = [
+    "ArtifactError",
+    "Device",
+    "Model",
+    "RuntimeLoadError",
+    "Selection",
+    "TensorSpec",
+    "TensorsmithError",
+    "detect_device",
+    "load",
+    "select_engine",
+]

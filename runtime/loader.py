@@ -11,8 +11,10 @@ from typing import Literal
 import numpy as np
 
 from tensorsmith.runtime.backend import Backend
+from tensorsmith.runtime.device import Device, detect_device
 from tensorsmith.runtime.errors import ArtifactError, RuntimeLoadError
 from tensorsmith.runtime.manifest import Manifest, read_manifest, resolve_inside, sha256_of
+from tensorsmith.runtime.selection import select_engine
 from tensorsmith.runtime.specs import TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -83,32 +85,43 @@ def _onnx_for_cpu(directory: Path, manifest: Manifest) -> Path:
     return _verified_file(directory, manifest.model.path, manifest.model.sha256)
 
 
-def _tensorrt_unavailable_reason(manifest: Manifest) -> str:
-    built = [t.name for t in manifest.targets if t.status == "built" and t.engine is not None]
-    if not built:
-        return "the artifact holds no TensorRT engine"
-    return f"no TensorRT backend in this version of the runtime (engines: {built})"
+def _onnxruntime_providers(device: Device) -> list[str] | None:
+    """CUDA first when there is a device and this onnxruntime has the provider; None: the backend's default."""
+    return None if device.compute_capability else ["CPUExecutionProvider"]
 
 
-def load(path: str | Path, backend: BackendChoice = "auto") -> Model:
-    """Load the artifact at `path`: a TensorRT engine for this GPU when there is one, else ONNX Runtime.
-
-    `backend="onnxruntime"` forces ONNX Runtime; `backend="tensorrt"` raises instead of falling back.
-    """
+def load(path: str | Path, backend: BackendChoice = "auto", device: Device | None = None) -> Model:
+    """Load the artifact at `path`: the TensorRT engine for this GPU when there is one, else ONNX Runtime
+    (CUDA, then CPU). `backend="tensorrt"` raises instead of falling back; `device` overrides detection.
+    `model.backend` says what runs it and `model.fallback_reason` why it is not TensorRT."""
     directory = Path(path)
     manifest = read_manifest(directory)
     inputs = [record.spec() for record in manifest.inputs]
     outputs = [record.spec() for record in manifest.outputs]
+    device = device or detect_device()
 
     fallback_reason: str | None = None
     if backend in ("auto", "tensorrt"):
-        reason = _tensorrt_unavailable_reason(manifest)
+        selection = select_engine(manifest, device, directory)
+        if selection.target is not None and selection.path is not None:
+            from tensorsmith.runtime.tensorrt_backend import TensorRTBackend
+
+            try:
+                engine = TensorRTBackend(
+                    selection.path, selection.target.builder, selection.target.name, inputs, outputs
+                )
+                return Model(directory, manifest, engine, None)
+            except RuntimeLoadError as err:
+                if backend == "tensorrt":
+                    raise
+                fallback_reason = str(err)
+        else:
+            fallback_reason = selection.reason
         if backend == "tensorrt":
-            raise RuntimeLoadError(f"cannot load {directory} on TensorRT: {reason}", hint="use backend='auto'")
-        fallback_reason = reason
-        logger.info("falling back to ONNX Runtime: %s", reason)
+            raise RuntimeLoadError(f"cannot load {directory} on TensorRT: {fallback_reason}", hint="use backend='auto'")
+        logger.info("falling back to ONNX Runtime: %s", fallback_reason)
 
     from tensorsmith.runtime.onnxruntime_backend import OnnxRuntimeBackend
 
-    chosen = OnnxRuntimeBackend(_onnx_for_cpu(directory, manifest), inputs, outputs)
+    chosen = OnnxRuntimeBackend(_onnx_for_cpu(directory, manifest), inputs, outputs, _onnxruntime_providers(device))
     return Model(directory, manifest, chosen, fallback_reason)

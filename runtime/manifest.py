@@ -81,6 +81,9 @@ class Manifest(_Record):
     model: FileRecord
     inputs: list[TensorRecord]
     outputs: list[TensorRecord]
+    dims: dict[str, dict[str, int | None]] = Field(
+        default_factory=dict, description="min/opt/max of the named dynamic dims, for engine profiles"
+    )
     passes: list[PassRecord] = Field(default_factory=list)
     variants: list[VariantRecord] = Field(default_factory=list)
     targets: list[TargetRecord] = Field(default_factory=list)

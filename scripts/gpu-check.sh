@@ -1,9 +1,33 @@
 #!/usr/bin/env bash
-# The checks that need an NVIDIA GPU, run once on a lent GPU machine (CI has none):
+# The checks that need an NVIDIA GPU, as one prepared command for a lent GPU machine (CI has none):
 #   bash scripts/gpu-check.sh
-# Installs into .venv like `make test`, then runs the tests marked `gpu` and the runtime on the CUDA provider.
-set -euo pipefail
+# Installs like `make test`, compiles the tiny_bert sample, builds its engine for the local GPU with whichever
+# TensorRT is installed (tensorrt-rtx where it covers the architecture), loads it with the runtime, compares
+# it with ONNX Runtime, and runs the tests marked `gpu`. Prints what it verified and what it could not.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || { echo "no GPU"; exit 1; }
-make samples
-.venv/bin/python -m pytest -q -m gpu -rs || [ $? -eq 5 ]   # exit 5: no gpu tests collected yet
+nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || { echo "NOT VERIFIED: no GPU"; exit 1; }
+make samples >/dev/null || exit 1
+.venv/bin/pip install -q cuda-python pynvml || echo "NOT VERIFIED: cuda-python/pynvml did not install"
+out=build/gpu-check
+.venv/bin/tensorsmith compile samples/tiny_bert/tensorsmith.toml -o "$out" || exit 1
+target=$(.venv/bin/python -c "from tensorsmith.runtime import detect_device; print(detect_device().compute_capability)")
+echo "local GPU: $target"
+if .venv/bin/tensorsmith build "$out" --target "$target"; then
+  echo "VERIFIED: engine built for $target"
+else
+  echo "NOT VERIFIED: no builder for $target here"
+fi
+.venv/bin/python - "$out" <<'PY'
+import sys
+import numpy as np
+from tensorsmith.runtime import load
+feeds = {"input_ids": np.random.default_rng(0).integers(0, 1000, (4, 16)), "attention_mask": np.ones((4, 16), np.int64)}
+with load(sys.argv[1], backend="onnxruntime") as reference, load(sys.argv[1]) as model:
+    print(f"runtime chose {model.backend} (fallback: {model.fallback_reason})")
+    expected, actual = reference.run(feeds)["hidden_states"], model.run(feeds)["hidden_states"]
+    error = float(np.max(np.abs(expected - actual)) / np.max(np.abs(expected)))
+    print(("VERIFIED" if model.backend.startswith("tensorrt") and error < 1e-2 else "NOT VERIFIED")
+          + f": TensorRT against ONNX Runtime, max relative error {error:.2e}")
+PY
+.venv/bin/python -m pytest -q -m gpu -rs

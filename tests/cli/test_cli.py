@@ -25,7 +25,7 @@ def test_compile_run_inspect_an_onnx_file(mlp_onnx: Path, tmp_path: Path) -> Non
     np.savez(tmp_path / "feeds.npz", x=np.ones((3, 8), np.float32))
     ran = run_cli_json("run", out, "--inputs", tmp_path / "feeds.npz", "--output", tmp_path / "outputs.npz")
     assert ran["backend"] == "onnxruntime:CPUExecutionProvider"
-    assert ran["fallback_reason"] == "the artifact holds no TensorRT engine"
+    assert ran["fallback_reason"].startswith("no CUDA device")
     assert ran["outputs"] == {"y": {"shape": [3, 4], "dtype": "float32"}}
     with np.load(tmp_path / "outputs.npz") as saved:
         assert saved["y"].shape == (3, 4)
