@@ -46,7 +46,7 @@ def _reporter(enabled: bool) -> Iterator[Any]:
 @click.option("--target", "targets", multiple=True, metavar="TARGET", help="Architecture to compile for (cpu).")
 @click.option(
     "--precision",
-    type=click.Choice(["fp32", "int8", "fp8", "auto"]),
+    type=click.Choice(["fp32", "fp16", "int8", "fp8", "auto"]),
     help="int8/fp8: quantize every layer the policy allows; auto: choose per layer and target within --budget.",
 )
 @click.option("--budget", help="For --precision auto, e.g. 'cosine>=0.995' (cosine, min-cosine, max-abs, sqnr-db).")

@@ -82,10 +82,11 @@ class CompileConfig(_Strict):
         "auto", description="auto: dynamo, then TorchScript if dynamo fails"
     )
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
-    precision: Literal["fp32", "int8", "fp8", "auto"] = Field(
+    precision: Literal["fp32", "fp16", "int8", "fp8", "auto"] = Field(
         "fp32",
-        description="int8/fp8: calibrate and quantize every layer the policy allows; auto: per target (int8, or "
-        "fp8 from sm_89), each layer chosen so that `budget` holds on held-out data",
+        description="fp16: GPU targets get an fp16 variant (LayerNorm kept fp32); int8/fp8: calibrate and "
+        "quantize every layer the policy allows; auto: per target (int8, or fp8 from sm_89), each layer chosen so "
+        "that `budget` holds on held-out data",
     )
     budget: str = Field("cosine>=0.995", description="for precision auto: METRIC>=VALUE or METRIC<=VALUE")
     overrides: list[OverrideDecl] = Field(

@@ -19,7 +19,8 @@ from tensorsmith.compiler.feeds import example_feeds
 from tensorsmith.compiler.ir import ai_onnx_opset, apply_input_decls, io_records, save_onnx
 from tensorsmith.compiler.module_paths import attach_module_paths, module_paths
 from tensorsmith.compiler.progress import LogReporter, Reporter
-from tensorsmith.compiler.variants import build_variants
+from tensorsmith.compiler.targets import float_variant
+from tensorsmith.compiler.variants import build_fp16_variant, build_variants
 from tensorsmith.compiler.verify import compare_outputs, run_onnx
 from tensorsmith.compiler.version import __version__
 from tensorsmith.passes import Canonicalize, GraphPass, PassReport, default_passes, run_passes
@@ -170,7 +171,14 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         variants = [reference]
         by_target = dict.fromkeys(config.targets, reference)
         unmet: list[str] = []
-        if config.precision != "fp32":
+        if config.precision in ("fp32", "fp16"):
+            wants_fp16 = [t for t in config.targets if float_variant(config.precision, t) == "fp16"]
+            if wants_fp16:
+                reporter.stage("building the fp16 variant")
+                half = build_fp16_variant(model, config, model_path, staging)
+                variants.append(half)
+                by_target.update(dict.fromkeys(wants_fp16, half))
+        else:
             quantized = build_variants(model, config, inputs, model_path, staging, reporter)
             variants += quantized.records
             reports += quantized.reports

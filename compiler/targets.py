@@ -41,6 +41,15 @@ def get_target(name: str) -> Target:
         raise ConfigError(f"unknown target '{name}'", hint=f"targets are {', '.join(TARGETS)}") from None
 
 
+def float_variant(precision: str, target: str) -> str:
+    """The float variant a target runs for `--precision fp32|fp16`: fp16 where asked (GPUs) or where the
+    architecture has no fp32 GEMM (sm_75), else fp32."""
+    precisions = get_target(target).precisions
+    if "fp16" in precisions and (precision == "fp16" or "fp32" not in precisions):
+        return "fp16"
+    return "fp32"
+
+
 def quantized_precision(target: str) -> str:
     """The precision `auto` quantizes to on a target: fp8 where the architecture has it, else int8."""
     return "fp8" if "fp8" in get_target(target).precisions else "int8"
@@ -51,14 +60,15 @@ def check_precision(precision: str, target_names: list[str]) -> None:
     if "sm_75" in target_names and precision in ("int8", "auto"):
         raise ConfigError(
             "target sm_75 (Turing) has no fp32 GEMM, and the layers a quantized plan leaves in higher precision "
-            "would need fp16 regions, which this version does not emit yet",
-            hint="compile sm_75 separately once fp16 variants land, or leave it out",
+            "would need fp16 regions inside a Q/DQ graph, which this version does not emit yet",
+            hint="compile sm_75 separately with --precision fp16 (or fp32, which gives it an fp16 variant)",
         )
     if precision == "auto":
         return
     for name in target_names:
         target = get_target(name)
-        if precision not in target.precisions:
+        runs = set(target.precisions) | ({"fp32"} if "fp16" in target.precisions else set())  # fp32 → fp16 variant
+        if precision not in runs:
             newer = [t.name for t in TARGETS.values() if precision in t.precisions]
             raise ConfigError(
                 f"target {name} ({target.gpus}) cannot run {precision}; it runs {', '.join(target.precisions)}",

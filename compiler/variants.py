@@ -272,5 +272,30 @@ def _cpu_summary(choice: CpuChoice | None, static: VariantRecord) -> dict[str, o
     return {"variant": choice.record.name, "latency_ms_batch8": choice.latency_ms, "reason": "fastest within budget"}
 
 
+def build_fp16_variant(
+    model: onnx.ModelProto, config: CompileConfig, reference_path: Path, directory: Path
+) -> VariantRecord:
+    """variants/fp16.onnx: the fused graph in fp16 with LayerNorm in fp32, measured against fp32 on the
+    verification inputs."""
+    from tensorsmith.compiler.feeds import example_feeds
+    from tensorsmith.passes.fp16 import ConvertToFp16
+
+    graph = gs.import_onnx(model)
+    run_passes(graph, [ConvertToFp16()])
+    path = directory / "variants" / "fp16.onnx"
+    path.parent.mkdir(exist_ok=True)
+    save_onnx(gs.export_onnx(graph), path)
+    feeds = example_feeds(config, seed=1, size_offset=1)
+    measured = accuracy(run_onnx(reference_path, feeds), run_onnx(path, feeds))
+    return VariantRecord(
+        name="fp16",
+        path=str(path.relative_to(directory)),
+        sha256=sha256_of(path),
+        precisions=["fp16", "fp32"],
+        accuracy=measured,
+        evaluated_on="the verification inputs",
+    )
+
+
 def table_scales(table: CalibrationTable, precision: Precision) -> dict[str, float]:
     return table.int8_scales() if precision == "int8" else table.fp8_scales()

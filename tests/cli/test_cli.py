@@ -138,3 +138,18 @@ def test_fp8_for_an_ampere_target_is_refused_before_any_work(mlp_onnx: Path, tmp
     assert "target sm_86 (Ampere (RTX 30, A10)) cannot run fp8" in result.stderr
     assert "sm_89" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_turing_gets_an_fp16_variant_and_engine(mlp_onnx: Path, tmp_path: Path) -> None:
+    compiled = run_cli_json(
+        "compile", mlp_onnx, "--input", "x:float32:batch,8", "-o", tmp_path / "out",
+        "--target", "cpu", "--target", "sm_75", "--target", "sm_86",
+    )  # fmt: skip
+    targets = {t["name"]: t for t in compiled["targets"]}
+    assert targets["sm_75"]["variant"] == "fp16" and targets["sm_75"]["status"] == "built"
+    assert targets["sm_86"]["variant"] == "fp32" and targets["cpu"]["variant"] == "fp32"
+    fp16 = next(v for v in compiled["variants"] if v["name"] == "fp16")
+    assert fp16["path"] == "variants/fp16.onnx" and fp16["accuracy"]["cosine"] > 0.999
+
+    result = run_cli("compile", mlp_onnx, "-o", tmp_path / "cpu16", "--precision", "fp16")
+    assert result.exit_code == 1 and "target cpu" in result.stderr and "cannot run fp16" in result.stderr

@@ -123,7 +123,7 @@ def test_metrics_and_a_user_function() -> None:
     assert user.met(0.5) and not user.met(0.4)
 
 
-def test_sm_75_is_refused_until_fp16_regions_exist() -> None:
+def test_sm_75_with_a_quantized_plan_is_refused_until_qdq_graphs_get_fp16_regions() -> None:
     from tensorsmith.compiler.config import CompileConfig
 
     with pytest.raises(ConfigError, match="sm_75 .* has no fp32 GEMM"):
