@@ -57,12 +57,6 @@ def quantized_precision(target: str) -> str:
 
 def check_precision(precision: str, target_names: list[str]) -> None:
     """Refuse, before any work starts, a precision that one of the targets cannot run."""
-    if "sm_75" in target_names and precision in ("int8", "auto"):
-        raise ConfigError(
-            "target sm_75 (Turing) has no fp32 GEMM, and the layers a quantized plan leaves in higher precision "
-            "would need fp16 regions inside a Q/DQ graph, which this version does not emit yet",
-            hint="compile sm_75 separately with --precision fp16 (or fp32, which gives it an fp16 variant)",
-        )
     if precision == "auto":
         return
     for name in target_names:

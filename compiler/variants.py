@@ -26,7 +26,7 @@ from tensorsmith.compiler.metrics import Budget, accuracy
 from tensorsmith.compiler.progress import Reporter
 from tensorsmith.compiler.targets import quantized_precision
 from tensorsmith.compiler.verify import run_onnx
-from tensorsmith.passes import PassReport, run_passes
+from tensorsmith.passes import GraphPass, PassReport, run_passes
 from tensorsmith.passes.quantize import InsertQDQ, Precision
 from tensorsmith.runtime.manifest import TensorRecord, VariantRecord, sha256_of
 
@@ -71,18 +71,31 @@ def split_data(config: CompileConfig, inputs: list[TensorRecord]) -> tuple[Calib
     return data, feeds, f"{held} calibration samples held out of calibration (the last of {total})"
 
 
-def _recipes(config: CompileConfig) -> dict[Precision, list[str]]:
-    recipes: dict[Precision, list[str]] = {}
+def _recipes(config: CompileConfig) -> dict[Precision, dict[str, list[str]]]:
+    """precision → float regions ("fp32" on the cpu, "fp16" on GPUs) → the targets that share that variant."""
+    recipes: dict[Precision, dict[str, list[str]]] = {}
     for target in config.targets:
         precision = quantized_precision(target) if config.precision == "auto" else config.precision
-        recipes.setdefault(precision, []).append(target)
+        regions = "fp32" if target == "cpu" else "fp16"
+        recipes.setdefault(precision, {}).setdefault(regions, []).append(target)
     return recipes
 
 
+def variant_name(precision: str, regions: str) -> str:
+    """GPU variants (fp16 regions) are named by their precision; the cpu's (fp32 regions) get a cpu- prefix."""
+    return precision if regions == "fp16" else f"cpu-{precision}"
+
+
 def _write_variant(model: onnx.ModelProto, precision: Precision, scales: dict[str, float], nodes: list[str],
-                   path: Path) -> PassReport:  # fmt: skip
+                   regions: str, path: Path) -> PassReport:  # fmt: skip
+    """Q/DQ on `nodes`; with fp16 regions, everything left in float computes in fp16 (LayerNorm in fp32)."""
+    from tensorsmith.passes.fp16 import ConvertToFp16
+
     graph = gs.import_onnx(model)
-    (report,) = run_passes(graph, [InsertQDQ(precision, scales, nodes=nodes)])
+    passes: list[GraphPass] = [InsertQDQ(precision, scales, nodes=nodes)]
+    if regions == "fp16":
+        passes.append(ConvertToFp16())
+    report = run_passes(graph, passes)[0]
     path.parent.mkdir(exist_ok=True)
     save_onnx(gs.export_onnx(graph), path)
     return report
@@ -116,87 +129,111 @@ def build_variants(
     plan: dict[str, object] = {"precision": config.precision, "evaluated_on": evaluated_on, "recipes": {}}
     if budget is not None:
         plan.update(budget=str(budget), sensitivity_samples=config.sensitivity_samples)
-    for precision, targets in _recipes(config).items():
+    for precision, by_regions in _recipes(config).items():
         scales = table_scales(table, precision)
-        recipe = _recipe(model, config, precision, scales, layers, evaluation, reference, budget, directory, reporter)
-        record, report, summary, order = recipe
-        record.evaluated_on = evaluated_on
-        variants.records.append(record)
-        variants.reports.append(report)
-        variants.by_target.update({target: record.name for target in targets})
-        summary["targets"] = targets
-        plan["recipes"][precision] = summary  # type: ignore[index]
-        if budget is not None and not summary["met"]:
-            variants.unmet.append(f"{precision}: {budget.metric} {summary['achieved']:.6f} (budget {budget})")
-        if budget is not None and precision == "int8" and "cpu" in targets:
-            reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
-            choice = _cpu_choice(model, layers, order, record, evaluation, reference, budget, reference_path, directory)
-            if choice is not None and choice.record is not record:
-                choice.record.evaluated_on = evaluated_on
-                variants.records.append(choice.record)
-                variants.by_target["cpu"] = choice.record.name
-            summary["cpu"] = _cpu_summary(choice, record)
+        search = _search(model, config, precision, scales, layers, evaluation, budget, reporter)
+        for regions, targets in by_regions.items():
+            record, report, summary = _build(
+                model, precision, regions, scales, layers, search, evaluation, reference, budget, directory, reporter
+            )
+            record.evaluated_on = evaluated_on
+            variants.records.append(record)
+            variants.reports.append(report)
+            variants.by_target.update({target: record.name for target in targets})
+            summary["targets"] = targets
+            plan["recipes"][record.name] = summary  # type: ignore[index]
+            if budget is not None and not summary["met"]:
+                variants.unmet.append(f"{record.name}: {budget.metric} {summary['achieved']:.6f} (budget {budget})")
+            if budget is not None and precision == "int8" and "cpu" in targets:
+                reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
+                order = search.order
+                choice = _cpu_choice(
+                    model, layers, order, record, evaluation, reference, budget, reference_path, directory
+                )
+                if choice is not None and choice.record is not record:
+                    choice.record.evaluated_on = evaluated_on
+                    variants.records.append(choice.record)
+                    variants.by_target["cpu"] = choice.record.name
+                summary["cpu"] = _cpu_summary(choice, record)
     (directory / "precision.json").write_text(json.dumps(plan, indent=2) + "\n")
     return variants
 
 
-def _recipe(
+@dataclass
+class Search:
+    """Which candidates to quantize, cheapest first (`order`), and how many of them (`chosen`)."""
+
+    order: list[str]
+    chosen: list[str]
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    evaluations: int = 0
+
+
+def _search(
     model: onnx.ModelProto,
     config: CompileConfig,
     precision: Precision,
     scales: dict[str, float],
     layers: list[Layer],
     evaluation: Feeds,
+    budget: Budget | None,
+    reporter: Reporter,
+) -> Search:
+    candidates = [layer.name for layer in layers if layer.pinned is None]
+    if budget is None:
+        return Search(candidates, candidates)
+    reporter.stage(f"{precision}: sensitivity of {len(candidates)} layers against {budget}")
+    sample = {name: array[: config.sensitivity_samples] for name, array in evaluation.items()}
+    flops = {layer.name: layer.flops for layer in layers}
+    result = PrecisionSearch(model, precision, scales, candidates, sample, budget, flops).search(reporter)
+    return Search(result.order, result.quantized, result.sensitivity, result.evaluations)
+
+
+def _build(
+    model: onnx.ModelProto,
+    precision: Precision,
+    regions: str,
+    scales: dict[str, float],
+    layers: list[Layer],
+    search: Search,
+    evaluation: Feeds,
     reference: list[np.ndarray],
     budget: Budget | None,
     directory: Path,
     reporter: Reporter,
-) -> tuple[VariantRecord, PassReport, dict[str, object], list[str]]:
+) -> tuple[VariantRecord, PassReport, dict[str, object]]:
+    """Write and verify one variant; under a budget, give back the costliest layers until it holds."""
+    name = variant_name(precision, regions)
     pinned = [layer.name for layer in layers if layer.pinned == precision]
-    candidates = [layer.name for layer in layers if layer.pinned is None]
-    sensitivity: dict[str, float] = {}
-    order = candidates
-    chosen = candidates
-    evaluations = 0
-    if budget is not None:
-        reporter.stage(f"{precision}: sensitivity of {len(candidates)} layers against {budget}")
-        sample = {name: array[: config.sensitivity_samples] for name, array in evaluation.items()}
-        flops = {layer.name: layer.flops for layer in layers}
-        search = PrecisionSearch(model, precision, scales, candidates, sample, budget, flops)
-        result = search.search(reporter)
-        sensitivity, chosen, evaluations = result.sensitivity, result.quantized, result.evaluations
-        order = result.order
-
-    path = directory / "variants" / f"{precision}.onnx"
-    reporter.stage(f"{precision}: building and verifying the variant")
-    report = _write_variant(model, precision, scales, [*pinned, *chosen], path)
+    chosen = search.chosen
+    path = directory / "variants" / f"{name}.onnx"
+    reporter.stage(f"{name}: building and verifying the variant")
+    report = _write_variant(model, precision, scales, [*pinned, *chosen], regions, path)
     outputs = run_onnx(path, evaluation)
     measured = accuracy(reference, outputs)
     achieved = budget.measure(reference, outputs) if budget is not None else None
     retries = 0
-    while (
-        budget is not None
-        and achieved is not None
-        and not budget.met(achieved)
-        and chosen
-        and retries < MAX_VERIFY_RETRIES
-    ):
+    while budget is not None and achieved is not None and not budget.met(achieved) and chosen:
+        if retries == MAX_VERIFY_RETRIES:
+            break
         # The switched graph's estimate was optimistic: give back the costliest layers and verify again.
         retries += 1
-        chosen = order[: len(chosen) - max(1, len(chosen) // 8)]
-        report = _write_variant(model, precision, scales, [*pinned, *chosen], path)
+        chosen = search.order[: len(chosen) - max(1, len(chosen) // 8)]
+        report = _write_variant(model, precision, scales, [*pinned, *chosen], regions, path)
         outputs = run_onnx(path, evaluation)
         measured, achieved = accuracy(reference, outputs), budget.measure(reference, outputs)
-        evaluations += 1
 
     quantized = set(pinned) | set(chosen)
     total_flops = sum(layer.flops for layer in layers) or 1
     fraction = sum(layer.flops for layer in layers if layer.name in quantized) / total_flops
+    higher = "fp16" if regions == "fp16" else "fp32"
     summary: dict[str, object] = {
+        "precision": precision,
+        "float_regions": regions,
         "met": bool(budget is None or (achieved is not None and budget.met(achieved))),
         "achieved": achieved,
         "quantized_flops_fraction": round(fraction, 4),
-        "evaluations": evaluations,
+        "evaluations": search.evaluations + retries + 1,
         "verify_retries": retries,
         "layers": [
             {
@@ -204,23 +241,23 @@ def _recipe(
                 "module": layer.module,
                 "op": layer.op,
                 "flops": layer.flops,
-                "precision": precision if layer.name in quantized else (layer.pinned or "fp32"),
-                "sensitivity": sensitivity.get(layer.name),
+                "precision": precision if layer.name in quantized else (layer.pinned or higher),
+                "sensitivity": search.sensitivity.get(layer.name),
                 "reason": layer.reason
                 or ("search" if budget is not None else f"--precision {precision}: every layer the policy allows"),
             }
             for layer in layers
         ],
     }
-    logger.info("%s variant: %s, %.0f%% of FLOPs quantized", precision, measured, 100 * fraction)
+    logger.info("%s variant: %s, %.0f%% of FLOPs quantized", name, measured, 100 * fraction)
     record = VariantRecord(
-        name=precision,
+        name=name,
         path=str(path.relative_to(directory)),
         sha256=sha256_of(path),
-        precisions=[precision, "fp32"],
+        precisions=[precision, higher],
         accuracy={**measured, "quantized_flops_fraction": fraction},
     )
-    return record, report, summary, order
+    return record, report, summary
 
 
 @dataclass

@@ -26,7 +26,10 @@ def _to_fp16(values: np.ndarray) -> np.ndarray:
 
 
 def _is(tensor: gs.Tensor, dtype: type) -> bool:
-    return tensor.dtype is not None and np.dtype(tensor.dtype) == dtype
+    try:
+        return tensor.dtype is not None and np.dtype(tensor.dtype) == dtype
+    except TypeError:  # onnx-graphsurgeon gives ONNX enums, not numpy dtypes, for types numpy lacks (fp8)
+        return False
 
 
 def _is_fp32(tensor: gs.Tensor) -> bool:

@@ -96,17 +96,20 @@ def test_int8_compile_writes_variant_calibration_and_cache(mlp_onnx: Path, tmp_p
         "--target", "cpu", "--target", "sm_86",
     )  # fmt: skip
     variants = {variant["name"]: variant for variant in compiled["variants"]}
-    assert variants["int8"]["path"] == "variants/int8.onnx"
-    assert variants["int8"]["accuracy"]["cosine"] > 0.99
-    assert variants["int8"]["evaluated_on"] == "10 calibration samples held out of calibration (the last of 40)"
+    # The cpu runs int8 with fp32 around it; GPUs run int8 with fp16 around it (LayerNorm in fp32).
+    assert variants["cpu-int8"]["path"] == "variants/cpu-int8.onnx"
+    assert variants["cpu-int8"]["precisions"] == ["int8", "fp32"] and variants["int8"]["precisions"] == ["int8", "fp16"]
+    for name in ("cpu-int8", "int8"):
+        assert variants[name]["accuracy"]["cosine"] > 0.99
+        assert variants[name]["evaluated_on"] == "10 calibration samples held out of calibration (the last of 40)"
     targets = {target["name"]: target for target in compiled["targets"]}
-    assert targets["cpu"]["variant"] == "int8" and targets["cpu"]["status"] == "not-needed"
+    assert targets["cpu"]["variant"] == "cpu-int8" and targets["cpu"]["status"] == "not-needed"
     assert targets["sm_86"]["status"] == "built" and (out / "engines" / "sm_86.engine").stat().st_size > 0
     assert json.loads((out / "engines" / "sm_86.json").read_text())["variant"] == "int8"
 
     table = json.loads((out / "calibration.json").read_text())
     assert table["method"] == "percentile" and table["samples"] == 30  # never evaluated on what calibrated
-    plan = json.loads((out / "precision.json").read_text())["recipes"]["int8"]
+    plan = json.loads((out / "precision.json").read_text())["recipes"]["cpu-int8"]
     reasons = {layer["name"]: (layer["precision"], layer["reason"]) for layer in plan["layers"]}
     assert list(reasons.values()) == [
         ("int8", "--precision int8: every layer the policy allows"),
@@ -124,7 +127,7 @@ def test_int8_compile_writes_variant_calibration_and_cache(mlp_onnx: Path, tmp_p
 
     from tensorsmith.runtime import load
 
-    with load(out) as model:  # the cpu target runs the int8 variant on ONNX Runtime
+    with load(out) as model:  # the cpu target runs its int8 variant on ONNX Runtime
         assert model.run({"x": samples[:3]})["y"].shape == (3, 4)
 
 

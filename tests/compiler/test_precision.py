@@ -30,7 +30,7 @@ def calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def compile_auto(out: Path, calibration: Path, budget: str, *extra: str) -> tuple[int, dict, str]:
     result = run_cli(
         "compile", TINY / "tensorsmith.toml", "-o", out, "--precision", "auto", "--budget", budget,
-        "--calibration", calibration, "--target", "cpu", "--target", "sm_89", *extra, "--json",
+        "--calibration", calibration, "--target", "cpu", "--target", "sm_75", "--target", "sm_89", *extra, "--json",
     )  # fmt: skip
     return result.exit_code, json.loads(result.stdout), result.stderr
 
@@ -39,27 +39,27 @@ def test_auto_meets_the_budget_per_recipe_and_explains_each_layer(calibration: P
     code, compiled, _ = compile_auto(tmp_path / "out", calibration, "cosine>=0.999")
     assert code == 0 and compiled["ok"]
     variants = {v["name"]: v for v in compiled["variants"]}
-    assert {"int8", "fp8"} <= set(variants)
+    assert {"cpu-int8", "int8", "fp8"} <= set(variants)
     targets = {t["name"]: t for t in compiled["targets"]}
-    assert targets["sm_89"]["variant"] == "fp8"
-    assert targets["sm_89"]["status"] == "built"
+    assert targets["sm_89"]["variant"] == "fp8" and targets["sm_75"]["variant"] == "int8"
+    assert targets["sm_89"]["status"] == targets["sm_75"]["status"] == "built"  # Turing: int8 + fp16 regions
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert plan["budget"] == "cosine>=0.999"
     assert "held out" in plan["evaluated_on"]
-    for precision in ("int8", "fp8"):
-        recipe = plan["recipes"][precision]
+    for name in ("cpu-int8", "int8", "fp8"):
+        recipe = plan["recipes"][name]
         assert recipe["met"] and recipe["achieved"] >= 0.999
-        assert variants[precision]["accuracy"]["cosine"] >= 0.999
+        assert variants[name]["accuracy"]["cosine"] >= 0.999
         layers = recipe["layers"]
         assert len(layers) == 16  # 2 layers × (Q, K, V, Q·Kᵀ, P·V, output, FFN up, FFN down)
         assert all(layer["sensitivity"] is not None for layer in layers)
         assert all(layer["reason"] == "search" for layer in layers)
         assert any(layer["module"].startswith("layers.0.attention") for layer in layers)
-        quantized = [layer for layer in layers if layer["precision"] == precision]
+        quantized = [layer for layer in layers if layer["precision"] == recipe["precision"]]
         assert len(quantized) > 0 and recipe["evaluations"] <= 16 + 6 + 4  # sensitivity + bisection + retries
         assert recipe["quantized_flops_fraction"] > 0
     # cpu runs whichever of the static Q/DQ and the dynamic-quantization variant ONNX Runtime runs faster.
-    cpu = plan["recipes"]["int8"]["cpu"]
+    cpu = plan["recipes"]["cpu-int8"]["cpu"]
     assert targets["cpu"]["variant"] == cpu["variant"]
     if "latency_ms_batch8" in cpu:
         assert cpu["variant"] == min(cpu["latency_ms_batch8"], key=cpu["latency_ms_batch8"].get)
@@ -78,7 +78,7 @@ def test_overrides_pin_layers_before_the_search(calibration: Path, tmp_path: Pat
         "--calibration", calibration, "--json",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    layers = json.loads((tmp_path / "out" / "precision.json").read_text())["recipes"]["int8"]["layers"]
+    layers = json.loads((tmp_path / "out" / "precision.json").read_text())["recipes"]["cpu-int8"]["layers"]
     pinned = [layer for layer in layers if layer["module"].startswith("layers.1")]
     assert pinned and all(layer["precision"] == "fp32" and "override" in layer["reason"] for layer in pinned)
 
@@ -121,10 +121,3 @@ def test_metrics_and_a_user_function() -> None:
     user = Budget.parse("tests.compiler.test_precision:first_output_agreement>=0.5")
     assert user.measure(reference, [-reference[0]]) == 0.5  # the zeros agree
     assert user.met(0.5) and not user.met(0.4)
-
-
-def test_sm_75_with_a_quantized_plan_is_refused_until_qdq_graphs_get_fp16_regions() -> None:
-    from tensorsmith.compiler.config import CompileConfig
-
-    with pytest.raises(ConfigError, match="sm_75 .* has no fp32 GEMM"):
-        CompileConfig.create({"source": "m.onnx", "precision": "auto", "calibration": "c.npz", "targets": ["sm_75"]})
