@@ -35,7 +35,28 @@ RTX_ARCHITECTURES = {
     "sm_121": "SM121",
 }
 DEFAULT_MAX_SIZE = 64  # a dynamic dim's max when the config gives none
+# A dim named "batch" without a configured max gets the architecture's default: data-centre parts (more
+# memory, serving larger batches) get larger profiles than client GPUs.
+BATCH_DIM = "batch"
+DEFAULT_MAX_BATCH = {"sm_75": 32, "sm_80": 128, "sm_90": 256, "sm_100": 256}
 PARSER_ERRORS_SHOWN = 5
+HardwareCompatibility = Literal["none", "ampere+", "same-compute-capability"]
+HARDWARE_COMPATIBILITY = {
+    "none": "NONE",
+    "ampere+": "AMPERE_PLUS",
+    "same-compute-capability": "SAME_COMPUTE_CAPABILITY",
+}
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Builder settings beyond the profile (all optional; TensorRT's defaults otherwise)."""
+
+    optimization_level: int | None = None  # 0–5: higher searches more tactics, builds slower
+    workspace_bytes: int | None = None
+    hardware_compatibility: HardwareCompatibility = "none"
+    detailed_profiling: bool = True  # layer names and precisions visible to the engine inspector
+    timing_cache_dir: Path | None = None  # data-centre TensorRT only: TensorRT for RTX makes the cache a no-op
 
 
 @dataclass
@@ -48,8 +69,9 @@ class Profile:
         return {name: {"min": s[0], "opt": s[1], "max": s[2]} for name, s in self.shapes.items()}
 
 
-def profile_for(inputs: Sequence[TensorRecord], dims: Mapping[str, DimRange]) -> Profile:
-    """Min/opt/max shapes from the declared dims: `[dims.NAME] min/opt/max`, else 1 / max / 64."""
+def profile_for(inputs: Sequence[TensorRecord], dims: Mapping[str, DimRange], target: str | None = None) -> Profile:
+    """Min/opt/max shapes from the declared dims: `[dims.NAME] min/opt/max`, else 1 / max / 64 (for `batch`,
+    the target architecture's default max, DEFAULT_MAX_BATCH)."""
     shapes = {}
     for record in inputs:
         low: list[int] = []
@@ -60,7 +82,10 @@ def profile_for(inputs: Sequence[TensorRecord], dims: Mapping[str, DimRange]) ->
                 sizes = (dim, dim, dim)
             else:
                 limits = dims.get(dim, DimRange())
-                maximum = limits.max or max(limits.opt or 1, DEFAULT_MAX_SIZE)
+                default = (
+                    DEFAULT_MAX_BATCH.get(target or "", DEFAULT_MAX_SIZE) if dim == BATCH_DIM else DEFAULT_MAX_SIZE
+                )
+                maximum = limits.max or max(limits.opt or 1, default)
                 sizes = (limits.min, limits.opt or maximum, maximum)
             for bound, size in zip((low, best, high), sizes, strict=True):
                 bound.append(size)
@@ -77,6 +102,7 @@ class BuiltEngine:
     profiles: list[dict[str, object]]
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    timing_cache: dict[str, int | str] = field(default_factory=dict)  # entries before/after, or why none
 
 
 def import_builder(builder: Builder) -> ModuleType:
@@ -122,8 +148,7 @@ def build_engine(
     target: str,
     profile: Profile,
     builder: Builder = "tensorrt-rtx",
-    optimization_level: int | None = None,
-    workspace_bytes: int | None = None,
+    options: BuildOptions = BuildOptions(),
 ) -> BuiltEngine:
     """Build a serialized engine for `target` (e.g. "sm_86") from the ONNX graph at `onnx_path`."""
     trt = import_builder(builder)
@@ -147,10 +172,16 @@ def build_engine(
     if builder == "tensorrt-rtx":
         config.num_compute_capabilities = 1
         config.set_compute_capability(getattr(trt.ComputeCapability, RTX_ARCHITECTURES[target]), 0)
-    if optimization_level is not None:
-        config.builder_optimization_level = optimization_level
-    if workspace_bytes is not None:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
+    if options.optimization_level is not None:
+        config.builder_optimization_level = options.optimization_level
+    if options.workspace_bytes is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
+    config.hardware_compatibility_level = getattr(
+        trt.HardwareCompatibilityLevel, HARDWARE_COMPATIBILITY[options.hardware_compatibility]
+    )
+    if options.detailed_profiling:
+        config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    cache = _TimingCache(trt, config, builder, target, options.timing_cache_dir)
     optimization_profile = network_builder.create_optimization_profile()
     for index in range(network.num_inputs):
         name = network.get_input(index).name
@@ -160,6 +191,7 @@ def build_engine(
     config.add_optimization_profile(optimization_profile)
 
     plan = network_builder.build_serialized_network(network, config)
+    timing = cache.save()
     if plan is None:
         errors = [message for severity, message in messages if severity != trt.ILogger.WARNING]
         raise BuildError(
@@ -175,4 +207,36 @@ def build_engine(
         profiles=[profile.as_record()],
         seconds=round(time.perf_counter() - started, 3),
         warnings=[message for severity, message in messages if severity == trt.ILogger.WARNING],
+        timing_cache=timing,
     )
+
+
+class _TimingCache:
+    """A timing cache per (target, builder, version) under `directory`, loaded before a build and saved after;
+    TensorRT for RTX makes timing caches no-ops, so it is used with data-centre TensorRT only."""
+
+    def __init__(self, trt: ModuleType, config: Any, builder: Builder, target: str, directory: Path | None) -> None:
+        self.config = config
+        self.path = None
+        self.reason = ""
+        if builder == "tensorrt-rtx":
+            self.reason = "not used: TensorRT for RTX makes timing caches no-ops"
+        elif directory is None:
+            self.reason = "not used: no timing_cache_dir"
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.path = directory / f"{target}-{builder}-{trt.__version__}.cache"
+            data = self.path.read_bytes() if self.path.is_file() else b""
+            self.cache = config.create_timing_cache(data)
+            config.set_timing_cache(self.cache, ignore_mismatch=False)
+            self.before = len(self.cache.queryKeys())
+
+    def save(self) -> dict[str, int | str]:
+        if self.path is None:
+            return {"status": self.reason}
+        cache = self.config.get_timing_cache()
+        data = bytes(cache.serialize())
+        self.path.write_bytes(data)
+        after = len(cache.queryKeys())
+        logger.info("timing cache %s: %d entries reused, %d new", self.path.name, self.before, after - self.before)
+        return {"path": str(self.path), "entries_reused": self.before, "entries_added": after - self.before}

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tensorsmith.compiler.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tensorsmith.compiler.build import BuildOptions
 
 DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 SourceKind = Literal["factory", "exported_program", "onnx"]
@@ -69,6 +72,32 @@ class OverrideDecl(_Strict):
     precision: Literal["fp32", "int8", "fp8"]
 
 
+class BuildConfig(_Strict):
+    """`[build]`: TensorRT builder settings for the engines `compile` builds."""
+
+    builder: Literal["auto", "tensorrt", "tensorrt-rtx"] = Field(
+        "auto", description="auto: tensorrt-rtx where it covers the target, else tensorrt on a matching GPU"
+    )
+    optimization_level: int | None = Field(None, ge=0, le=5, description="TensorRT's builder optimization level")
+    workspace_mb: int | None = Field(None, ge=1, description="workspace memory pool limit")
+    hardware_compatibility: Literal["none", "ampere+", "same-compute-capability"] = "none"
+    detailed_profiling: bool = Field(True, description="keep layer names/precisions for the engine inspector")
+    timing_cache_dir: Path = Field(
+        Path("~/.cache/tensorsmith/timing-cache"), description="data-centre TensorRT's timing caches, per target"
+    )
+
+    def options(self) -> BuildOptions:
+        from tensorsmith.compiler.build import BuildOptions
+
+        return BuildOptions(
+            optimization_level=self.optimization_level,
+            workspace_bytes=self.workspace_mb << 20 if self.workspace_mb else None,
+            hardware_compatibility=self.hardware_compatibility,
+            detailed_profiling=self.detailed_profiling,
+            timing_cache_dir=self.timing_cache_dir.expanduser(),
+        )
+
+
 class CompileConfig(_Strict):
     """What to compile and how. Relative paths are resolved against `base_dir` (the TOML file's folder)."""
 
@@ -107,6 +136,7 @@ class CompileConfig(_Strict):
         101601, description="NV_TENSORRT_VERSION written into calibration/int8.cache (10.16.1 → 101601)"
     )
     targets: list[str] = Field(default_factory=lambda: ["cpu"], description="architectures to compile for")
+    build: BuildConfig = Field(default_factory=BuildConfig, description="[build]: TensorRT builder settings")
     verify: bool = Field(True, description="compare the compiled graph with the source on ONNX Runtime")
     tolerance: float = Field(1e-4, gt=0, description="max |difference| / max |reference| allowed by verify")
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)

@@ -9,7 +9,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tensorsmith.compiler.artifact import locked, replace_file, write_manifest
-from tensorsmith.compiler.build import BUILDER_MODULES, RTX_ARCHITECTURES, Builder, build_engine, profile_for
+from tensorsmith.compiler.build import (
+    BUILDER_MODULES,
+    RTX_ARCHITECTURES,
+    Builder,
+    BuildOptions,
+    build_engine,
+    profile_for,
+)
 from tensorsmith.compiler.config import CompileConfig, DimRange
 from tensorsmith.compiler.errors import BuildError
 from tensorsmith.compiler.progress import Reporter
@@ -52,9 +59,16 @@ def target_records(
                 )
             )
             continue
-        if name in RTX_ARCHITECTURES and _installed("tensorrt-rtx"):
-            reporter.stage(f"building the {name} engine with tensorrt-rtx")
-            records.append(_build(config, name, variant, inputs, directory))
+        requested = None if config.build.builder == "auto" else config.build.builder
+        try:
+            builder = _builder_for(name, requested)
+        except BuildError:
+            builder = None
+        if builder is not None:
+            reporter.stage(f"building the {name} engine with {builder}")
+            records.append(
+                _build_engine(name, variant, inputs, config.dims, directory, builder, config.build.options())
+            )
             continue
         records.append(
             TargetRecord(
@@ -69,12 +83,6 @@ def target_records(
     return records
 
 
-def _build(
-    config: CompileConfig, name: str, variant: VariantRecord, inputs: list[TensorRecord], directory: Path
-) -> TargetRecord:
-    return _build_engine(name, variant, inputs, config.dims, directory, "tensorrt-rtx")
-
-
 def _build_engine(
     name: str,
     variant: VariantRecord,
@@ -82,8 +90,10 @@ def _build_engine(
     dims: Mapping[str, DimRange],
     directory: Path,
     builder: Builder,
+    options: BuildOptions | None = None,
 ) -> TargetRecord:
-    engine = build_engine(directory / variant.path, name, profile_for(inputs, dims), builder)
+    profile = profile_for(inputs, dims, name)
+    engine = build_engine(directory / variant.path, name, profile, builder, options or BuildOptions())
     engines = directory / "engines"
     engines.mkdir(exist_ok=True)
     path = engines / f"{name}.engine"
@@ -104,6 +114,7 @@ def _build_engine(
         "build_seconds": engine.seconds,
         "sha256": record.sha256,
         "bytes": len(engine.plan),
+        "timing_cache": engine.timing_cache,
     }
     replace_file(engines / f"{name}.json", (json.dumps(details, indent=2) + "\n").encode())
     logger.info("built %s (%d bytes) in %.1f s", path.name, len(engine.plan), engine.seconds)
@@ -146,7 +157,9 @@ def _builder_for(target: str, requested: Builder | None) -> Builder:
     )
 
 
-def build_target(directory: Path, target: str, builder: Builder | None = None) -> TargetRecord:
+def build_target(
+    directory: Path, target: str, builder: Builder | None = None, options: BuildOptions | None = None
+) -> TargetRecord:
     """Add `target`'s engine to an existing artifact (`tensorsmith build`). Builds run in parallel; the manifest
     update is serialised by a lock and written atomically, so concurrent builds for other targets all land."""
     get_target(target)
@@ -159,6 +172,7 @@ def build_target(directory: Path, target: str, builder: Builder | None = None) -
         {name: DimRange(**limits) for name, limits in manifest.dims.items()},
         directory,
         _builder_for(target, builder),
+        options,
     )
     with locked(directory):
         current = read_manifest(directory)

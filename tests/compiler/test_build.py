@@ -49,3 +49,21 @@ def test_a_parse_failure_names_the_node(tmp_path: Path) -> None:
     save(model, str(tmp_path / "contrib.onnx"))
     with pytest.raises(BuildError, match=r"could not parse .*node 'ort_fused_gelu' \(FastGelu\)"):
         build_engine(tmp_path / "contrib.onnx", "sm_86", STATIC_PROFILE)
+
+
+def test_batch_defaults_follow_the_architecture() -> None:
+    inputs = [TensorRecord(name="x", dtype="float32", shape=["batch", 8])]
+    assert profile_for(inputs, {}, "sm_86").shapes["x"][2] == (64, 8)
+    assert profile_for(inputs, {}, "sm_90").shapes["x"][2] == (256, 8)  # Hopper serves larger batches
+    assert profile_for(inputs, {"batch": DimRange(max=16)}, "sm_90").shapes["x"][2] == (16, 8)  # config wins
+
+
+def test_builder_options_are_applied(tmp_path: Path) -> None:
+    from tensorsmith.compiler.build import BuildOptions
+
+    options = BuildOptions(optimization_level=1, workspace_bytes=64 << 20, hardware_compatibility="ampere+",
+                           timing_cache_dir=tmp_path / "cache")  # fmt: skip
+    engine = build_engine(small_mlp_onnx(tmp_path / "mlp.onnx", opset=17), "sm_86", STATIC_PROFILE, options=options)
+    assert len(engine.plan) > 0
+    assert engine.timing_cache == {"status": "not used: TensorRT for RTX makes timing caches no-ops"}
+    assert not (tmp_path / "cache").exists()
