@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 from collections.abc import Mapping
@@ -21,7 +20,7 @@ from tensorsmith.compiler.config import CompileConfig, DimRange
 from tensorsmith.compiler.errors import BuildError
 from tensorsmith.compiler.progress import Reporter
 from tensorsmith.compiler.targets import get_target
-from tensorsmith.runtime.device import detect_device
+from tensorsmith.runtime.device import detect_device, module_installed
 from tensorsmith.runtime.manifest import (
     EngineRecord,
     Manifest,
@@ -36,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 
 def _installed(builder: str) -> bool:
-    return importlib.util.find_spec(BUILDER_MODULES[builder]) is not None
+    return module_installed(BUILDER_MODULES[builder])
 
 
 def target_records(

@@ -69,10 +69,17 @@ def _from_torch() -> tuple[str, str] | None:
 PROBES = (("pynvml", _from_nvml), ("cuda", _from_cuda_python), ("torch", _from_torch))
 
 
+def module_installed(name: str) -> bool:
+    """Importable as a real module: a directory of type stubs (tensorrt-stubs installs `tensorrt/__init__.pyi`)
+    would otherwise pass for an installed TensorRT as a namespace package."""
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.origin is not None
+
+
 def installed_tensorrt() -> dict[str, str]:
     found = {}
     for flavour, (module, distribution) in FLAVOURS.items():
-        if importlib.util.find_spec(module) is None:
+        if not module_installed(module):
             continue
         try:
             found[flavour] = importlib.metadata.version(distribution)
@@ -85,7 +92,7 @@ def detect_device() -> Device:
     tensorrt = installed_tensorrt()
     tried = []
     for module, probe in PROBES:
-        if importlib.util.find_spec(module) is None:
+        if not module_installed(module):
             continue
         tried.append(module)
         try:

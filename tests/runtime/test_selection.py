@@ -107,3 +107,15 @@ def test_load_runs_the_engine_on_a_gpu(artifact: Path) -> None:
         print(f"{device}: {model.backend} ({model.fallback_reason})")
         outputs = model.run({"x": np.ones((2, 8), np.float32)})
     assert outputs["y"].shape == (2, 4)
+
+
+def test_a_directory_of_type_stubs_is_not_an_installed_tensorrt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tensorrt-stubs installs tensorrt/__init__.pyi, which imports as an empty namespace package."""
+    from tensorsmith.runtime.device import installed_tensorrt
+
+    (tmp_path / "tensorrt").mkdir()
+    (tmp_path / "tensorrt" / "__init__.pyi").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "tensorrt" not in installed_tensorrt()
