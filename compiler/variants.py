@@ -2,7 +2,10 @@
 measure every variant against fp32 on held-out data.
 
 A recipe is a precision and the targets that run it (`--precision int8|fp8`: one recipe for all targets;
-`auto`: int8 for cpu, sm_75 and Ampere, fp8 from sm_89). Targets that share a recipe share its variant.
+`auto`: int8 for cpu, sm_75 and Ampere, fp8 from sm_89). Under a budget, one search per precision chooses the
+layers. Each recipe yields one variant per kind of float region: GPUs compute the unquantized layers in fp16
+(variant `int8`, `fp8`), the cpu in fp32 (`cpu-int8`, and `cpu-int8-dynamic` when ONNX Runtime's dynamic
+quantization runs faster within the budget). Targets that share a variant share its file and engine input.
 """
 
 from __future__ import annotations
