@@ -51,6 +51,8 @@ class Observer:
         self.samples = 0  # counted by pass 1
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.tensors:  # an empty output list would make ONNX Runtime return every output
+            return {}
         values = self.session.run(self.tensors, {k: v for k, v in feeds.items() if k in self.input_names})
         return dict(zip(self.tensors, values, strict=True))
 
@@ -78,6 +80,18 @@ class Observer:
                     statistics[name].observe_histogram(values)
                 advance(next(iter(batch.values())).shape[0])
         return statistics
+
+    def collect_channel_amax(self, data: CalibrationData, reporter: Reporter | None = None) -> dict[str, np.ndarray]:
+        """max |x| per channel of the last axis, for smoothing (one array of that axis's size per tensor)."""
+        amax: dict[str, np.ndarray] = {}
+        with (reporter or LogReporter()).task("calibration: per-channel ranges for smoothing", data.limit) as advance:
+            for batch in data.batches():
+                for name, values in self.run(batch).items():
+                    flat = np.abs(np.asarray(values, np.float32).reshape(-1, values.shape[-1]))
+                    peak = np.max(np.where(np.isfinite(flat), flat, 0.0), axis=0)
+                    amax[name] = np.maximum(amax[name], peak) if name in amax else peak
+                advance(next(iter(batch.values())).shape[0])
+        return amax
 
     def collect(self, data: CalibrationData, reporter: Reporter | None = None) -> dict[str, TensorStatistics]:
         return self.collect_histograms(data, self.collect_ranges(data, reporter), reporter)

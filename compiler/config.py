@@ -122,6 +122,8 @@ class CompileConfig(_Strict):
         default_factory=list, description="[[overrides]] match = glob over node/module/op, precision = fp32|int8|fp8"
     )
     sensitivity_samples: int = Field(16, ge=1, description="evaluation samples used per sensitivity run")
+    smoothing: bool = Field(True, description="SmoothQuant scaling before int8 calibration")
+    smoothing_alpha: float = Field(0.8, ge=0, le=1, description="SmoothQuant migration strength")
     calibrator: Literal["entropy", "percentile", "minmax"] = Field(
         "entropy", description="how activation thresholds are chosen (TensorRT's entropy by default)"
     )

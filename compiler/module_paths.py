@@ -33,3 +33,10 @@ def attach_module_paths(model: onnx.ModelProto, paths: dict[str, str]) -> None:
         path = paths.get(node.name)
         if path:
             node.metadata_props.add(key=MODULE_KEY, value=path)
+
+
+def module_paths_recorded(model: onnx.ModelProto) -> dict[str, str]:
+    """The paths `attach_module_paths` wrote, to carry them through another onnx-graphsurgeon round trip."""
+    return {
+        node.name: entry.value for node in model.graph.node for entry in node.metadata_props if entry.key == MODULE_KEY
+    }

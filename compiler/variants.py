@@ -26,6 +26,7 @@ from tensorsmith.calibration.search import PrecisionSearch
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.ir import save_onnx
 from tensorsmith.compiler.metrics import Budget, accuracy
+from tensorsmith.compiler.module_paths import attach_module_paths, module_paths_recorded
 from tensorsmith.compiler.progress import Reporter
 from tensorsmith.compiler.targets import quantized_precision
 from tensorsmith.compiler.verify import run_onnx
@@ -114,6 +115,10 @@ def build_variants(
 ) -> Variants:
     """Write `variants/<precision>.onnx`, `calibration.json`, `calibration/int8.cache` and `precision.json`."""
     data, evaluation, evaluated_on = split_data(config, inputs)
+    smoothing: PassReport | None = None
+    if config.smoothing and "int8" in _recipes(config):
+        reporter.stage("smoothing activation outliers into the weights (int8)")
+        model, smoothing = _smooth(model, data, config.smoothing_alpha, reporter)
     reporter.stage(f"calibrating ({config.calibrator}) on {config.calibration}")
     observer = Observer(model, tensors_to_observe(model))
     statistics = observer.collect_histograms(data, observer.collect_ranges(data, reporter), reporter)
@@ -129,6 +134,8 @@ def build_variants(
     budget = Budget.parse(config.budget) if config.precision == "auto" else None
 
     variants = Variants()
+    if smoothing is not None:
+        variants.reports.append(smoothing)
     plan: dict[str, object] = {"precision": config.precision, "evaluated_on": evaluated_on, "recipes": {}}
     if budget is not None:
         plan.update(budget=str(budget), sensitivity_samples=config.sensitivity_samples)
@@ -160,6 +167,21 @@ def build_variants(
                 summary["cpu"] = _cpu_summary(choice, record)
     (directory / "precision.json").write_text(json.dumps(plan, indent=2) + "\n")
     return variants
+
+
+def _smooth(
+    model: onnx.ModelProto, data: CalibrationData, alpha: float, reporter: Reporter
+) -> tuple[onnx.ModelProto, PassReport]:
+    """The fused graph with SmoothQuant scaling (x/s, s·W): equal in fp32, kinder to per-tensor int8."""
+    from tensorsmith.passes.smooth import SmoothActivations, smoothable_activations
+
+    activations = list(smoothable_activations(gs.import_onnx(model)))
+    amax = Observer(model, activations).collect_channel_amax(data, reporter) if activations else {}
+    graph = gs.import_onnx(model)
+    (report,) = run_passes(graph, [SmoothActivations(amax, alpha)])
+    smoothed = gs.export_onnx(graph)
+    attach_module_paths(smoothed, module_paths_recorded(model))  # onnx-graphsurgeon drops node metadata
+    return smoothed, report
 
 
 @dataclass
