@@ -118,9 +118,10 @@ def compile_command(
     manifest = result.manifest
     if as_json:
         payload = manifest.model_dump(mode="json")
-        emit_json({"ok": result.budget_met, "out": str(result.out), "seconds": result.seconds,
+        ok = result.budget_met and not _failed(manifest)
+        emit_json({"ok": ok, "out": str(result.out), "seconds": result.seconds,
                    "unmet_budgets": result.unmet_budgets, **payload})  # fmt: skip
-        _exit_if_unmet(result.unmet_budgets, result.out)
+        _exit_if_unmet(result.unmet_budgets, result.out, _failed(manifest))
         return
     stdout.print(f"[bold green]compiled[/] {config.source} → {result.out} in {result.seconds:.1f} s")
     stdout.print(f"  exporter: {manifest.source.exporter}, opset {manifest.source.opset} → {config.opset}")
@@ -132,11 +133,16 @@ def compile_command(
     for target in manifest.targets:
         engine = f" → {target.engine.path}" if target.engine else ""
         stdout.print(f"  target {target.name}: {target.status} via {target.builder}{engine} {target.reason}".rstrip())
-    _exit_if_unmet(result.unmet_budgets, result.out)
+    _exit_if_unmet(result.unmet_budgets, result.out, _failed(manifest))
 
 
-def _exit_if_unmet(unmet: list[str], out: Path) -> None:
-    """Exit code 3: the accuracy budget does not hold; the best plan is written all the same."""
+def _failed(manifest: Any) -> list[str]:
+    return [f"{t.name}: {t.reason}" for t in manifest.targets if t.status == "failed"]
+
+
+def _exit_if_unmet(unmet: list[str], out: Path, failed: list[str] | None = None) -> None:
+    """Exit code 3: the accuracy budget does not hold; 1: an engine failed to build. The artifact (the best
+    plan, the other engines) is written all the same."""
     if unmet:
         click.echo(
             f"error: accuracy budget not met: {'; '.join(unmet)} (hint: the best plan is in {out}/precision.json; "
@@ -144,6 +150,9 @@ def _exit_if_unmet(unmet: list[str], out: Path) -> None:
             err=True,
         )
         sys.exit(3)
+    if failed:
+        click.echo(f"error: engine builds failed: {'; '.join(failed)} (hint: see {out}/manifest.json)", err=True)
+        sys.exit(1)
 
 
 @main.command("build")

@@ -65,9 +65,14 @@ def target_records(
             builder = None
         if builder is not None:
             reporter.stage(f"building the {name} engine with {builder}")
-            records.append(
-                _build_engine(name, variant, inputs, config.dims, directory, builder, config.build.options())
-            )
+            try:
+                options = config.build.options()
+                records.append(_build_engine(name, variant, inputs, config.dims, directory, builder, options))
+            except BuildError as err:  # recorded, so the other targets' engines are not lost
+                logger.error("the %s engine failed: %s", name, err)
+                records.append(
+                    TargetRecord(name=name, variant=variant.name, builder=builder, status="failed", reason=str(err))
+                )
             continue
         records.append(
             TargetRecord(

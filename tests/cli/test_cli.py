@@ -156,3 +156,27 @@ def test_turing_gets_an_fp16_variant_and_engine(mlp_onnx: Path, tmp_path: Path) 
 
     result = run_cli("compile", mlp_onnx, "-o", tmp_path / "cpu16", "--precision", "fp16")
     assert result.exit_code == 1 and "target cpu" in result.stderr and "cannot run fp16" in result.stderr
+
+
+def test_a_failed_engine_is_recorded_the_rest_is_written_and_the_exit_is_1(tmp_path: Path) -> None:
+    """An ONNX file with an ONNX Runtime contrib op: ONNX Runtime runs it, TensorRT cannot parse it."""
+    from onnx import TensorProto, helper, save
+
+    node = helper.make_node("FastGelu", ["x"], ["y"], name="ort_fused_gelu", domain="com.microsoft")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+    )
+    opsets = [helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
+    save(helper.make_model(graph, opset_imports=opsets), str(tmp_path / "contrib.onnx"))
+    result = run_cli(
+        "compile", tmp_path / "contrib.onnx", "-o", tmp_path / "out", "--target", "cpu", "--target", "sm_86"
+    )
+    assert result.exit_code == 1
+    assert "engine builds failed: sm_86" in result.stderr and "ort_fused_gelu" in result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    targets = {t["name"]: t for t in manifest["targets"]}
+    assert targets["sm_86"]["status"] == "failed" and "FastGelu" in targets["sm_86"]["reason"]
+    assert targets["cpu"]["status"] == "not-needed"
