@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,9 +158,7 @@ def build_variants(
             if budget is not None and precision == "int8" and "cpu" in targets:
                 reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
                 order = search.order
-                choice = _cpu_choice(
-                    model, layers, order, record, evaluation, reference, budget, reference_path, directory
-                )
+                choice = _cpu_choice(model, layers, order, record, evaluation, reference, budget, directory)
                 if choice is not None and choice.record is not record:
                     choice.record.evaluated_on = evaluated_on
                     variants.records.append(choice.record)
@@ -299,7 +298,6 @@ def _cpu_choice(
     evaluation: Feeds,
     reference: list[np.ndarray],
     budget: Budget,
-    reference_path: Path,
     directory: Path,
 ) -> CpuChoice | None:
     """Build the dynamic-quantization variant within the budget (weight MatMuls, in the search's order); keep
@@ -308,9 +306,13 @@ def _cpu_choice(
 
     weights = {initializer.name for initializer in model.graph.initializer}
     weight_matmuls = {n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights}
-    dynamic = build_dynamic_variant(
-        reference_path, [name for name in order if name in weight_matmuls], evaluation, reference, budget, directory
-    )
+    # From the graph the Q/DQ variants come from (smoothed for int8): smoothing helps dynamic int8 too.
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-cpu-", dir=directory) as scratch:
+        source = Path(scratch) / "source.onnx"
+        save_onnx(model, source)
+        dynamic = build_dynamic_variant(
+            source, [name for name in order if name in weight_matmuls], evaluation, reference, budget, directory
+        )
     if dynamic is None:
         return None
     quantized = set(dynamic.quantized)
