@@ -8,7 +8,8 @@ models are made here from the same fp32 graph: `quantize_static` (MatMul only, E
 calibration sentences) and `quantize_dynamic` (int8 weights). Latency: batch 8 × 64 tokens, 2 intra-op
 threads, interleaved runs. Accuracy on the 64 held-out sentences: sentence-embedding cosine against fp32, and
 nearest-neighbour agreement (each sentence's nearest other sentence is the same as with fp32). TensorRT Model
-Optimizer is not measured: it was not tried here (installing it would pull an unpinned, CUDA build of torch). Prints a markdown table.
+Optimizer is not measured: it was not tried here (installing it would pull an unpinned, CUDA build of
+torch). Prints a markdown table.
 """
 
 from __future__ import annotations
