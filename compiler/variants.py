@@ -91,19 +91,30 @@ def variant_name(precision: str, regions: str) -> str:
     return precision if regions == "fp16" else f"cpu-{precision}"
 
 
+def _rewrite(model: onnx.ModelProto, passes: list[GraphPass], path: Path) -> list[PassReport]:
+    """Run `passes` on a copy of `model` and save the result at `path` (a variant file)."""
+    graph = gs.import_onnx(model)
+    reports = run_passes(graph, passes)
+    path.parent.mkdir(exist_ok=True)
+    save_onnx(gs.export_onnx(graph), path)
+    return reports
+
+
 def _write_variant(model: onnx.ModelProto, precision: Precision, scales: dict[str, float], nodes: list[str],
                    regions: str, path: Path) -> PassReport:  # fmt: skip
     """Q/DQ on `nodes`; with fp16 regions, everything left in float computes in fp16 (LayerNorm in fp32)."""
     from tensorsmith.passes.fp16 import ConvertToFp16
 
-    graph = gs.import_onnx(model)
     passes: list[GraphPass] = [InsertQDQ(precision, scales, nodes=nodes)]
     if regions == "fp16":
         passes.append(ConvertToFp16())
-    report = run_passes(graph, passes)[0]
-    path.parent.mkdir(exist_ok=True)
-    save_onnx(gs.export_onnx(graph), path)
-    return report
+    return _rewrite(model, passes, path)[0]
+
+
+def _flops_fraction(layers: list[Layer], quantized: set[str]) -> float:
+    """The share of the layers' FLOPs that `quantized` covers."""
+    total = max(sum(layer.flops for layer in layers), 1)
+    return sum(layer.flops for layer in layers if layer.name in quantized) / total
 
 
 def build_variants(
@@ -157,8 +168,7 @@ def build_variants(
                 variants.unmet.append(f"{record.name}: {budget.metric} {summary['achieved']:.6f} (budget {budget})")
             if budget is not None and precision == "int8" and "cpu" in targets:
                 reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
-                order = search.order
-                choice = _cpu_choice(model, layers, order, record, evaluation, reference, budget, directory)
+                choice = _cpu_choice(model, layers, search.order, record, evaluation, reference, budget, directory)
                 if choice is not None and choice.record is not record:
                     choice.record.evaluated_on = evaluated_on
                     variants.records.append(choice.record)
@@ -248,8 +258,7 @@ def _build(
         measured, achieved = accuracy(reference, outputs), budget.measure(reference, outputs)
 
     quantized = set(pinned) | set(chosen)
-    total_flops = sum(layer.flops for layer in layers) or 1
-    fraction = sum(layer.flops for layer in layers if layer.name in quantized) / total_flops
+    fraction = _flops_fraction(layers, quantized)
     higher = "fp16" if regions == "fp16" else "fp32"
     summary: dict[str, object] = {
         "precision": precision,
@@ -315,10 +324,7 @@ def _cpu_choice(
         )
     if dynamic is None:
         return None
-    quantized = set(dynamic.quantized)
-    total = max(sum(layer.flops for layer in layers), 1)
-    fraction = sum(layer.flops for layer in layers if layer.name in quantized) / total
-    dynamic.record.accuracy["quantized_flops_fraction"] = fraction
+    dynamic.record.accuracy["quantized_flops_fraction"] = _flops_fraction(layers, set(dynamic.quantized))
     batch = {name: array[:8] for name, array in evaluation.items()}
     latency = {
         static.name: latency_ms(directory / static.path, batch),
@@ -344,11 +350,8 @@ def build_fp16_variant(
     from tensorsmith.compiler.feeds import example_feeds
     from tensorsmith.passes.fp16 import ConvertToFp16
 
-    graph = gs.import_onnx(model)
-    run_passes(graph, [ConvertToFp16()])
     path = directory / "variants" / "fp16.onnx"
-    path.parent.mkdir(exist_ok=True)
-    save_onnx(gs.export_onnx(graph), path)
+    _rewrite(model, [ConvertToFp16()], path)
     feeds = example_feeds(config, seed=1, size_offset=1)
     measured = accuracy(run_onnx(reference_path, feeds), run_onnx(path, feeds))
     return VariantRecord(
