@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 EXTRAS := torch,cpu,rtx,samples,dev
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install samples demo test lint clean
+.PHONY: install samples demo test lint browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,12 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy compiler passes calibration runtime cli samples
 
-test: samples lint
+# The report tests render report.html in headless Chromium (Debian's package; nothing downloaded by a test tool).
+browser:
+	command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null || \
+		(apt-get update -q && apt-get install -y -q chromium >/dev/null)
+
+test: samples lint browser
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -35,6 +35,7 @@ class Layer:
     flops: int
     pinned: str | None = None  # a precision fixed before any search
     reason: str = ""
+    inputs: tuple[str, ...] = ()  # the activation tensors it quantizes (the report plots their histograms)
 
 
 def module_path_from_name(name: str) -> str:
@@ -98,7 +99,9 @@ def list_layers(
         if not activation_inputs(node):
             continue
         module = modules.get(node.name, "")
-        layer = Layer(node.name, node.op, module, _flops(node, shapes))
+        layer = Layer(
+            node.name, node.op, module, _flops(node, shapes), inputs=tuple(t.name for t in activation_inputs(node))
+        )
         for override in overrides:
             if any(fnmatch.fnmatchcase(field, override.match) for field in (node.name, module, node.op)):
                 layer.pinned, layer.reason = override.precision, f"override '{override.match}'"

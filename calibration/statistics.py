@@ -8,11 +8,15 @@ counted and kept out of both.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from tensorsmith.calibration.thresholds import NUM_BINS
+
+HISTOGRAMS_NAME = "histograms.npz"  # under OUT/calibration/: the report plots them with the chosen thresholds
 
 
 @dataclass
@@ -85,3 +89,24 @@ class TensorStatistics:
     def ranged(self) -> TensorStatistics:
         """Empty statistics over this range, ready for pass 2."""
         return TensorStatistics(self.name, self.amax)
+
+
+def save_histograms(statistics: Mapping[str, TensorStatistics], path: Path) -> None:
+    """The pass-2 histograms as one compressed .npz: `names`, `amax` and `counts` (tensors × NUM_BINS), arrays
+    that numpy loads without pickle."""
+    names = list(statistics)
+    np.savez_compressed(
+        path,
+        names=np.array(names, dtype=np.str_),
+        amax=np.array([statistics[name].amax for name in names], dtype=np.float64),
+        counts=np.stack([statistics[name].histogram for name in names]) if names else np.zeros((0, NUM_BINS)),
+    )
+
+
+def load_histograms(path: Path) -> dict[str, TensorStatistics]:
+    with np.load(path, allow_pickle=False) as archive:
+        names, amax, counts = archive["names"], archive["amax"], archive["counts"]
+    return {
+        str(name): TensorStatistics(str(name), float(peak), int(row.sum()), histogram=row.astype(np.int64))
+        for name, peak, row in zip(names, amax, counts, strict=True)
+    }

@@ -250,5 +250,57 @@ def inspect_command(path: Path, as_json: bool) -> None:
         stdout.print(f"  target {target['name']}: {target['status']} via {target['builder']} ({target['reason']})")
 
 
+@main.command("export-triton")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--target", required=True, help="cpu (the cpu variant on ONNX Runtime) or sm_XX (its engine).")
+@click.option("-o", "--repository", required=True, type=click.Path(path_type=Path), help="Triton model repository.")
+@click.option("--name", help="Model name in the repository (default: the artifact's directory name).")
+@click.option("--max-batch", type=int, help="max_batch_size (default: the engine profile's largest batch).")
+@click.option("--max-queue-delay-us", type=int, default=15000, show_default=True, help="Dynamic batcher delay.")
+@click.option("--instances", type=int, default=1, show_default=True, help="instance_group count.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@handle_errors
+def export_triton_command(
+    artifact: Path,
+    target: str,
+    repository: Path,
+    name: str | None,
+    max_batch: int | None,
+    max_queue_delay_us: int,
+    instances: int,
+    as_json: bool,
+) -> None:
+    """Write ARTIFACT's TARGET as a Triton model: REPO/NAME/config.pbtxt and REPO/NAME/1/model.plan|onnx."""
+    from tensorsmith.compiler.triton import export_triton
+
+    model = export_triton(artifact, target, repository, name, max_batch, max_queue_delay_us, instances)
+    if as_json:
+        emit_json({"ok": True, "model": str(model.directory), "platform": model.platform,
+                   "model_file": model.model_file, "max_batch_size": model.max_batch_size,
+                   "preferred_batch_size": model.preferred_batch_sizes, "warnings": model.warnings})  # fmt: skip
+        return
+    stdout.print(f"wrote {model.directory} ({model.platform}, 1/{model.model_file}, max_batch_size "
+                 f"{model.max_batch_size}, preferred {model.preferred_batch_sizes})")  # fmt: skip
+    # model.warnings went to the log (stderr) already
+
+
+@main.command("report")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@handle_errors
+def report_command(artifact: Path, as_json: bool) -> None:
+    """Regenerate ARTIFACT/report.json and report.html from the artifact's files."""
+    from tensorsmith.compiler.report import REPORT_HTML, REPORT_JSON, write_report
+    from tensorsmith.runtime.manifest import read_manifest
+
+    read_manifest(artifact)  # a clear error for a path that is not an artifact
+    report = write_report(artifact)
+    paths = {"json": str(artifact / REPORT_JSON), "html": str(artifact / REPORT_HTML)}
+    if as_json:
+        emit_json({"ok": True, "report": paths, "sections": sorted(report)})
+        return
+    stdout.print(f"wrote {paths['html']} and {paths['json']}")
+
+
 if __name__ == "__main__":
     main()

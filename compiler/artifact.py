@@ -26,14 +26,15 @@ def _umask() -> int:
     return current
 
 
-def _check_replaceable(out: Path) -> None:
-    """Refuse to replace a directory that is not a tensorsmith artifact (an `-o ~` typo must not erase $HOME)."""
+def _check_replaceable(out: Path, marker: str) -> None:
+    """Refuse to replace a directory without `marker`, the file tensorsmith writes in it (an `-o ~` typo must
+    not erase $HOME)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output {out} exists and is not a directory", hint="choose another -o path")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
         raise ConfigError(
-            f"output {out} is a non-empty directory without {MANIFEST_NAME}: not a tensorsmith artifact",
-            hint="choose a new or empty -o directory; tensorsmith only replaces its own artifacts",
+            f"output {out} is a non-empty directory without {marker}: not written by tensorsmith",
+            hint="choose a new or empty -o directory; tensorsmith only replaces what it wrote",
         )
 
 
@@ -49,9 +50,10 @@ def _publish(staging: Path, out: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_artifact(out: Path) -> Iterator[Path]:
-    """Yield a temporary directory beside `out`; on success it replaces `out`, on error it is removed."""
-    _check_replaceable(out)
+def staged_artifact(out: Path, marker: str = MANIFEST_NAME) -> Iterator[Path]:
+    """Yield a temporary directory beside `out`; on success it replaces `out`, on error it is removed. An
+    existing `out` is replaced only if it holds `marker`."""
+    _check_replaceable(out, marker)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the published artifact gets normal permissions

@@ -35,13 +35,24 @@ class DynamicVariant:
     evaluations: int
 
 
+def _no_preprocessing_advice(record: logging.LogRecord) -> bool:
+    """ONNX Runtime's quantizer advises shape-inference pre-processing on the root logger at every call; our
+    graphs are canonicalized (shapes inferred) already."""
+    return not str(record.msg).startswith("Please consider to run pre-processing")
+
+
 def _quantize_dynamic(source: Path, output: Path, nodes: list[str]) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        str(source), str(output), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-        nodes_to_quantize=nodes, per_channel=True,
-    )  # fmt: skip
+    root = logging.getLogger()
+    root.addFilter(_no_preprocessing_advice)
+    try:
+        quantize_dynamic(
+            str(source), str(output), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+            nodes_to_quantize=nodes, per_channel=True,
+        )  # fmt: skip
+    finally:
+        root.removeFilter(_no_preprocessing_advice)
 
 
 def build_dynamic_variant(

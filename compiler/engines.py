@@ -19,6 +19,7 @@ from tensorsmith.compiler.build import (
 from tensorsmith.compiler.config import CompileConfig, DimRange
 from tensorsmith.compiler.errors import BuildError
 from tensorsmith.compiler.progress import Reporter
+from tensorsmith.compiler.report import write_report
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.runtime.device import detect_device, module_installed
 from tensorsmith.runtime.manifest import (
@@ -182,4 +183,5 @@ def build_target(
         current = read_manifest(directory)
         current.targets = [t for t in current.targets if t.name != target] + [record]
         write_manifest(directory, current)
+        write_report(directory)  # the engine table changed
     return record

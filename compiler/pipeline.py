@@ -18,7 +18,8 @@ from tensorsmith.compiler.export import ExportedModel, export_source
 from tensorsmith.compiler.feeds import example_feeds
 from tensorsmith.compiler.ir import ai_onnx_opset, apply_input_decls, io_records, save_onnx
 from tensorsmith.compiler.module_paths import attach_module_paths, module_paths
-from tensorsmith.compiler.progress import LogReporter, Reporter
+from tensorsmith.compiler.progress import LogReporter, Reporter, TimedReporter
+from tensorsmith.compiler.report import write_report
 from tensorsmith.compiler.targets import float_variant
 from tensorsmith.compiler.variants import build_fp16_variant, build_variants
 from tensorsmith.compiler.verify import compare_outputs, run_onnx
@@ -29,6 +30,7 @@ from tensorsmith.runtime.manifest import (
     Manifest,
     PassRecord,
     SourceRecord,
+    StepRecord,
     VariantRecord,
     sha256_of,
 )
@@ -131,7 +133,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     """Compile `config.source` into the artifact directory `out` (replaced atomically, never half-written)."""
     started = time.perf_counter()
     out = Path(out)
-    reporter = reporter or LogReporter()
+    reporter = TimedReporter(reporter or LogReporter())
 
     with staged_artifact(out) as staging:
         reporter.stage(f"exporting {config.source}")
@@ -187,6 +189,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
             unmet = quantized.unmet
 
         targets = target_records(config, by_target, inputs, staging, reporter)
+        steps = [StepRecord(name=name, seconds=seconds) for name, seconds in reporter.finish()]
         manifest = Manifest(
             tensorsmith_version=__version__,
             source=source,
@@ -194,10 +197,12 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
             inputs=inputs,
             outputs=outputs,
             dims={name: limits.model_dump() for name, limits in config.dims.items()},
+            steps=steps,
             passes=[PassRecord(**vars(report)) for report in reports],
             variants=variants,
             targets=targets,
         )
         write_manifest(staging, manifest)
-        reporter.stage(f"writing {out}")
+        reporter.stage(f"writing the report and {out}")
+        write_report(staging, out.resolve().name)
     return CompileResult(out, manifest, round(time.perf_counter() - started, 3), unmet)

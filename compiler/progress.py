@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -36,3 +37,30 @@ class LogReporter:
 
         yield advance
         logger.info("%s: %d%s done", description, done, f"/{total}" if total else "")
+
+
+class TimedReporter:
+    """Passes everything to another reporter and times each stage (until the next one begins, or `finish`)."""
+
+    def __init__(self, inner: Reporter) -> None:
+        self._inner = inner
+        self.steps: list[tuple[str, float]] = []
+        self._current: tuple[str, float] | None = None
+
+    def _close(self) -> None:
+        if self._current is not None:
+            text, started = self._current
+            self.steps.append((text, round(time.perf_counter() - started, 3)))
+            self._current = None
+
+    def stage(self, text: str) -> None:
+        self._close()
+        self._current = (text, time.perf_counter())
+        self._inner.stage(text)
+
+    def task(self, description: str, total: int | None) -> contextlib.AbstractContextManager[Advance]:
+        return self._inner.task(description, total)
+
+    def finish(self) -> list[tuple[str, float]]:
+        self._close()
+        return self.steps

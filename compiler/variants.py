@@ -24,6 +24,7 @@ from tensorsmith.calibration import CalibrationData, CalibrationTable, Observer,
 from tensorsmith.calibration.data import Feeds
 from tensorsmith.calibration.layers import Layer, Override, activation_shapes, list_layers
 from tensorsmith.calibration.search import PrecisionSearch
+from tensorsmith.calibration.statistics import HISTOGRAMS_NAME, save_histograms
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.ir import save_onnx
 from tensorsmith.compiler.metrics import Budget, accuracy
@@ -138,6 +139,7 @@ def build_variants(
     table.write_json(directory / "calibration.json")
     (directory / "calibration").mkdir(exist_ok=True)
     table.write_tensorrt_cache(directory / "calibration" / "int8.cache", config.tensorrt_cache_version)
+    save_histograms(statistics, directory / "calibration" / HISTOGRAMS_NAME)
 
     overrides = [Override(o.match, o.precision) for o in config.overrides]
     one_sample = {name: array[:1] for name, array in evaluation.items()}
@@ -273,6 +275,7 @@ def _build(
                 "name": layer.name,
                 "module": layer.module,
                 "op": layer.op,
+                "inputs": list(layer.inputs),
                 "flops": layer.flops,
                 "precision": precision if layer.name in quantized else (layer.pinned or higher),
                 "sensitivity": search.sensitivity.get(layer.name),

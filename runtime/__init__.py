@@ -3,6 +3,7 @@
 It ships alone: it imports nothing else from tensorsmith, and neither torch nor onnx-graphsurgeon.
 """
 
+from tensorsmith.runtime.batcher import DynamicBatcher
 from tensorsmith.runtime.device import Device, detect_device
 from tensorsmith.runtime.errors import ArtifactError, RuntimeLoadError, TensorsmithError
 from tensorsmith.runtime.loader import Model, load
@@ -12,6 +13,7 @@ from tensorsmith.runtime.specs import TensorSpec
 __all__ = [
     "ArtifactError",
     "Device",
+    "DynamicBatcher",
     "Model",
     "RuntimeLoadError",
     "Selection",

@@ -13,7 +13,7 @@ import numpy as np
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.device import Device, detect_device
 from tensorsmith.runtime.errors import ArtifactError, RuntimeLoadError
-from tensorsmith.runtime.manifest import Manifest, read_manifest, resolve_inside, sha256_of
+from tensorsmith.runtime.manifest import EngineRecord, Manifest, read_manifest, resolve_inside, sha256_of
 from tensorsmith.runtime.selection import select_engine
 from tensorsmith.runtime.specs import TensorSpec
 
@@ -26,10 +26,18 @@ CPU_TARGET = "cpu"
 class Model:
     """A loaded artifact. `run(feeds) -> outputs`; `backend` and `fallback_reason` tell what was chosen and why."""
 
-    def __init__(self, directory: Path, manifest: Manifest, backend: Backend, fallback_reason: str | None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        manifest: Manifest,
+        backend: Backend,
+        fallback_reason: str | None,
+        engine: EngineRecord | None = None,
+    ) -> None:
         self.directory = directory
         self.manifest = manifest
         self._backend = backend
+        self._engine = engine
         self.fallback_reason = fallback_reason
 
     @property
@@ -43,6 +51,19 @@ class Model:
     @property
     def outputs(self) -> list[TensorSpec]:
         return self._backend.outputs
+
+    @property
+    def max_batch(self) -> int | None:
+        """The largest batch (first dim of every input and output) to send: the engine profile's on TensorRT,
+        the compile's declared [dims] max on ONNX Runtime; None when the model has no batch dim or no limit."""
+        batch = self.manifest.batch_dim()
+        if batch is None:
+            return None
+        if self._engine is not None and self._engine.profiles:
+            limits = self._engine.profiles[0].get(self.manifest.inputs[0].name)
+            if isinstance(limits, dict):
+                return int(limits["max"][0])
+        return self.manifest.dims.get(batch, {}).get("max")
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Run once. Raises ValueError naming any input whose name, dtype, rank or static dims are wrong."""
@@ -110,7 +131,7 @@ def load(path: str | Path, backend: BackendChoice = "auto", device: Device | Non
                 engine = TensorRTBackend(
                     selection.path, selection.target.builder, selection.target.name, inputs, outputs
                 )
-                return Model(directory, manifest, engine, None)
+                return Model(directory, manifest, engine, None, selection.target.engine)
             except RuntimeLoadError as err:
                 if backend == "tensorrt":
                     raise

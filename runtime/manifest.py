@@ -47,6 +47,11 @@ class PassRecord(_Record):
     details: dict[str, object] = Field(default_factory=dict)
 
 
+class StepRecord(_Record):
+    name: str
+    seconds: float
+
+
 class FileRecord(_Record):
     path: str = Field(description="relative to the artifact directory")
     sha256: str
@@ -84,9 +89,16 @@ class Manifest(_Record):
     dims: dict[str, dict[str, int | None]] = Field(
         default_factory=dict, description="min/opt/max of the named dynamic dims, for engine profiles"
     )
+    steps: list[StepRecord] = Field(default_factory=list, description="the pipeline's stages and their times")
     passes: list[PassRecord] = Field(default_factory=list)
     variants: list[VariantRecord] = Field(default_factory=list)
     targets: list[TargetRecord] = Field(default_factory=list)
+
+    def batch_dim(self) -> str | None:
+        """The named dim every input and output starts with (the batch), if there is one."""
+        firsts = {record.shape[0] if record.shape else None for record in [*self.inputs, *self.outputs]}
+        first = firsts.pop() if len(firsts) == 1 else None
+        return first if isinstance(first, str) else None
 
     def variant(self, name: str) -> VariantRecord:
         for variant in self.variants:

@@ -21,6 +21,7 @@ from tensorsmith.runtime import load
 from tensorsmith.runtime.manifest import read_manifest
 from tensorsmith.samples import prepare
 from tests.conftest import run_cli_json
+from tests.report_rendering import check_report_renders
 
 MINILM = prepare.SAMPLES / "minilm"
 INT8_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_120"]
@@ -121,3 +122,36 @@ def test_auto_precision_meets_the_budget_on_held_out_sentences(tmp_path: Path) -
             assert variant["accuracy"]["cosine"] >= 0.995, variant["name"]
     built = {target["name"]: target["variant"] for target in compiled["targets"] if target["status"] == "built"}
     assert built == {"sm_86": "int8", "sm_89": "fp8"}
+
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["sensitivity"]) == {"int8", "fp8"} and len(report["sensitivity"]["int8"]) == 48
+    assert len(report["histograms"]) == 6 and all(h["threshold"] <= h["amax"] for h in report["histograms"])
+    assert {row["target"]: row["status"] for row in report["engines"]} == {
+        "cpu": "not-needed", "sm_86": "built", "sm_89": "built"
+    }  # fmt: skip
+    check_report_renders(out, tmp_path, quantized=True)
+
+
+@pytest.mark.slow
+def test_triton_repository_for_minilm_parses_with_tritons_schema(int8_artifact: Path, tmp_path: Path) -> None:
+    """MiniLM's cpu variant and its SM89 engine as one Triton model repository."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    repository = tmp_path / "models"
+    for target in ("cpu", "sm_89"):
+        run_cli_json("export-triton", int8_artifact, "--target", target, "-o", repository, "--name", f"minilm_{target}")
+    configs = {
+        path.name: text_format.Parse((path / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+        for path in repository.iterdir()
+    }
+    assert configs["minilm_cpu"].platform == "onnxruntime_onnx"
+    assert configs["minilm_sm_89"].platform == "tensorrt_plan"
+    for config in configs.values():
+        assert config.max_batch_size == 64
+        assert [(t.name, list(t.dims)) for t in config.input] == [("input_ids", [-1]), ("attention_mask", [-1])]
+        assert [(t.name, list(t.dims)) for t in config.output] == [("token_embeddings", [-1, 384]),
+                                                                   ("sentence_embedding", [384])]  # fmt: skip
+        assert list(config.dynamic_batching.preferred_batch_size) == [8, 64]
+    assert (repository / "minilm_sm_89" / "1" / "model.plan").stat().st_size > 1_000_000
+    assert (repository / "minilm_cpu" / "1" / "model.onnx").stat().st_size > 1_000_000

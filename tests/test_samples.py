@@ -16,6 +16,7 @@ from tensorsmith.runtime import load
 from tensorsmith.runtime.manifest import read_manifest
 from tensorsmith.samples import prepare
 from tests.conftest import max_relative_error, run_cli_json
+from tests.report_rendering import check_report_renders
 
 SAMPLES = Path(prepare.__file__).resolve().parent
 TOLERANCE = 1e-4  # max |difference| relative to the output's scale
@@ -87,6 +88,7 @@ def test_sample_compiles_and_matches_pytorch(name: str, tmp_path: Path) -> None:
 
     passes = [record["name"] for record in compiled["passes"]]
     assert passes == ["canonicalize", "fuse", "fold_attention_scale"]
+    check_report_renders(tmp_path / name, tmp_path, quantized=False)
     manifest = read_manifest(tmp_path / name)
     config = CompileConfig.from_toml(SAMPLES / name / "tensorsmith.toml")
     engine = build_engine(tmp_path / name / "model.onnx", "sm_86", profile_for(manifest.inputs, config.dims))

@@ -163,6 +163,6 @@ def test_a_directory_that_is_not_an_artifact_is_never_replaced(tmp_path: Path) -
     precious = tmp_path / "home"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match="not a tensorsmith artifact"):
+    with pytest.raises(ConfigError, match="without manifest.json: not written by tensorsmith"):
         compile(config("tests.compiler.test_pipeline:build_scaled"), precious)
     assert (precious / "notes.txt").read_text() == "keep me"

@@ -1,0 +1,191 @@
+"""`report.json` and `report.html`: what the compile did, read back from the artifact's own files.
+
+Everything comes from the artifact directory (manifest, precision.json, calibration.json, the histograms, the
+engine records), so `tensorsmith report OUT` regenerates the same report, and `tensorsmith build` refreshes its
+engine table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from tensorsmith.compiler.artifact import replace_file
+from tensorsmith.runtime.manifest import Manifest, read_manifest, resolve_inside
+
+logger = logging.getLogger(__name__)
+
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+REPORT_SCHEMA = 1
+HISTOGRAMS = "calibration/histograms.npz"
+MOST_SENSITIVE = 6  # tensors whose histograms the report plots
+PLOTTED_BINS = 512  # the 2048 calibration bins summed in fours: the same shape, a quarter of the page
+
+
+def _read_json(directory: Path, name: str) -> dict[str, Any] | None:
+    path = directory / name
+    if not path.is_file():
+        return None
+    loaded = json.loads(path.read_text())
+    return loaded if isinstance(loaded, dict) else None
+
+
+def _fusion(manifest: Manifest) -> list[dict[str, Any]]:
+    """Matches and misses per rule, from the passes' `RULE.matched` / `RULE.missed` counts and miss reasons."""
+    rows = []
+    for record in manifest.passes:
+        misses: Any = record.details.get("misses") or {}
+        for key, matched in record.counts.items():
+            if not key.endswith(".matched"):
+                continue
+            rule = key.removesuffix(".matched")
+            rows.append({
+                "pass": record.name,
+                "rule": rule,
+                "matched": matched,
+                "missed": record.counts.get(f"{rule}.missed", 0),
+                "misses": misses.get(rule, []),
+            })  # fmt: skip
+    return rows
+
+
+def _sensitivity(plan: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
+    """Per precision (its variants share one search), the layers with a measured sensitivity, most sensitive
+    first."""
+    if not plan:
+        return {}
+    lower_is_better = "max-abs" in str(plan.get("budget", ""))
+    result = {}
+    for recipe in plan.get("recipes", {}).values():
+        measured = [layer for layer in recipe.get("layers", []) if layer.get("sensitivity") is not None]
+        measured.sort(key=lambda layer: layer["sensitivity"], reverse=lower_is_better)
+        if measured and recipe["precision"] not in result:
+            result[recipe["precision"]] = [
+                {"name": layer["name"], "module": layer["module"], "sensitivity": layer["sensitivity"]}
+                for layer in measured
+            ]
+    return result
+
+
+def _sensitive_tensors(plan: dict[str, Any] | None, sensitivity: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The activation tensors of the most sensitive layers (else of the first layers), for histogram plots."""
+    if not plan or not plan.get("recipes"):
+        return []
+    first = next(iter(plan["recipes"].values()))
+    inputs = {layer["name"]: layer.get("inputs", []) for layer in first.get("layers", [])}
+    ranked = next(iter(sensitivity.values()), None)
+    names = [layer["name"] for layer in ranked] if ranked else list(inputs)
+    tensors = [tensor for name in names for tensor in inputs.get(name, [])]
+    return list(dict.fromkeys(tensors))
+
+
+def _histograms(directory: Path, calibration: dict[str, Any] | None, tensors: list[str]) -> list[dict[str, Any]]:
+    """Histogram summaries with the chosen thresholds: the most sensitive tensors that were calibrated."""
+    path = directory / HISTOGRAMS
+    if calibration is None or not path.is_file():
+        return []
+    from tensorsmith.calibration.statistics import load_histograms
+
+    statistics = load_histograms(path)
+    chosen = [name for name in tensors if name in statistics and name in calibration["tensors"]]
+    chosen = chosen or list(statistics)
+    rows = []
+    for name in chosen[:MOST_SENSITIVE]:
+        entry = calibration["tensors"][name]
+        rows.append({
+            "tensor": name,
+            "amax": entry["amax"],
+            "threshold": entry["threshold"],
+            "method": entry["method"],
+            "quantized": entry["quantize"],
+            "counts": statistics[name].histogram.reshape(PLOTTED_BINS, -1).sum(axis=1).tolist(),
+        })  # fmt: skip
+    return rows
+
+
+def _plan_table(plan: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
+    if not plan:
+        return {}
+    columns = ("name", "module", "op", "precision", "sensitivity", "reason")
+    return {
+        name: [{column: layer.get(column) for column in columns} for layer in recipe.get("layers", [])]
+        for name, recipe in plan.get("recipes", {}).items()
+    }
+
+
+def _engines(directory: Path, manifest: Manifest) -> list[dict[str, Any]]:
+    rows = []
+    for target in manifest.targets:
+        row: dict[str, Any] = {
+            "target": target.name,
+            "variant": target.variant,
+            "status": target.status,
+            "builder": target.builder,
+            "reason": target.reason,
+        }
+        if target.engine is not None:
+            path = resolve_inside(directory, target.engine.path)
+            record = _read_json(directory, str(Path(target.engine.path).with_suffix(".json"))) or {}
+            row.update(
+                builder_version=target.engine.builder_version,
+                compute_capability=target.engine.compute_capability,
+                bytes=path.stat().st_size if path.is_file() else None,
+                build_seconds=record.get("build_seconds"),
+            )
+        rows.append(row)
+    return rows
+
+
+def _variants(directory: Path, manifest: Manifest) -> list[dict[str, Any]]:
+    rows = []
+    for variant in manifest.variants:
+        path = resolve_inside(directory, variant.path)
+        rows.append({
+            "name": variant.name,
+            "precisions": variant.precisions,
+            "accuracy": variant.accuracy,
+            "evaluated_on": variant.evaluated_on,
+            "bytes": path.stat().st_size if path.is_file() else None,
+        })  # fmt: skip
+    return rows
+
+
+def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
+    """The report's data (report.json), from the files of the artifact at `directory` (named `name`: a compile
+    writes the report in a temporary directory before it is renamed)."""
+    manifest = read_manifest(directory)
+    plan = _read_json(directory, "precision.json")
+    calibration = _read_json(directory, "calibration.json")
+    sensitivity = _sensitivity(plan)
+    return {
+        "schema_version": REPORT_SCHEMA,
+        "artifact": name or directory.resolve().name,
+        "tensorsmith_version": manifest.tensorsmith_version,
+        "source": manifest.source.model_dump(mode="json"),
+        "steps": [step.model_dump() for step in manifest.steps],
+        "passes": [{"name": p.name, "changed": p.changed, "seconds": p.seconds} for p in manifest.passes],
+        "fusion": _fusion(manifest),
+        "calibration": (
+            {"method": calibration["method"], "samples": calibration["samples"]} if calibration is not None else None
+        ),
+        "histograms": _histograms(directory, calibration, _sensitive_tensors(plan, sensitivity)),
+        "budget": plan.get("budget") if plan else None,
+        "sensitivity": sensitivity,
+        "plan": _plan_table(plan),
+        "variants": _variants(directory, manifest),
+        "engines": _engines(directory, manifest),
+    }
+
+
+def write_report(directory: Path, name: str | None = None) -> dict[str, Any]:
+    """Write report.json and report.html into the artifact at `directory` (each replaced atomically)."""
+    from tensorsmith.compiler.report_html import render_html
+
+    report = collect_report(directory, name)
+    replace_file(directory / REPORT_JSON, (json.dumps(report) + "\n").encode())  # compact: histograms are long
+    replace_file(directory / REPORT_HTML, render_html(report).encode())
+    logger.info("wrote %s and %s", directory / REPORT_JSON, directory / REPORT_HTML)
+    return report

@@ -1,0 +1,138 @@
+"""report.html: one self-contained static page (inline CSS and SVG, no scripts, nothing fetched)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from html import escape
+from typing import Any
+
+from tensorsmith.compiler import report_plots
+
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: .5em 0; } td, th { padding: 2px 10px; border-bottom: 1px solid #eee;
+text-align: left; vertical-align: top; } th { background: #f6f6f6; } .num { text-align: right; }
+.plots { display: flex; flex-wrap: wrap; gap: 12px; } .plot svg { max-width: 100%; height: auto; }
+.status-built { color: #1a7f37; } .status-failed { color: #cf222e; } .status-pending { color: #9a6700; }
+code { font-size: 12px; }
+"""
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f'<td class="num">{value:.6g}</td>'
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f'<td class="num">{value:,}</td>'
+    if value is None:
+        return "<td></td>"
+    return f"<td>{escape(str(value))}</td>"
+
+
+def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]], classes: Sequence[str] = ()) -> str:
+    head = "".join(f"<th>{escape(column)}</th>" for column in columns)
+    body = []
+    for index, row in enumerate(rows):
+        css = f' class="{classes[index]}"' if index < len(classes) and classes[index] else ""
+        body.append(f"<tr{css}>" + "".join(_cell(value) for value in row) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _plot(svg: str, caption: str) -> str:
+    return f'<figure class="plot">{svg}<figcaption>{escape(caption)}</figcaption></figure>'
+
+
+def _steps(report: dict[str, Any]) -> str:
+    rows = [(step["name"], step["seconds"]) for step in report["steps"]]
+    passes = [(f"pass {p['name']}", p["seconds"]) for p in report["passes"]]
+    chart = _plot(report_plots.steps_chart(rows), "seconds per step") if rows else ""
+    return "<h2>Pipeline</h2>" + chart + _table(("step", "seconds"), rows + passes)
+
+
+def _fusion(report: dict[str, Any]) -> str:
+    rows = []
+    for rule in report["fusion"]:
+        misses = "; ".join(f"{miss.get('node', '?')}: {miss.get('reason', '')}" for miss in rule["misses"][:5])
+        rows.append((rule["pass"], rule["rule"], rule["matched"], rule["missed"], misses))
+    if not rows:
+        return "<h2>Fusion</h2><p>Fusion passes did not run (--no-fuse).</p>"
+    return "<h2>Fusion</h2>" + _table(("pass", "rule", "matched", "missed", "misses (first five)"), rows)
+
+
+def _accuracy(report: dict[str, Any]) -> str:
+    rows = []
+    for variant in report["variants"]:
+        accuracy = ", ".join(f"{key} {value:.6g}" for key, value in variant["accuracy"].items())
+        rows.append((variant["name"], " + ".join(variant["precisions"]), variant["bytes"], accuracy,
+                     variant["evaluated_on"]))  # fmt: skip
+    chart = report_plots.accuracy_chart(report["variants"])
+    plot = _plot(chart, "cosine of each variant's outputs against fp32") if chart else ""
+    columns = ("variant", "precisions", "bytes", "accuracy", "measured on")
+    return "<h2>Accuracy per variant</h2>" + plot + _table(columns, rows)
+
+
+def _calibration(report: dict[str, Any]) -> str:
+    if not report["histograms"]:
+        return ""
+    calibration = report["calibration"]
+    intro = (
+        f"<p>{escape(calibration['method'])} thresholds from {calibration['samples']} samples; the activations of "
+        "the most sensitive layers. Red: the threshold above which values saturate.</p>"
+    )
+    plots = "".join(
+        _plot(
+            report_plots.histogram_chart(entry), f"{entry['tensor']} ({'quantized' if entry['quantized'] else 'kept'})"
+        )
+        for entry in report["histograms"]
+    )
+    return f'<h2>Calibration</h2>{intro}<div class="plots">{plots}</div>'
+
+
+def _sensitivity(report: dict[str, Any]) -> str:
+    if not report["sensitivity"]:
+        return ""
+    metric = str(report["budget"] or "cosine").split(">")[0].split("<")[0].strip()
+    parts = ["<h2>Sensitivity</h2>", f"<p>Budget: <code>{escape(str(report['budget']))}</code>.</p>"]
+    for precision, layers in report["sensitivity"].items():
+        svg = report_plots.sensitivity_chart(layers, metric)
+        parts.append(_plot(svg, f"{precision}: the layers whose quantization alone costs the most"))
+    return "".join(parts)
+
+
+def _plan(report: dict[str, Any]) -> str:
+    if not report["plan"]:
+        return ""
+    parts = ["<h2>Precision plan</h2>"]
+    for recipe, layers in report["plan"].items():
+        rows = [(layer["name"], layer["module"], layer["op"], layer["precision"], layer["sensitivity"],
+                 layer["reason"]) for layer in layers]  # fmt: skip
+        table = _table(("ONNX node", "PyTorch module", "op", "precision", "sensitivity", "reason"), rows)
+        parts.append(f"<details open><summary>{escape(recipe)} ({len(rows)} layers)</summary>{table}</details>")
+    return "".join(parts)
+
+
+def _engines(report: dict[str, Any]) -> str:
+    rows, classes = [], []
+    for engine in report["engines"]:
+        rows.append((engine["target"], engine["variant"], engine["status"], engine["builder"],
+                     engine.get("builder_version"), engine.get("bytes"), engine.get("build_seconds"),
+                     engine["reason"]))  # fmt: skip
+        classes.append(f"status-{engine['status']}")
+    columns = ("target", "variant", "status", "builder", "version", "bytes", "build s", "reason")
+    return "<h2>Engines</h2>" + _table(columns, rows, classes)
+
+
+def render_html(report: dict[str, Any]) -> str:
+    source = report["source"]
+    title = f"tensorsmith report: {report['artifact']}"
+    header = (
+        f"<h1>{escape(title)}</h1><p>Source <code>{escape(source['path'])}</code> ({escape(source['kind'])}, "
+        f"exporter {escape(source['exporter'])}, opset {source['opset']}); tensorsmith "
+        f"{escape(report['tensorsmith_version'])}.</p>"
+    )
+    sections = [_steps, _fusion, _accuracy, _sensitivity, _calibration, _plan, _engines]
+    body = header + "".join(section(report) for section in sections)
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body>{body}</body></html>\n"
+    )
