@@ -25,9 +25,9 @@ def main(verbose: int) -> None:
 
 
 @contextlib.contextmanager
-def _reporter(enabled: bool) -> Iterator[Any]:
-    """Rich progress (stages and counted tasks) on a terminal; plain log lines (at -v) otherwise."""
-    if enabled and stderr.is_terminal:
+def _reporter() -> Iterator[Any]:
+    """Rich progress (stages and counted tasks) on a terminal; plain log lines on stderr otherwise (a CI log)."""
+    if stderr.is_terminal:
         with RichReporter(stderr) as reporter:
             yield reporter
     else:
@@ -112,7 +112,7 @@ def compile_command(
             fields = {key: value for key, value in overrides.items() if value is not None}
             config = CompileConfig.create({"source": source, **fields})
 
-    with _reporter(not as_json) as reporter:
+    with _reporter() as reporter:
         result = compile(config, out, reporter=reporter)
 
     manifest = result.manifest
@@ -165,7 +165,8 @@ def build_command(artifact: Path, target: str, builder: str | None, as_json: boo
     """Add TARGET's engine to an existing artifact (e.g. on a GPU runner in CI)."""
     from tensorsmith.compiler.engines import build_target
 
-    record = build_target(artifact, target, builder)
+    with _reporter() as reporter:
+        record = build_target(artifact, target, builder, reporter=reporter)
     if as_json:
         emit_json({"ok": True, "artifact": str(artifact), **record.model_dump(mode="json")})
         return

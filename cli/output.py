@@ -32,6 +32,8 @@ def setup_logging(verbose: int) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    if not stderr.is_terminal:  # no progress bars in a CI log: stages and task ends as plain lines instead
+        logging.getLogger("tensorsmith.progress").setLevel(min(level, logging.INFO))
     # The exporters and Polygraphy are chatty at INFO; keep them to warnings unless -vv.
     for name in ("torch", "onnxscript", "polygraphy", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.ERROR if verbose < 2 else logging.DEBUG)

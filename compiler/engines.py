@@ -18,7 +18,7 @@ from tensorsmith.compiler.build import (
 )
 from tensorsmith.compiler.config import CompileConfig, DimRange
 from tensorsmith.compiler.errors import BuildError
-from tensorsmith.compiler.progress import Reporter
+from tensorsmith.compiler.progress import LogReporter, Reporter
 from tensorsmith.compiler.report import write_report
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.runtime.device import detect_device, module_installed
@@ -163,20 +163,26 @@ def _builder_for(target: str, requested: Builder | None) -> Builder:
 
 
 def build_target(
-    directory: Path, target: str, builder: Builder | None = None, options: BuildOptions | None = None
+    directory: Path,
+    target: str,
+    builder: Builder | None = None,
+    options: BuildOptions | None = None,
+    reporter: Reporter | None = None,
 ) -> TargetRecord:
     """Add `target`'s engine to an existing artifact (`tensorsmith build`). Builds run in parallel; the manifest
     update is serialised by a lock and written atomically, so concurrent builds for other targets all land."""
     get_target(target)
     manifest = read_manifest(directory)
     variant = _variant_for(manifest, target)
+    chosen = _builder_for(target, builder)
+    (reporter or LogReporter()).stage(f"building the {target} engine from variant {variant.name} with {chosen}")
     record = _build_engine(
         target,
         variant,
         manifest.inputs,
         {name: DimRange(**limits) for name, limits in manifest.dims.items()},
         directory,
-        _builder_for(target, builder),
+        chosen,
         options,
     )
     with locked(directory):

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-logger = logging.getLogger("tensorsmith")
+logger = logging.getLogger("tensorsmith.progress")  # the CLI shows it at INFO when stderr is not a terminal
 
 Advance = Callable[[int], None]
 

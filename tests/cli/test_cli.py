@@ -180,3 +180,18 @@ def test_a_failed_engine_is_recorded_the_rest_is_written_and_the_exit_is_1(tmp_p
     targets = {t["name"]: t for t in manifest["targets"]}
     assert targets["sm_86"]["status"] == "failed" and "FastGelu" in targets["sm_86"]["reason"]
     assert targets["cpu"]["status"] == "not-needed"
+
+
+def test_every_command_has_json_output() -> None:
+    from tensorsmith.cli.main import main
+
+    for name, command in main.commands.items():
+        assert "--json" in [opt for param in command.params for opt in getattr(param, "opts", [])], name
+
+
+def test_progress_goes_to_stderr_as_plain_lines_when_not_a_terminal(mlp_onnx: Path, tmp_path: Path) -> None:
+    result = run_cli("compile", mlp_onnx, "--input", "x:float32:batch,8", "-o", tmp_path / "out", "--json")
+    assert result.exit_code == 0
+    json.loads(result.stdout)  # stdout stays one JSON object
+    stages = [line for line in result.stderr.splitlines() if "tensorsmith.progress" in line]
+    assert any("exporting" in line for line in stages) and any("running graph passes" in line for line in stages)

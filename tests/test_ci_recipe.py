@@ -1,0 +1,55 @@
+"""samples/ci/engines.yml: a GitHub Actions workflow whose jobs chain compile → hopper → publish, and whose every
+`tensorsmith` command line parses with this CLI (flags and commands that exist)."""
+
+import shlex
+from pathlib import Path
+
+import click
+import yaml
+
+from tensorsmith.cli.main import main
+
+WORKFLOW = Path(__file__).resolve().parents[1] / "samples" / "ci" / "engines.yml"
+
+
+def commands(workflow: dict) -> list[tuple[str, list[str]]]:
+    """(job, argv) for every `tensorsmith ...` line of every run step, with the workflow's env expanded."""
+    env = {name: str(value) for name, value in workflow["env"].items()}
+    found = []
+    for job_name, job in workflow["jobs"].items():
+        for step in job["steps"]:
+            for line in str(step.get("run", "")).splitlines():  # a folded (>) command is one line already
+                words = shlex.split(line.split(" > ")[0].strip())
+                if words and words[0] == "tensorsmith":
+                    found.append((job_name, [_expand(word, env) for word in words[1:]]))
+    return found
+
+
+def _expand(word: str, env: dict[str, str]) -> str:
+    for name, value in env.items():
+        word = word.replace(f"${name}", value)
+    return word
+
+
+def test_jobs_chain_compile_then_hopper_then_publish() -> None:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    jobs = workflow["jobs"]
+    assert list(jobs) == ["compile", "hopper", "publish"]
+    assert jobs["hopper"]["needs"] == "compile" and jobs["publish"]["needs"] == "hopper"
+    assert "h100" in jobs["hopper"]["runs-on"]
+
+
+def test_every_tensorsmith_command_in_the_workflow_parses() -> None:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    found = commands(workflow)
+    names = [argv[0] for _, argv in found]
+    assert {"compile", "build", "run", "inspect", "report"} <= set(names)
+    for job, argv in found:
+        with click.Context(main) as context:
+            name, command, rest = main.resolve_command(context, argv)
+            assert command is not None, (job, argv)
+            command.make_context(name or "", rest, parent=context)  # raises UsageError on a bad flag
+    compile_argv = next(argv for _, argv in found if argv[0] == "compile")
+    assert compile_argv[compile_argv.index("--target", compile_argv.index("sm_120")) + 1] == "sm_90"
+    build_argv = next(argv for job, argv in found if argv[0] == "build")
+    assert build_argv[1:] == ["build/model", "--target", "sm_90", "--builder", "tensorrt", "--json"]
