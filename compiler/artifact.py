@@ -1,11 +1,20 @@
 """Write an artifact directory atomically: everything goes to a temporary sibling that is renamed into place.
 
-A compile that fails or is killed leaves the previous OUT as it was; readers never see a half-written one.
+A compile that fails or is killed leaves the previous OUT as it was; readers never see a half-written one:
+- the new artifact is built in `.OUT.tmp-*` and swapped with OUT in one `renameat2(RENAME_EXCHANGE)` (Linux);
+  elsewhere, two renames through `.OUT.old-*`, and a later run puts an orphaned old artifact back;
+- one writer at a time: `.OUT.lock` beside OUT is held (flock) for the whole compile, so a second compile into
+  the same OUT fails at once, naming the holder;
+- each temporary directory holds a flock on its own `.owner` file while its process lives; the next run removes
+  the ones whose owner is gone (killed compiles), and never one still being written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import fcntl
 import json
 import logging
 import os
@@ -13,6 +22,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from tensorsmith.compiler.errors import ConfigError
 from tensorsmith.runtime.manifest import MANIFEST_NAME, Manifest
@@ -38,30 +48,131 @@ def _check_replaceable(out: Path, marker: str) -> None:
         )
 
 
+RENAME_EXCHANGE = 2  # linux/fs.h
+OWNER_FILE = ".owner"
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where that is unsupported."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd = -100
+    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), RENAME_EXCHANGE)
+    return bool(result == 0)
+
+
 def _publish(staging: Path, out: Path) -> None:
     if not out.exists():
         os.replace(staging, out)
         return
-    # Two renames: the old artifact stays whole under `.NAME.old-*` until the new one is in place.
+    if _exchange(staging, out):  # OUT is the new artifact; staging holds the old one, removed by the caller
+        return
+    # Two renames: the old artifact stays whole under `.NAME.old-*` until the new one is in place (a kill in
+    # between is mended by `_restore_orphan` on the next run).
     retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
     os.replace(out, retired / out.name)
     os.replace(staging, out)
     shutil.rmtree(retired, ignore_errors=True)
 
 
+def _held_by_a_live_process(directory: Path) -> bool:
+    """Whether the process that made `directory` still holds the flock on its owner file."""
+    try:
+        with (directory / OWNER_FILE).open("r") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no owner file: made by an older tensorsmith, or killed before it was written
+        return False
+    return False
+
+
+def _restore_orphan(out: Path) -> None:
+    """A kill between the two renames of the fallback publish leaves OUT missing and the old artifact in
+    `.OUT.old-*/OUT`: put it back."""
+    if out.exists():
+        return
+    for retired in sorted(out.parent.glob(f".{out.name}.old-*")):
+        if (retired / out.name / MANIFEST_NAME).is_file():
+            os.replace(retired / out.name, out)
+            logger.warning("restored %s from %s (a compile was killed while publishing)", out, retired)
+            return
+
+
+def remove_stale_staging(out: Path) -> list[Path]:
+    """Remove the temporary siblings of `out` whose writer is gone; return them."""
+    _restore_orphan(out)
+    removed = []
+    for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
+        for stale in out.parent.glob(pattern):
+            if stale.is_dir() and not _held_by_a_live_process(stale):
+                shutil.rmtree(stale, ignore_errors=True)
+                removed.append(stale)
+    if removed:
+        logger.info("removed %d temporary directories left by killed runs: %s", len(removed), removed)
+    return removed
+
+
+@contextlib.contextmanager
+def _writer_lock(out: Path) -> Iterator[None]:
+    """Hold `.OUT.lock` beside OUT for the whole write (removed after); a second writer fails at once."""
+    path = out.parent / f".{out.name}.lock"
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # The holder unlinks the file when done: a lock won on an unlinked file is no lock at all.
+            if os.fstat(handle.fileno()).st_ino != os.stat(path).st_ino:
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise ConfigError(
+                f"{out} is being written by another tensorsmith run ({holder})",
+                hint="wait for it to finish, or write to another -o directory",
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)  # while still holding the lock (a killed run's file stays, unlocked)
+
+
+def _own(staging: Path) -> IO[str]:
+    """Mark `staging` as this process's while it lives (see `_held_by_a_live_process`)."""
+    handle = (staging / OWNER_FILE).open("w")
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 @contextlib.contextmanager
 def staged_artifact(out: Path, marker: str = MANIFEST_NAME) -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success it replaces `out`, on error it is removed. An
     existing `out` is replaced only if it holds `marker`."""
-    _check_replaceable(out, marker)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the published artifact gets normal permissions
-    try:
-        yield staging
-        _publish(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with _writer_lock(out):
+        remove_stale_staging(out)
+        _check_replaceable(out, marker)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the published artifact gets normal ones
+        owner = _own(staging)
+        try:
+            yield staging
+            owner.close()
+            (staging / OWNER_FILE).unlink()
+            _publish(staging, out)
+        finally:
+            owner.close()
+            shutil.rmtree(staging, ignore_errors=True)
     logger.info("wrote %s", out)
 
 
@@ -83,8 +194,6 @@ def replace_file(path: Path, data: bytes) -> None:
 @contextlib.contextmanager
 def locked(directory: Path) -> Iterator[None]:
     """An exclusive lock on an artifact directory, for read-modify-write of its manifest by concurrent builds."""
-    import fcntl
-
     with (directory / ".tensorsmith.lock").open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

@@ -1,0 +1,143 @@
+"""Killed and concurrent compiles: the previous artifact stays whole and loadable, a second writer into the same
+OUT fails at once, and the temporary directories a killed compile leaves are removed by the next run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tensorsmith.runtime import load
+from tests.conftest import small_mlp_onnx
+
+STAGES = ["exporting", "running graph passes", "verifying", "building the sm_86 engine", "writing the report"]
+
+
+def compile_command(source: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "tensorsmith.cli.main", "compile", str(source), "--input", "x:float32:batch,8",
+            "-o", str(out), "--target", "cpu", "--target", "sm_86", "--json"]  # fmt: skip
+
+
+def start(source: Path, out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(compile_command(source, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kill_at_stage(process: subprocess.Popen[str], stage: str) -> bool:
+    """SIGKILL `process` as soon as it logs `stage`; False if it finished first."""
+    assert process.stderr is not None
+    for line in process.stderr:
+        if stage in line:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            return True
+    process.wait()
+    return False
+
+
+def snapshot(out: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(out)): path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file()}
+
+
+def leftovers(parent: Path, name: str) -> list[str]:
+    return sorted(path.name for path in parent.iterdir() if path.name.startswith(f".{name}."))
+
+
+@pytest.fixture
+def previous(tmp_path: Path) -> tuple[Path, Path, dict[str, bytes], np.ndarray]:
+    """A published artifact (from one model) and the source of a different model to recompile into it."""
+    old_source = small_mlp_onnx(tmp_path / "old.onnx", opset=17)
+    out = tmp_path / "out"
+    assert subprocess.run(compile_command(old_source, out), capture_output=True).returncode == 0
+    with load(out) as model:
+        reference = model.run({"x": np.ones((3, 8), np.float32)})["y"]
+    new_source = tmp_path / "new.onnx"
+    import torch
+
+    torch.manual_seed(1)  # other weights: a half-published artifact would show as other outputs
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    torch.onnx.export(module, (torch.randn(2, 8),), str(new_source), dynamo=False, opset_version=17,
+                      input_names=["x"], output_names=["y"])  # fmt: skip
+    return out, new_source, snapshot(out), reference
+
+
+def assert_intact(out: Path, before: dict[str, bytes], reference: np.ndarray) -> None:
+    assert snapshot(out) == before
+    with load(out) as model:
+        np.testing.assert_array_equal(model.run({"x": np.ones((3, 8), np.float32)})["y"], reference)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_compile_killed_at_any_stage_leaves_the_previous_artifact(
+    previous: tuple[Path, Path, dict[str, bytes], np.ndarray], stage: str
+) -> None:
+    out, new_source, before, reference = previous
+    assert kill_at_stage(start(new_source, out), stage), f"the compile finished before '{stage}'"
+    assert_intact(out, before, reference)
+
+    # The next compile removes what the killed one left and publishes normally.
+    finished = subprocess.run(compile_command(new_source, out), capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    assert leftovers(out.parent, "out") == []
+    with load(out) as model:
+        assert not np.array_equal(model.run({"x": np.ones((3, 8), np.float32)})["y"], reference)
+
+
+def test_kills_at_arbitrary_moments_never_lose_the_artifact(
+    previous: tuple[Path, Path, dict[str, bytes], np.ndarray],
+) -> None:
+    out, new_source, before, reference = previous
+    started = time.perf_counter()
+    subprocess.run(compile_command(new_source, out.parent / "timing"), capture_output=True, check=True)
+    duration = time.perf_counter() - started
+    survived = 0
+    for fraction in (0.2, 0.4, 0.6, 0.75, 0.85, 0.9, 0.95, 0.98):
+        process = start(new_source, out)
+        time.sleep(duration * fraction)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        if process.returncode == 0:  # it finished first: the new artifact is published whole
+            with load(out) as model:
+                model.run({"x": np.ones((3, 8), np.float32)})
+            break
+        assert_intact(out, before, reference)
+        survived += 1
+    assert survived >= 3
+
+
+def test_two_compiles_into_one_out_one_wins_the_other_fails_clearly(
+    previous: tuple[Path, Path, dict[str, bytes], np.ndarray],
+) -> None:
+    out, new_source, _, reference = previous
+    first = start(new_source, out)
+    assert first.stderr is not None
+    for line in first.stderr:  # the first holds the lock once it logs its first stage
+        if "exporting" in line:
+            break
+    second = subprocess.run(compile_command(new_source, out), capture_output=True, text=True)
+    first.communicate()
+    assert first.returncode == 0
+    assert second.returncode == 1
+    error = second.stderr.strip().splitlines()[-1]
+    assert "is being written by another tensorsmith run (pid" in error and "hint:" in error
+    with load(out) as model:  # the winner's artifact, whole
+        assert not np.array_equal(model.run({"x": np.ones((3, 8), np.float32)})["y"], reference)
+    assert leftovers(out.parent, "out") == []
+
+
+def test_a_temporary_directory_still_being_written_is_not_removed(tmp_path: Path) -> None:
+    from tensorsmith.compiler.artifact import remove_stale_staging, staged_artifact
+
+    out = tmp_path / "out"
+    with staged_artifact(out) as staging:
+        (staging / "manifest.json").write_text("{}")
+        assert remove_stale_staging(out) == []  # its owner (this process) is alive
+        assert staging.is_dir()
+    dead = tmp_path / ".out.tmp-killed"
+    dead.mkdir()
+    (dead / "model.onnx").write_bytes(b"half")
+    assert remove_stale_staging(out) == [dead]
