@@ -37,7 +37,9 @@ def _check(feeds: Feeds, specs: Sequence[TensorSpec], origin: str) -> int:
         )
     samples = {name: array.shape[0] if array.ndim else 0 for name, array in feeds.items()}
     if len(set(samples.values())) != 1:
-        raise CalibrationError(f"{origin}: arrays hold different numbers of samples {samples}")
+        raise CalibrationError(
+            f"{origin}: arrays hold different numbers of samples {samples}", hint="stack one sample per row"
+        )
     for name, spec in expected.items():
         array = feeds[name]
         if array.dtype != np.dtype(spec.dtype):
@@ -47,13 +49,14 @@ def _check(feeds: Feeds, specs: Sequence[TensorSpec], origin: str) -> int:
             )
         if array.ndim != len(spec.shape):
             raise CalibrationError(
-                f"{origin}: array '{name}' has shape {list(array.shape)}, the input is {spec.describe()} "
-                "(samples are stacked on axis 0, which is the batch axis)"
+                f"{origin}: array '{name}' has shape {list(array.shape)}, the input is {spec.describe()}",
+                hint="samples are stacked on axis 0, which is the batch axis",
             )
         for axis, (size, dim) in enumerate(zip(array.shape[1:], spec.shape[1:], strict=True), start=1):
             if isinstance(dim, int) and size != dim:
                 raise CalibrationError(
-                    f"{origin}: array '{name}' has size {size} on axis {axis}, the input is {spec.describe()}"
+                    f"{origin}: array '{name}' has size {size} on axis {axis}, the input is {spec.describe()}",
+                    hint="samples are stacked on axis 0; the other axes must match the input",
                 )
         if array.dtype.kind == "f" and array.size and not np.isfinite(array).any():
             raise CalibrationError(f"{origin}: array '{name}' holds no finite value", hint="check the data")

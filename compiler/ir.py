@@ -33,6 +33,12 @@ def load_onnx(path: Path) -> onnx.ModelProto:
         ) from err
     if not model.graph.node:
         raise ExportError(f"{path} holds no graph nodes", hint="the file may be truncated or not ONNX; re-export it")
+    opset, newest = ai_onnx_opset(model), onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise ExportError(
+            f"{path} uses ai.onnx opset {opset}; the installed onnx {onnx.__version__} knows opsets up to {newest}",
+            hint="re-export it at a released opset (tensorsmith compiles to opset 20 by default)",
+        )
     return model
 
 

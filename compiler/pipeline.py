@@ -21,7 +21,7 @@ from tensorsmith.compiler.module_paths import attach_module_paths, module_paths
 from tensorsmith.compiler.progress import LogReporter, Reporter, TimedReporter
 from tensorsmith.compiler.report import write_report
 from tensorsmith.compiler.targets import float_variant
-from tensorsmith.compiler.variants import build_fp16_variant, build_variants
+from tensorsmith.compiler.variants import build_fp16_variant, build_variants, check_data
 from tensorsmith.compiler.verify import compare_outputs, run_onnx
 from tensorsmith.compiler.version import __version__
 from tensorsmith.passes import Canonicalize, GraphPass, PassReport, default_passes, run_passes
@@ -135,6 +135,8 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     out = Path(out)
     reporter = TimedReporter(reporter or LogReporter())
 
+    if config.precision not in ("fp32", "fp16") and config.inputs:
+        check_data(config)
     with staged_artifact(out) as staging:
         reporter.stage(f"exporting {config.source}")
         exported = export_source(config, example_feeds(config) if config.inputs else {})

@@ -77,6 +77,17 @@ def split_data(config: CompileConfig, inputs: list[TensorRecord]) -> tuple[Calib
     return data, feeds, f"{held} calibration samples held out of calibration (the last of {total})"
 
 
+def check_data(config: CompileConfig) -> None:
+    """Check the calibration and evaluation data against the declared inputs before any slow work (export),
+    so a wrong array name or dtype fails in a second, not after minutes."""
+    from tensorsmith.runtime.specs import TensorSpec
+
+    specs = [TensorSpec(decl.name, decl.dtype, tuple(decl.dims)) for decl in config.inputs]
+    for path in (config.calibration, config.evaluation):
+        if path is not None:
+            CalibrationData(config.resolve(path), specs, batch_size=256).count()
+
+
 def _recipes(config: CompileConfig) -> dict[Precision, dict[str, list[str]]]:
     """precision → float regions ("fp32" on the cpu, "fp16" on GPUs) → the targets that share that variant."""
     recipes: dict[Precision, dict[str, list[str]]] = {}

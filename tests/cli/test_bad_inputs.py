@@ -1,0 +1,192 @@
+"""Bad inputs to `tensorsmith compile`, one row each: exit 1, one line on stderr naming the thing with a hint, no
+traceback, and nothing written (no OUT, no temporary directory left beside it)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+from safetensors.torch import save_file
+
+from tests.conftest import run_cli, small_mlp_onnx
+
+MLP_INPUT = ["--input", "x:float32:batch,8"]
+
+
+class Payload:
+    """Unpickling this would run code; a weights-only load must refuse it."""
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (print, ("arbitrary code ran",))
+
+
+def mlp_factory() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+FACTORY = "tests.cli.test_bad_inputs:mlp_factory"
+
+
+def single_node_onnx(path: Path, op: str, opset: int) -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], name="the_node")], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.save(model, str(path))
+    return path
+
+
+def calibration(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def ok_batch(rows: int = 8) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((rows, 8)).astype(np.float32)
+
+
+Case = Callable[[Path], list[str]]
+
+
+def missing_file(tmp: Path) -> list[str]:
+    return [str(tmp / "nowhere.onnx")]
+
+
+def truncated_onnx(tmp: Path) -> list[str]:
+    data = small_mlp_onnx(tmp / "mlp.onnx").read_bytes()
+    (tmp / "truncated.onnx").write_bytes(data[: len(data) // 2])
+    return [str(tmp / "truncated.onnx")]
+
+
+def corrupt_onnx(tmp: Path) -> list[str]:
+    (tmp / "corrupt.onnx").write_bytes(b"\x08\x07this is not protobuf\xff\xfe" * 10)
+    return [str(tmp / "corrupt.onnx")]
+
+
+def unknown_op(tmp: Path) -> list[str]:
+    return [str(single_node_onnx(tmp / "op.onnx", "FrobnicateAll", 17))]
+
+
+def unknown_opset(tmp: Path) -> list[str]:
+    return [str(single_node_onnx(tmp / "opset.onnx", "Relu", 99))]
+
+
+def config_unknown_key(tmp: Path) -> list[str]:
+    (tmp / "tensorsmith.toml").write_text(f'source = "{FACTORY}"\ncolour = "red"\n')
+    return [str(tmp / "tensorsmith.toml")]
+
+
+def config_wrong_type(tmp: Path) -> list[str]:
+    (tmp / "tensorsmith.toml").write_text(f'source = "{FACTORY}"\nopset = "twenty"\n')
+    return [str(tmp / "tensorsmith.toml")]
+
+
+def factory_does_not_import(tmp: Path) -> list[str]:
+    return ["tests.no_such_module:build", *MLP_INPUT]
+
+
+def checkpoint_missing_and_unexpected_keys(tmp: Path) -> list[str]:
+    state = mlp_factory().state_dict()
+    state.pop("2.bias")
+    state["9.weight"] = torch.zeros(1)
+    save_file(state, str(tmp / "w.safetensors"))
+    return [FACTORY, "--checkpoint", str(tmp / "w.safetensors"), *MLP_INPUT]
+
+
+def checkpoint_shape_mismatch(tmp: Path) -> list[str]:
+    state = mlp_factory().state_dict()
+    state["0.weight"] = torch.zeros(5, 8)
+    save_file(state, str(tmp / "w.safetensors"))
+    return [FACTORY, "--checkpoint", str(tmp / "w.safetensors"), *MLP_INPUT]
+
+
+def pickle_with_objects(tmp: Path) -> list[str]:
+    with (tmp / "evil.pt").open("wb") as stream:
+        pickle.dump({"0.weight": Payload()}, stream)
+    return [FACTORY, "--checkpoint", str(tmp / "evil.pt"), *MLP_INPUT]
+
+
+def quantize(tmp: Path, data: Path) -> list[str]:
+    return [str(small_mlp_onnx(tmp / "mlp.onnx")), *MLP_INPUT, "--precision", "int8", "--calibration", str(data)]
+
+
+def calibration_wrong_names(tmp: Path) -> list[str]:
+    return quantize(tmp, calibration(tmp / "c.npz", images=ok_batch()))
+
+
+def calibration_wrong_dtype(tmp: Path) -> list[str]:
+    return quantize(tmp, calibration(tmp / "c.npz", x=ok_batch().astype(np.float64)))
+
+
+def calibration_wrong_shape(tmp: Path) -> list[str]:
+    return quantize(tmp, calibration(tmp / "c.npz", x=np.zeros((8, 7), np.float32)))
+
+
+def calibration_all_nan(tmp: Path) -> list[str]:
+    return quantize(tmp, calibration(tmp / "c.npz", x=np.full((8, 8), np.nan, np.float32)))
+
+
+def calibration_no_samples(tmp: Path) -> list[str]:
+    return quantize(tmp, calibration(tmp / "c.npz", x=np.zeros((0, 8), np.float32)))
+
+
+def calibration_missing(tmp: Path) -> list[str]:
+    return quantize(tmp, tmp / "nowhere.npz")
+
+
+def unknown_target(tmp: Path) -> list[str]:
+    return [str(small_mlp_onnx(tmp / "mlp.onnx")), *MLP_INPUT, "--target", "sm_99"]
+
+
+def malformed_budget(tmp: Path) -> list[str]:
+    data = calibration(tmp / "c.npz", x=ok_batch())
+    return [*quantize(tmp, data)[:-4], "--precision", "auto", "--calibration", str(data), "--budget", "cosine>>1"]
+
+
+CASES: dict[str, tuple[Case, str]] = {
+    "missing file": (missing_file, "nowhere.onnx"),
+    "truncated onnx": (truncated_onnx, "truncated.onnx"),
+    "corrupt onnx": (corrupt_onnx, "corrupt.onnx"),
+    "unknown op": (unknown_op, "FrobnicateAll"),
+    "unknown opset": (unknown_opset, "opset 99"),
+    "config unknown key": (config_unknown_key, "colour"),
+    "config wrong type": (config_wrong_type, "opset"),
+    "factory does not import": (factory_does_not_import, "tests.no_such_module"),
+    "checkpoint keys": (checkpoint_missing_and_unexpected_keys, "missing keys: 2.bias"),
+    "checkpoint shapes": (checkpoint_shape_mismatch, "0.weight (5, 8) vs (16, 8)"),
+    "pickle with objects": (pickle_with_objects, "weights_only=True"),
+    "calibration names": (calibration_wrong_names, "images"),
+    "calibration dtype": (calibration_wrong_dtype, "array 'x' is float64"),
+    "calibration shape": (calibration_wrong_shape, "array 'x' has size 7 on axis 1"),
+    "calibration all nan": (calibration_all_nan, "array 'x' holds no finite value"),
+    "calibration no samples": (calibration_no_samples, "holds no samples"),
+    "calibration missing": (calibration_missing, "nowhere.npz"),
+    "unknown target": (unknown_target, "sm_99"),
+    "malformed budget": (malformed_budget, "cosine>>1"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_clear_line_and_nothing_is_written(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make, expected = CASES[case]
+    scratch = tmp_path / "inputs"
+    scratch.mkdir()
+    arguments = make(scratch)
+    out = tmp_path / "artifacts" / "out"
+    result = run_cli("compile", *arguments, "-o", out)
+    assert result.exit_code == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    assert expected in lines[0] and "(hint: " in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not out.exists()
+    assert not (tmp_path / "artifacts").exists() or not any((tmp_path / "artifacts").iterdir())
+    assert "arbitrary code ran" not in capsys.readouterr().out + result.stdout
