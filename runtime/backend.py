@@ -8,7 +8,7 @@ from types import TracebackType
 
 import numpy as np
 
-from tensorsmith.runtime.specs import TensorSpec, check_feeds
+from tensorsmith.runtime.specs import Limits, TensorSpec, check_feeds
 
 
 class Backend(abc.ABC):
@@ -17,13 +17,16 @@ class Backend(abc.ABC):
     #: e.g. "onnxruntime:CPUExecutionProvider" or "tensorrt:sm_89"
     name: str
 
-    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> None:
+    def __init__(
+        self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], limits: Limits | None = None
+    ) -> None:
         self.inputs = list(inputs)
         self.outputs = list(outputs)
+        self.limits = limits
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Run on `feeds` ({input name: array}); raises ValueError naming any input that does not fit its spec."""
-        return self._run_impl(check_feeds(feeds, self.inputs))
+        return self._run_impl(check_feeds(feeds, self.inputs, self.limits))
 
     @abc.abstractmethod
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...

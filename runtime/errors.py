@@ -25,3 +25,7 @@ class RuntimeLoadError(TensorsmithError):
 
 class ArtifactError(RuntimeLoadError):
     """An artifact directory or its manifest is missing, malformed or unsafe."""
+
+
+class InferenceError(TensorsmithError):
+    """A loaded model failed while running valid feeds (the backend's own error, wrapped)."""

@@ -144,5 +144,7 @@ def load(path: str | Path, backend: BackendChoice = "auto", device: Device | Non
 
     from tensorsmith.runtime.onnxruntime_backend import OnnxRuntimeBackend
 
-    chosen = OnnxRuntimeBackend(_onnx_for_cpu(directory, manifest), inputs, outputs, _onnxruntime_providers(device))
+    chosen = OnnxRuntimeBackend(
+        _onnx_for_cpu(directory, manifest), inputs, outputs, _onnxruntime_providers(device), limits=manifest.dims
+    )
     return Model(directory, manifest, chosen, fallback_reason)

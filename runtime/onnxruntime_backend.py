@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from tensorsmith.runtime.backend import Backend
-from tensorsmith.runtime.errors import RuntimeLoadError
-from tensorsmith.runtime.specs import TensorSpec
+from tensorsmith.runtime.errors import InferenceError, RuntimeLoadError
+from tensorsmith.runtime.specs import Limits, TensorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +31,9 @@ class OnnxRuntimeBackend(Backend):
         inputs: Sequence[TensorSpec],
         outputs: Sequence[TensorSpec],
         providers: Sequence[str] | None = None,
+        limits: Limits | None = None,
     ) -> None:
-        super().__init__(inputs, outputs)
+        super().__init__(inputs, outputs, limits)
         try:
             import onnxruntime
         except ImportError as err:
@@ -55,5 +56,8 @@ class OnnxRuntimeBackend(Backend):
 
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # InferenceSession.run is thread-safe, so one session serves concurrent callers.
-        values = self._session.run(self._output_names, feeds)
+        try:
+            values = self._session.run(self._output_names, feeds)
+        except Exception as err:  # onnxruntime's own untyped errors (a kernel failing on these values)
+            raise InferenceError(f"ONNX Runtime failed running {self.name}: {err}") from err
         return dict(zip(self._output_names, values, strict=True))

@@ -23,11 +23,17 @@ class TensorSpec:
         return f"{self.name}:{self.dtype}:[{dims}]"
 
 
-def check_feeds(feeds: Mapping[str, object], specs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+Limits = Mapping[str, Mapping[str, int | None]]  # dynamic dim name → {"min": ..., "max": ...}
+
+
+def check_feeds(
+    feeds: Mapping[str, object], specs: Sequence[TensorSpec], limits: Limits | None = None
+) -> dict[str, np.ndarray]:
     """Return the feeds as numpy arrays, or raise ValueError naming the input and the expected spec.
 
     Checks names (missing and unexpected), dtypes (no silent casts: a float64 array fed to a float32 input is a
-    bug in the caller more often than not), ranks, static dims, and that one dynamic dim name has one size.
+    bug in the caller more often than not), ranks, static dims, that one dynamic dim name has one size, and that
+    it lies within `limits` (the artifact's declared min/max: the range its engines' profiles cover).
     """
     expected = {spec.name: spec for spec in specs}
     missing = [name for name in expected if name not in feeds]
@@ -66,5 +72,19 @@ def check_feeds(feeds: Mapping[str, object], specs: Sequence[TensorSpec]) -> dic
                 )
             else:
                 dynamic_sizes[dim] = (size, name)
+                _check_limit(name, axis, size, dim, (limits or {}).get(dim), spec)
         arrays[name] = array
     return arrays
+
+
+def _check_limit(name: str, axis: int, size: int, dim: str, limit: Mapping[str, int | None] | None,
+                 spec: TensorSpec) -> None:  # fmt: skip
+    if limit is None:
+        return
+    low, high = limit.get("min") or 1, limit.get("max")
+    if size < low or (high is not None and size > high):
+        raise ValueError(
+            f"input '{name}' has size {size} on axis {axis} ('{dim}'), outside the artifact's range "
+            f"{low}..{high if high is not None else 'any'} ({spec.describe()}); split the batch or recompile with a "
+            f"larger [dims.{dim}] max"
+        )

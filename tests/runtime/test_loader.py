@@ -68,6 +68,33 @@ def test_a_manifest_path_outside_the_artifact_is_refused(artifact: Path, tmp_pat
         load(copy)
 
 
+def test_a_manifest_path_through_a_symlink_out_of_the_artifact_is_refused(artifact: Path, tmp_path: Path) -> None:
+    copy = copy_artifact(artifact, tmp_path)
+    outside = tmp_path / "elsewhere.onnx"
+    outside.write_bytes((copy / "model.onnx").read_bytes())
+    (copy / "link.onnx").symlink_to(outside)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["variants"][0]["path"] = manifest["model"]["path"] = "link.onnx"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="'link.onnx', which is outside the artifact directory"):
+        load(copy)
+
+
+def test_shapes_outside_the_declared_dims_are_refused_naming_the_input(tmp_path: Path) -> None:
+    from tests.conftest import small_mlp_onnx
+
+    source = small_mlp_onnx(tmp_path / "mlp.onnx")
+    config = CompileConfig.create({
+        "source": str(source), "inputs": [{"name": "x", "dtype": "float32", "dims": ["batch", 8]}],
+        "dims": {"batch": {"min": 2, "opt": 4, "max": 16}},
+    })  # fmt: skip
+    with load(compile(config, tmp_path / "out").out) as model:
+        assert model.run({"x": np.zeros((16, 8), np.float32)})["y"].shape == (16, 4)
+        for rows in (1, 17):
+            with pytest.raises(ValueError, match=rf"'x' has size {rows} on axis 0 \('batch'\), outside .* 2\.\.16"):
+                model.run({"x": np.zeros((rows, 8), np.float32)})
+
+
 def test_an_unknown_schema_version_is_a_clear_error(artifact: Path, tmp_path: Path) -> None:
     copy = copy_artifact(artifact, tmp_path)
     manifest = json.loads((copy / "manifest.json").read_text())

@@ -64,6 +64,17 @@ def test_a_tampered_engine_is_refused(artifact: Path, tmp_path: Path) -> None:
     assert selection.target is None and "does not match its sha256" in selection.reason
 
 
+def test_a_truncated_engine_is_refused_and_load_falls_back_saying_why(artifact: Path, tmp_path: Path) -> None:
+    truncated = copy(artifact, tmp_path)
+    engine = truncated / "engines" / "sm_86.engine"
+    engine.write_bytes(engine.read_bytes()[: engine.stat().st_size // 2])
+    device = Device("sm_86", tensorrt={"tensorrt-rtx": RTX})
+    selection = select_engine(read_manifest(truncated), device, truncated)
+    assert selection.target is None and "does not match its sha256" in selection.reason
+    with load(truncated, device=device) as model:
+        assert model.backend.startswith("onnxruntime") and "does not match its sha256" in str(model.fallback_reason)
+
+
 def test_a_missing_engine_is_refused(artifact: Path, tmp_path: Path) -> None:
     missing = copy(artifact, tmp_path)
     (missing / "engines" / "sm_89.engine").unlink()
