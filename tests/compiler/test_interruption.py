@@ -87,25 +87,39 @@ def test_a_compile_killed_at_any_stage_leaves_the_previous_artifact(
         assert not np.array_equal(model.run({"x": np.ones((3, 8), np.float32)})["y"], reference)
 
 
+def wait_for_stage(process: subprocess.Popen[str], stage: str) -> float:
+    """Block until `process` logs `stage`; the time it did."""
+    assert process.stderr is not None
+    for line in process.stderr:
+        if stage in line:
+            return time.perf_counter()
+    raise AssertionError(f"the compile ended without logging '{stage}'")
+
+
 def test_kills_at_arbitrary_moments_never_lose_the_artifact(
     previous: tuple[Path, Path, dict[str, bytes], np.ndarray],
 ) -> None:
+    """SIGKILL at fractions of the work (from the first stage to the exit): each leaves the previous artifact
+    whole, or, once the new one is published, the new one whole."""
     out, new_source, before, reference = previous
-    started = time.perf_counter()
-    subprocess.run(compile_command(new_source, out.parent / "timing"), capture_output=True, check=True)
-    duration = time.perf_counter() - started
+    timing = start(new_source, out.parent / "timing")
+    began = wait_for_stage(timing, "exporting")
+    timing.communicate()
+    work = time.perf_counter() - began
     survived = 0
-    for fraction in (0.2, 0.4, 0.6, 0.75, 0.85, 0.9, 0.95, 0.98):
+    for fraction in (0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95, 1.0):
         process = start(new_source, out)
-        time.sleep(duration * fraction)
+        wait_for_stage(process, "exporting")
+        time.sleep(work * fraction)
         process.send_signal(signal.SIGKILL)
-        process.wait()
-        if process.returncode == 0:  # it finished first: the new artifact is published whole
+        process.communicate()
+        if snapshot(out) != before:  # it published before the kill landed: the new artifact, whole
             with load(out) as model:
-                model.run({"x": np.ones((3, 8), np.float32)})
+                assert not np.array_equal(model.run({"x": np.ones((3, 8), np.float32)})["y"], reference)
             break
         assert_intact(out, before, reference)
         survived += 1
+    print(f"timed kills: {survived} landed before publishing, every one left the previous artifact whole")
     assert survived >= 3
 
 
