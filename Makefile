@@ -29,7 +29,8 @@ demo: samples
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy compiler passes calibration runtime cli samples
+	PYTHON=$(BIN)/python bash scripts/tensorrt-stubs.sh   # the builder is checked against tensorrt-stubs
+	MYPYPATH=.typings $(BIN)/mypy compiler passes calibration runtime cli samples
 
 # The report tests render report.html in headless Chromium (Debian's package; nothing downloaded by a test tool).
 browser:

@@ -15,11 +15,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tensorsmith.compiler.config import DimRange
 from tensorsmith.compiler.errors import BuildError
 from tensorsmith.runtime.manifest import TensorRecord
+
+if TYPE_CHECKING:
+    # The TensorRT API as tensorrt-stubs types it (scripts/tensorrt-stubs.sh puts the stubs on MYPYPATH for
+    # `make lint`); without them these names are Any. tensorrt_rtx has the same classes, plus the
+    # compute-capability settings of its builder config, which are reached through `Any` below.
+    import tensorrt as trt_api
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +137,7 @@ def _logger(trt: ModuleType, messages: list[tuple[Any, str]]) -> Any:
     return ForwardingLogger()
 
 
-def _parse(trt: ModuleType, network: Any, parser: Any, onnx_path: Path) -> None:
+def _parse(network: trt_api.INetworkDefinition, parser: trt_api.OnnxParser, onnx_path: Path) -> None:
     if parser.parse_from_file(str(onnx_path)):
         return
     errors = [parser.get_error(i) for i in range(parser.num_errors)]
@@ -160,18 +166,19 @@ def build_engine(
     messages: list[tuple[Any, str]] = []
     trt_logger = _logger(trt, messages)
     started = time.perf_counter()
-    network_builder = trt.Builder(trt_logger)
+    network_builder: trt_api.Builder = trt.Builder(trt_logger)
     flags = 0
     if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = network_builder.create_network(flags)
-    parser = trt.OnnxParser(network, trt_logger)
-    _parse(trt, network, parser, onnx_path)
+    parser: trt_api.OnnxParser = trt.OnnxParser(network, trt_logger)
+    _parse(network, parser, onnx_path)
 
     config = network_builder.create_builder_config()
     if builder == "tensorrt-rtx":
-        config.num_compute_capabilities = 1
-        config.set_compute_capability(getattr(trt.ComputeCapability, RTX_ARCHITECTURES[target]), 0)
+        rtx_config: Any = config  # TensorRT for RTX's own settings: not in data-centre TensorRT's API
+        rtx_config.num_compute_capabilities = 1
+        rtx_config.set_compute_capability(getattr(trt.ComputeCapability, RTX_ARCHITECTURES[target]), 0)
     if options.optimization_level is not None:
         config.builder_optimization_level = options.optimization_level
     if options.workspace_bytes is not None:
@@ -187,7 +194,8 @@ def build_engine(
         name = network.get_input(index).name
         if name not in profile.shapes:
             raise BuildError(f"no profile shapes for input '{name}'", hint="declare its dims in the config")
-        optimization_profile.set_shape(name, *profile.shapes[name])
+        low, best, high = (trt.Dims(shape) for shape in profile.shapes[name])
+        optimization_profile.set_shape(name, low, best, high)
     config.add_optimization_profile(optimization_profile)
 
     plan = network_builder.build_serialized_network(network, config)
@@ -215,7 +223,9 @@ class _TimingCache:
     """A timing cache per (target, builder, version) under `directory`, loaded before a build and saved after;
     TensorRT for RTX makes timing caches no-ops, so it is used with data-centre TensorRT only."""
 
-    def __init__(self, trt: ModuleType, config: Any, builder: Builder, target: str, directory: Path | None) -> None:
+    def __init__(
+        self, trt: ModuleType, config: trt_api.IBuilderConfig, builder: Builder, target: str, directory: Path | None
+    ) -> None:
         self.config = config
         self.path = None
         self.reason = ""
