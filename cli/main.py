@@ -55,6 +55,7 @@ def _reporter() -> Iterator[Any]:
 @click.option("--calibration", type=click.Path(path_type=Path), help=".npz of inputs (samples on axis 0), or a folder.")
 @click.option("--calibration-samples", type=int, help="Use at most N calibration samples.")
 @click.option("--eval-data", "evaluation", type=click.Path(path_type=Path), help="Held-out .npz for accuracy.")
+@click.option("--engine-cache", type=click.Path(path_type=Path), help="Reuse engines built before (a directory).")
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes (LayerNorm, GELU, attention scale).")
 @click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -76,6 +77,7 @@ def compile_command(
     calibration: Path | None,
     calibration_samples: int | None,
     evaluation: Path | None,
+    engine_cache: Path | None,
     no_fuse: bool,
     no_verify: bool,
     as_json: bool,
@@ -101,6 +103,8 @@ def compile_command(
         "fuse": False if no_fuse else None,
         "verify": False if no_verify else None,
     }
+    if engine_cache is not None:
+        overrides["build"] = {"engine_cache_dir": str(engine_cache.resolve())}
     if source.endswith(".toml"):
         config = CompileConfig.from_toml(source, **overrides)
     else:
@@ -132,6 +136,7 @@ def compile_command(
         stdout.print(f"  variant {variant.name}: {variant.path} ({accuracy})")
     for target in manifest.targets:
         engine = f" → {target.engine.path}" if target.engine else ""
+        engine += " (engine cache hit)" if target.engine and target.engine.cache == "hit" else ""
         stdout.print(f"  target {target.name}: {target.status} via {target.builder}{engine} {target.reason}".rstrip())
     _exit_if_unmet(result.unmet_budgets, result.out, _failed(manifest))
 

@@ -18,8 +18,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from tensorsmith.compiler.config import DimRange
+from tensorsmith.compiler.engine_cache import cache_key, configured_cache
 from tensorsmith.compiler.errors import BuildError
-from tensorsmith.runtime.manifest import TensorRecord
+from tensorsmith.runtime.manifest import TensorRecord, sha256_of
 
 if TYPE_CHECKING:
     # The TensorRT API as tensorrt-stubs types it (scripts/tensorrt-stubs.sh puts the stubs on MYPYPATH for
@@ -63,6 +64,9 @@ class BuildOptions:
     hardware_compatibility: HardwareCompatibility = "none"
     detailed_profiling: bool = True  # layer names and precisions visible to the engine inspector
     timing_cache_dir: Path | None = None  # data-centre TensorRT only: TensorRT for RTX makes the cache a no-op
+    cache_dir: Path | None = (
+        None  # built engines by content (compiler/engine_cache.py); None: $TENSORSMITH_ENGINE_CACHE
+    )
 
 
 @dataclass
@@ -109,6 +113,7 @@ class BuiltEngine:
     seconds: float
     warnings: list[str] = field(default_factory=list)
     timing_cache: dict[str, int | str] = field(default_factory=dict)  # entries before/after, or why none
+    cache: Literal["hit", "miss", "off"] = "off"  # the engine cache (compiler/engine_cache.py)
 
 
 def import_builder(builder: Builder) -> ModuleType:
@@ -163,9 +168,24 @@ def build_engine(
             f"tensorrt-rtx does not build for {target}",
             hint=f"it builds for {sorted(RTX_ARCHITECTURES)}; build {target} with tensorrt on a {target} GPU",
         )
+    started = time.perf_counter()
+    engines = configured_cache(options.cache_dir)
+    key = cache_key(sha256_of(onnx_path), target, builder, str(trt.__version__), profile, options) if engines else ""
+    cached = engines.get(key) if engines else None
+    if cached is not None:
+        logger.info("engine cache hit for %s (%s): %s", target, onnx_path.name, key[:12])
+        return BuiltEngine(
+            plan=cached,
+            builder=builder,
+            builder_version=str(trt.__version__),
+            compute_capability=target,
+            profiles=[profile.as_record()],
+            seconds=round(time.perf_counter() - started, 3),
+            timing_cache={"status": "not needed: the engine came from the engine cache"},
+            cache="hit",
+        )
     messages: list[tuple[Any, str]] = []
     trt_logger = _logger(trt, messages)
-    started = time.perf_counter()
     network_builder: trt_api.Builder = trt.Builder(trt_logger)
     flags = 0
     if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
@@ -207,6 +227,8 @@ def build_engine(
             + ("; ".join(errors[-3:]) or "no error message"),
             hint="run with -vv for TensorRT's log",
         )
+    if engines is not None:
+        engines.put(key, bytes(plan))
     return BuiltEngine(
         plan=bytes(plan),
         builder=builder,
@@ -216,6 +238,7 @@ def build_engine(
         seconds=round(time.perf_counter() - started, 3),
         warnings=[message for severity, message in messages if severity == trt.ILogger.WARNING],
         timing_cache=timing,
+        cache="miss" if engines is not None else "off",
     )
 
 

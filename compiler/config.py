@@ -85,6 +85,9 @@ class BuildConfig(_Strict):
     timing_cache_dir: Path = Field(
         Path("~/.cache/tensorsmith/timing-cache"), description="data-centre TensorRT's timing caches, per target"
     )
+    engine_cache_dir: Path | None = Field(
+        None, description="reuse engines built before from the same graph and settings (else $TENSORSMITH_ENGINE_CACHE)"
+    )
 
     def options(self) -> BuildOptions:
         from tensorsmith.compiler.build import BuildOptions
@@ -95,6 +98,7 @@ class BuildConfig(_Strict):
             hardware_compatibility=self.hardware_compatibility,
             detailed_profiling=self.detailed_profiling,
             timing_cache_dir=self.timing_cache_dir.expanduser(),
+            cache_dir=self.engine_cache_dir.expanduser() if self.engine_cache_dir else None,
         )
 
 
@@ -207,7 +211,11 @@ class CompileConfig(_Strict):
             raise ConfigError(f"{path} does not exist", hint="check the path to tensorsmith.toml") from err
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
             raise ConfigError(f"{path} is not valid TOML: {err}", hint="see samples/*/tensorsmith.toml") from err
-        raw.update({key: value for key, value in overrides.items() if value is not None})
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(raw.get(key), dict):
+                raw[key] = {**raw[key], **value}  # a table (e.g. [build]) gets the flag's keys merged in
+            elif value is not None:
+                raw[key] = value
         return cls.create(raw, origin=str(path), base_dir=path.resolve().parent)
 
     @classmethod

@@ -109,6 +109,7 @@ def _build_engine(
         builder_version=engine.builder_version,
         compute_capability=name,
         profiles=engine.profiles,
+        cache=engine.cache,
     )
     details: Mapping[str, object] = {
         "builder": engine.builder,
@@ -120,6 +121,7 @@ def _build_engine(
         "sha256": record.sha256,
         "bytes": len(engine.plan),
         "timing_cache": engine.timing_cache,
+        "engine_cache": engine.cache,
     }
     replace_file(engines / f"{name}.json", (json.dumps(details, indent=2) + "\n").encode())
     logger.info("built %s (%d bytes) in %.1f s", path.name, len(engine.plan), engine.seconds)

@@ -134,6 +134,7 @@ def _engines(directory: Path, manifest: Manifest) -> list[dict[str, Any]]:
                 compute_capability=target.engine.compute_capability,
                 bytes=path.stat().st_size if path.is_file() else None,
                 build_seconds=record.get("build_seconds"),
+                cache=target.engine.cache,
             )
         rows.append(row)
     return rows

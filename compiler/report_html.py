@@ -116,9 +116,9 @@ def _engines(report: dict[str, Any]) -> str:
     for engine in report["engines"]:
         rows.append((engine["target"], engine["variant"], engine["status"], engine["builder"],
                      engine.get("builder_version"), engine.get("bytes"), engine.get("build_seconds"),
-                     engine["reason"]))  # fmt: skip
+                     engine.get("cache"), engine["reason"]))  # fmt: skip
         classes.append(f"status-{engine['status']}")
-    columns = ("target", "variant", "status", "builder", "version", "bytes", "build s", "reason")
+    columns = ("target", "variant", "status", "builder", "version", "bytes", "build s", "engine cache", "reason")
     return "<h2>Engines</h2>" + _table(columns, rows, classes)
 
 

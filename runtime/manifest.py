@@ -68,6 +68,7 @@ class EngineRecord(FileRecord):
     builder_version: str
     compute_capability: str
     profiles: list[dict[str, object]] = Field(default_factory=list)
+    cache: Literal["hit", "miss", "off"] = Field("off", description="hit: reused from the engine cache, not built")
 
 
 class TargetRecord(_Record):
