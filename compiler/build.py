@@ -8,10 +8,13 @@ from builder flags. Both modules are imported lazily, here only.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import os
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -142,6 +145,25 @@ def _logger(trt: ModuleType, messages: list[tuple[Any, str]]) -> Any:
     return ForwardingLogger()
 
 
+@contextlib.contextmanager
+def native_stdout_to_stderr() -> Iterator[None]:
+    """TensorRT for RTX prints some warnings from native code straight to file descriptor 1; send them to 2
+    while it works, so `--json` keeps stdout one JSON object."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _parse(network: trt_api.INetworkDefinition, parser: trt_api.OnnxParser, onnx_path: Path) -> None:
     if parser.parse_from_file(str(onnx_path)):
         return
@@ -162,6 +184,11 @@ def build_engine(
     options: BuildOptions = BuildOptions(),
 ) -> BuiltEngine:
     """Build a serialized engine for `target` (e.g. "sm_86") from the ONNX graph at `onnx_path`."""
+    with native_stdout_to_stderr():
+        return _build(onnx_path, target, profile, builder, options)
+
+
+def _build(onnx_path: Path, target: str, profile: Profile, builder: Builder, options: BuildOptions) -> BuiltEngine:
     trt = import_builder(builder)
     if builder == "tensorrt-rtx" and target not in RTX_ARCHITECTURES:
         raise BuildError(

@@ -50,3 +50,18 @@ def mlp_onnx(tmp_path: Path) -> Path:
 def max_relative_error(reference: np.ndarray, actual: np.ndarray) -> float:
     reference = np.asarray(reference, dtype=np.float64)
     return float(np.max(np.abs(np.asarray(actual, dtype=np.float64) - reference)) / np.max(np.abs(reference)))
+
+
+def compile_small_mlp(directory: Path, name: str = "out", targets: list[str] | None = None) -> Path:
+    """The small MLP (opset 17, batch dim dynamic: min 1, opt 4, max 16) compiled into `directory/name`."""
+    from tensorsmith.compiler import CompileConfig, compile
+
+    source = small_mlp_onnx(directory / "mlp.onnx", opset=17)
+    fields: dict = {
+        "source": str(source),
+        "inputs": [{"name": "x", "dtype": "float32", "dims": ["batch", 8]}],
+        "dims": {"batch": {"min": 1, "opt": 4, "max": 16}},
+    }
+    if targets:
+        fields["targets"] = targets
+    return compile(CompileConfig.create(fields), directory / name).out

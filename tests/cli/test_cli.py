@@ -3,6 +3,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import run_cli, run_cli_json
 
@@ -196,3 +197,30 @@ def test_progress_goes_to_stderr_as_plain_lines_when_not_a_terminal(mlp_onnx: Pa
     json.loads(result.stdout)  # stdout stays one JSON object
     stages = [line for line in result.stderr.splitlines() if "tensorsmith.progress" in line]
     assert any("exporting" in line for line in stages) and any("running graph passes" in line for line in stages)
+
+
+class Clamped(torch.nn.Module):
+    """A clamp at float32's lowest value: in the fp16 variant, TensorRT for RTX warns about it, from native
+    code, on file descriptor 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.clamp(x, min=torch.finfo(torch.float32).min))
+
+
+def build_clamped() -> Clamped:
+    torch.manual_seed(0)
+    return Clamped()
+
+
+def test_native_builder_output_never_reaches_stdout(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """--json keeps stdout one JSON object even when the builder prints from native code."""
+    source = "tests.cli.test_cli:build_clamped"
+    result = run_cli("compile", source, "--input", "x:float32:batch,8", "--target", "sm_75", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    captured = capfd.readouterr()
+    assert "precision-lose casting" in captured.err  # the builder did warn, on stderr
+    assert "precision-lose casting" not in captured.out

@@ -7,22 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.runtime.manifest import read_manifest
-from tests.conftest import run_cli, run_cli_json, small_mlp_onnx
+from tests.conftest import compile_small_mlp, run_cli, run_cli_json
 
 
 @pytest.fixture
 def artifact(tmp_path: Path) -> Path:
-    source = small_mlp_onnx(tmp_path / "mlp.onnx", opset=17)
-    config = CompileConfig.create(
-        {
-            "source": str(source),
-            "inputs": [{"name": "x", "dtype": "float32", "dims": ["batch", 8]}],
-            "dims": {"batch": {"min": 1, "opt": 4, "max": 16}},
-        }
-    )
-    return compile(config, tmp_path / "out").out
+    return compile_small_mlp(tmp_path)
 
 
 def test_build_adds_an_engine_with_the_compile_time_profile(artifact: Path) -> None:

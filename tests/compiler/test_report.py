@@ -6,22 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tensorsmith.compiler import CompileConfig, compile
-from tests.conftest import run_cli, run_cli_json, small_mlp_onnx
+from tests.conftest import compile_small_mlp, run_cli, run_cli_json
 from tests.report_rendering import check_report_renders
 
 
 @pytest.fixture
 def artifact(tmp_path: Path) -> Path:
-    source = small_mlp_onnx(tmp_path / "mlp.onnx", opset=17)
-    config = CompileConfig.create(
-        {
-            "source": str(source),
-            "inputs": [{"name": "x", "dtype": "float32", "dims": ["batch", 8]}],
-            "dims": {"batch": {"min": 1, "opt": 4, "max": 16}},
-        }
-    )
-    return compile(config, tmp_path / "out").out
+    return compile_small_mlp(tmp_path)
 
 
 def test_every_compile_writes_a_report_with_its_steps_and_engines(artifact: Path) -> None:

@@ -7,8 +7,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tensorsmith.compiler import CompileConfig, compile
-from tests.conftest import run_cli, run_cli_json, small_mlp_onnx
+from tests.conftest import compile_small_mlp, run_cli, run_cli_json
 
 
 def parse_config(model_directory: Path) -> model_config_pb2.ModelConfig:
@@ -17,16 +16,7 @@ def parse_config(model_directory: Path) -> model_config_pb2.ModelConfig:
 
 @pytest.fixture
 def artifact(tmp_path: Path) -> Path:
-    source = small_mlp_onnx(tmp_path / "mlp.onnx", opset=17)
-    config = CompileConfig.create(
-        {
-            "source": str(source),
-            "inputs": [{"name": "x", "dtype": "float32", "dims": ["batch", 8]}],
-            "dims": {"batch": {"min": 1, "opt": 4, "max": 16}},
-            "targets": ["cpu", "sm_86", "sm_90"],
-        }
-    )
-    return compile(config, tmp_path / "mlp").out
+    return compile_small_mlp(tmp_path, "mlp", ["cpu", "sm_86", "sm_90"])
 
 
 def test_engine_target_becomes_a_tensorrt_plan_model(artifact: Path, tmp_path: Path) -> None:
