@@ -4,7 +4,8 @@ A compile that fails or is killed leaves the previous OUT as it was; readers nev
 - the new artifact is built in `.OUT.tmp-*` and swapped with OUT in one `renameat2(RENAME_EXCHANGE)` (Linux);
   elsewhere, two renames through `.OUT.old-*`, and a later run puts an orphaned old artifact back;
 - one writer at a time: `.OUT.lock` beside OUT is held (flock) for the whole compile, so a second compile into
-  the same OUT fails at once, naming the holder;
+  the same OUT fails at once, naming the holder; `tensorsmith build` holds it shared, so builds run side by
+  side but never while a compile replaces OUT;
 - each temporary directory holds a flock on its own `.owner` file while its process lives; the next run removes
   the ones whose owner is gone (killed compiles), and never one still being written.
 """
@@ -119,30 +120,34 @@ def remove_stale_staging(out: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _writer_lock(out: Path) -> Iterator[None]:
-    """Hold `.OUT.lock` beside OUT for the whole write (removed after); a second writer fails at once."""
+def artifact_lock(out: Path, shared: bool = False) -> Iterator[None]:
+    """`.OUT.lock` beside OUT, held for a whole compile (exclusive: it replaces OUT) or a whole `tensorsmith
+    build` (shared: builds add engines side by side). Whoever cannot have it fails at once, saying who holds it.
+    The exclusive holder removes the file when done."""
     path = out.parent / f".{out.name}.lock"
     with path.open("a+") as handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # The holder unlinks the file when done: a lock won on an unlinked file is no lock at all.
+            fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            # A compile unlinks the file when done: a lock won on an unlinked file is no lock at all.
             if os.fstat(handle.fileno()).st_ino != os.stat(path).st_ino:
                 raise BlockingIOError
         except (BlockingIOError, FileNotFoundError):
             handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            holder = handle.read().strip()
+            doing = f"replaced by a tensorsmith compile ({holder})" if holder else "changed by a tensorsmith build"
             raise ConfigError(
-                f"{out} is being written by another tensorsmith run ({holder})",
-                hint="wait for it to finish, or write to another -o directory",
+                f"{out} is being {doing}", hint="wait for it to finish, or write to another -o directory"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
+        if not shared:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()}")
+            handle.flush()
         try:
             yield
         finally:
-            path.unlink(missing_ok=True)  # while still holding the lock (a killed run's file stays, unlocked)
+            if not shared:
+                path.unlink(missing_ok=True)  # while still holding the lock (a killed run's file stays, unlocked)
 
 
 def _own(staging: Path) -> IO[str]:
@@ -159,7 +164,7 @@ def staged_artifact(out: Path, marker: str = MANIFEST_NAME) -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success it replaces `out`, on error it is removed. An
     existing `out` is replaced only if it holds `marker`."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _writer_lock(out):
+    with artifact_lock(out):
         remove_stale_staging(out)
         _check_replaceable(out, marker)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from tensorsmith.compiler.artifact import locked, replace_file, write_manifest
+from tensorsmith.compiler.artifact import artifact_lock, locked, replace_file, write_manifest
 from tensorsmith.compiler.build import (
     BUILDER_MODULES,
     RTX_ARCHITECTURES,
@@ -174,22 +174,24 @@ def build_target(
     """Add `target`'s engine to an existing artifact (`tensorsmith build`). Builds run in parallel; the manifest
     update is serialised by a lock and written atomically, so concurrent builds for other targets all land."""
     get_target(target)
-    manifest = read_manifest(directory)
-    variant = _variant_for(manifest, target)
-    chosen = _builder_for(target, builder)
-    (reporter or LogReporter()).stage(f"building the {target} engine from variant {variant.name} with {chosen}")
-    record = _build_engine(
-        target,
-        variant,
-        manifest.inputs,
-        {name: DimRange(**limits) for name, limits in manifest.dims.items()},
-        directory,
-        chosen,
-        options,
-    )
-    with locked(directory):
-        current = read_manifest(directory)
-        current.targets = [t for t in current.targets if t.name != target] + [record]
-        write_manifest(directory, current)
-        write_report(directory)  # the engine table changed
+    read_manifest(directory)  # a clear error for a directory that is not an artifact, before any lock
+    with artifact_lock(directory, shared=True):  # no compile may replace the artifact meanwhile
+        manifest = read_manifest(directory)
+        variant = _variant_for(manifest, target)
+        chosen = _builder_for(target, builder)
+        (reporter or LogReporter()).stage(f"building the {target} engine from variant {variant.name} with {chosen}")
+        record = _build_engine(
+            target,
+            variant,
+            manifest.inputs,
+            {name: DimRange(**limits) for name, limits in manifest.dims.items()},
+            directory,
+            chosen,
+            options,
+        )
+        with locked(directory):
+            current = read_manifest(directory)
+            current.targets = [t for t in current.targets if t.name != target] + [record]
+            write_manifest(directory, current)
+            write_report(directory)  # the engine table changed
     return record

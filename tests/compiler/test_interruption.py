@@ -137,7 +137,7 @@ def test_two_compiles_into_one_out_one_wins_the_other_fails_clearly(
     assert first.returncode == 0
     assert second.returncode == 1
     error = second.stderr.strip().splitlines()[-1]
-    assert "is being written by another tensorsmith run (pid" in error and "hint:" in error
+    assert "is being replaced by a tensorsmith compile (pid" in error and "hint:" in error
     with load(out) as model:  # the winner's artifact, whole
         assert not np.array_equal(model.run({"x": np.ones((3, 8), np.float32)})["y"], reference)
     assert leftovers(out.parent, "out") == []
@@ -155,3 +155,23 @@ def test_a_temporary_directory_still_being_written_is_not_removed(tmp_path: Path
     dead.mkdir()
     (dead / "model.onnx").write_bytes(b"half")
     assert remove_stale_staging(out) == [dead]
+
+
+def test_compile_and_build_exclude_each_other_builds_share(
+    previous: tuple[Path, Path, dict[str, bytes], np.ndarray],
+) -> None:
+    from tensorsmith.compiler.artifact import artifact_lock
+    from tests.conftest import run_cli
+
+    out, new_source, before, reference = previous
+    with artifact_lock(out, shared=True), artifact_lock(out, shared=True):  # builds in progress
+        compiling = subprocess.run(compile_command(new_source, out), capture_output=True, text=True)
+    assert compiling.returncode == 1
+    assert "is being changed by a tensorsmith build" in compiling.stderr.strip().splitlines()[-1]
+    assert_intact(out, before, reference)
+
+    with artifact_lock(out):  # a compile in progress
+        building = run_cli("build", out, "--target", "sm_89")
+    assert building.exit_code == 1 and "is being replaced by a tensorsmith compile (pid" in building.stderr
+    assert_intact(out, before, reference)
+    assert leftovers(out.parent, "out") == []
