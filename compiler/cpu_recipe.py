@@ -97,6 +97,7 @@ def build_dynamic_variant(
         path.unlink(missing_ok=True)
         return None
     count, value = best
+    value = _with_int8_embeddings(path, evaluation, reference, budget, value)
     measured = accuracy(reference, run_onnx(path, evaluation))
     record = VariantRecord(
         name=DYNAMIC_NAME,
@@ -106,6 +107,30 @@ def build_dynamic_variant(
         accuracy=measured,
     )
     return DynamicVariant(record, order[:count], value, evaluations)
+
+
+def _with_int8_embeddings(
+    path: Path, evaluation: dict[str, np.ndarray], reference: list[np.ndarray], budget: Budget, value: float
+) -> float:
+    """Store the variant's vocabulary tables in int8 (passes/embeddings.py) if it still meets the budget."""
+    import onnx_graphsurgeon as gs
+
+    from tensorsmith.compiler.ir import load_onnx, save_onnx
+    from tensorsmith.passes import run_passes
+    from tensorsmith.passes.embeddings import QuantizeEmbeddings
+
+    graph = gs.import_onnx(load_onnx(path))
+    (report,) = run_passes(graph, [QuantizeEmbeddings(gather_first=True)])
+    if not report.changed:
+        return value
+    trial = path.with_name(f".{path.name}.embeddings")
+    save_onnx(gs.export_onnx(graph), trial)
+    smaller = budget.measure(reference, run_onnx(trial, evaluation))
+    if not budget.met(smaller):
+        trial.unlink()
+        return value
+    trial.replace(path)
+    return smaller
 
 
 def latency_ms(path: Path, feeds: dict[str, np.ndarray]) -> float:

@@ -113,11 +113,15 @@ def _rewrite(model: onnx.ModelProto, passes: list[GraphPass], path: Path) -> lis
 
 
 def _write_variant(model: onnx.ModelProto, precision: Precision, scales: dict[str, float], nodes: list[str],
-                   regions: str, path: Path) -> PassReport:  # fmt: skip
-    """Q/DQ on `nodes`; with fp16 regions, everything left in float computes in fp16 (LayerNorm in fp32)."""
+                   regions: str, path: Path, embeddings: bool = False) -> PassReport:  # fmt: skip
+    """Q/DQ on `nodes`; with `embeddings`, vocabulary tables stored in int8 (weight-only); with fp16 regions,
+    everything left in float computes in fp16 (LayerNorm in fp32)."""
+    from tensorsmith.passes.embeddings import QuantizeEmbeddings
     from tensorsmith.passes.fp16 import ConvertToFp16
 
     passes: list[GraphPass] = [InsertQDQ(precision, scales, nodes=nodes)]
+    if embeddings:
+        passes.append(QuantizeEmbeddings(gather_first=regions == "fp32"))  # fp32 regions: the cpu, ONNX Runtime
     if regions == "fp16":
         passes.append(ConvertToFp16())
     return _rewrite(model, passes, path)[0]
@@ -255,10 +259,18 @@ def _build(
     chosen = search.chosen
     path = directory / "variants" / f"{name}.onnx"
     reporter.stage(f"{name}: building and verifying the variant")
-    report = _write_variant(model, precision, scales, [*pinned, *chosen], regions, path)
+    # Under a budget the plan may store vocabulary tables in int8 too, if the verified variant still meets it;
+    # without one, the policy keeps embeddings in higher precision.
+    embeddings = budget is not None
+    report = _write_variant(model, precision, scales, [*pinned, *chosen], regions, path, embeddings)
     outputs = run_onnx(path, evaluation)
-    measured = accuracy(reference, outputs)
     achieved = budget.measure(reference, outputs) if budget is not None else None
+    if budget is not None and achieved is not None and not budget.met(achieved):
+        embeddings = False
+        report = _write_variant(model, precision, scales, [*pinned, *chosen], regions, path)
+        outputs = run_onnx(path, evaluation)
+        achieved = budget.measure(reference, outputs)
+    measured = accuracy(reference, outputs)
     retries = 0
     while budget is not None and achieved is not None and not budget.met(achieved) and chosen:
         if retries == MAX_VERIFY_RETRIES:
@@ -280,6 +292,11 @@ def _build(
         "achieved": achieved,
         "quantized_flops_fraction": round(fraction, 4),
         "evaluations": search.evaluations + retries + 1,
+        "embeddings": "int8, weight-only, a scale per row (within the budget)"
+        if embeddings
+        else "higher precision (policy)"
+        if budget is None
+        else "higher precision (int8 tables missed the budget)",
         "verify_retries": retries,
         "layers": [
             {
