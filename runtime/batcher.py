@@ -95,11 +95,12 @@ class DynamicBatcher:
         key = tuple((name, arrays[name].dtype.str, arrays[name].shape[1:]) for name in self._names)
         request = _Request(arrays, rows, key, loop.create_future())
         self._pending.append(request)
-        if self._arrived is None:
-            self._arrived = asyncio.Event()
-        self._arrived.set()
         if self._worker is None or self._worker.done():
+            # A worker (and its event) per busy period, in the running loop: a batcher outlives asyncio.run().
+            self._arrived = asyncio.Event()
             self._worker = asyncio.create_task(self._serve())
+        assert self._arrived is not None
+        self._arrived.set()
         return await request.future
 
     def _check(self, feeds: Mapping[str, object]) -> tuple[dict[str, np.ndarray], int]:

@@ -104,3 +104,12 @@ def test_a_model_error_reaches_every_request_of_its_batch(model: Model) -> None:
 
     errors = asyncio.run(together())
     assert all(isinstance(error, ValueError) and "input_ids" in str(error) for error in errors)
+
+
+def test_one_batcher_serves_successive_event_loops(model: Model) -> None:
+    batcher = DynamicBatcher(model, max_batch=8, max_delay_ms=2)
+    feeds = request(np.random.default_rng(4), 2, 8)
+    for _ in range(2):  # asyncio.run makes a new loop each time
+        result = asyncio.run(batcher.run(feeds))
+        np.testing.assert_allclose(result["hidden_states"], model.run(feeds)["hidden_states"], rtol=1e-4, atol=1e-5)
+    assert batcher.stats.model_calls == 2
