@@ -19,8 +19,7 @@ from pathlib import Path
 
 from tensorsmith.compiler.artifact import staged_artifact
 from tensorsmith.compiler.errors import ConfigError
-from tensorsmith.runtime.errors import ArtifactError
-from tensorsmith.runtime.manifest import Manifest, TargetRecord, TensorRecord, read_manifest, resolve_inside, sha256_of
+from tensorsmith.runtime.manifest import Manifest, TargetRecord, TensorRecord, read_manifest, verified_file
 
 logger = logging.getLogger(__name__)
 
@@ -50,13 +49,6 @@ def _target(manifest: Manifest, artifact: Path, name: str) -> TargetRecord:
             return record
     known = [record.name for record in manifest.targets]
     raise ConfigError(f"{artifact} has no target '{name}' (targets: {known})", hint=f"compile with --target {name}")
-
-
-def _verified(artifact: Path, relative: str, sha256: str) -> Path:
-    path = resolve_inside(artifact, relative)
-    if not path.is_file() or sha256_of(path) != sha256:
-        raise ArtifactError(f"{path} is missing or does not match its sha256 in the manifest", hint="recompile it")
-    return path
 
 
 def _batch_limits(manifest: Manifest, target: TargetRecord, batch: str) -> tuple[int | None, int]:
@@ -126,7 +118,7 @@ def export_triton(
     warnings = []
     if target == "cpu":
         variant = manifest.variant(record.variant)
-        source = _verified(artifact, variant.path, variant.sha256)
+        source = verified_file(artifact, variant.path, variant.sha256)
         model_file, platform, kind = "model.onnx", "onnxruntime_onnx", "KIND_CPU"
         comment = f"tensorsmith export-triton: {artifact.resolve().name} target cpu, variant {variant.name}"
     else:
@@ -135,7 +127,7 @@ def export_triton(
                 f"target {target} of {artifact} is {record.status}: no engine to export",
                 hint=f"build it first: tensorsmith build {artifact} --target {target}",
             )
-        source = _verified(artifact, record.engine.path, record.engine.sha256)
+        source = verified_file(artifact, record.engine.path, record.engine.sha256)
         model_file, platform, kind = "model.plan", "tensorrt_plan", "KIND_GPU"
         comment = (
             f"tensorsmith export-triton: {artifact.resolve().name} target {target}, variant {record.variant}, "

@@ -12,8 +12,8 @@ import numpy as np
 
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.device import Device, detect_device
-from tensorsmith.runtime.errors import ArtifactError, RuntimeLoadError
-from tensorsmith.runtime.manifest import EngineRecord, Manifest, read_manifest, resolve_inside, sha256_of
+from tensorsmith.runtime.errors import RuntimeLoadError
+from tensorsmith.runtime.manifest import EngineRecord, Manifest, read_manifest, verified_file
 from tensorsmith.runtime.selection import select_engine
 from tensorsmith.runtime.specs import TensorSpec
 
@@ -84,26 +84,13 @@ class Model:
         return f"Model({str(self.directory)!r}, backend={self.backend!r})"
 
 
-def _verified_file(directory: Path, relative: str, sha256: str) -> Path:
-    path = resolve_inside(directory, relative)
-    if not path.is_file():
-        raise ArtifactError(f"{path} is missing", hint="the artifact is incomplete; recompile it")
-    actual = sha256_of(path)
-    if actual != sha256:
-        raise ArtifactError(
-            f"{path} has sha256 {actual[:12]}…, the manifest says {sha256[:12]}…",
-            hint="the file was changed after compiling; recompile the artifact",
-        )
-    return path
-
-
 def _onnx_for_cpu(directory: Path, manifest: Manifest) -> Path:
     """The variant the manifest assigns to the `cpu` target, else the fp32 reference graph."""
     for target in manifest.targets:
         if target.name == CPU_TARGET:
             variant = manifest.variant(target.variant)
-            return _verified_file(directory, variant.path, variant.sha256)
-    return _verified_file(directory, manifest.model.path, manifest.model.sha256)
+            return verified_file(directory, variant.path, variant.sha256)
+    return verified_file(directory, manifest.model.path, manifest.model.sha256)
 
 
 def _onnxruntime_providers(device: Device) -> list[str] | None:

@@ -129,6 +129,20 @@ def resolve_inside(directory: Path, relative: str) -> Path:
     return candidate
 
 
+def verified_file(directory: Path, relative: str, sha256: str) -> Path:
+    """The file the manifest names at `relative`, checked: inside `directory`, present, and with `sha256`."""
+    path = resolve_inside(directory, relative)
+    if not path.is_file():
+        raise ArtifactError(f"{path} is missing", hint="the artifact is incomplete; recompile it")
+    actual = sha256_of(path)
+    if actual != sha256:
+        raise ArtifactError(
+            f"{path} does not match its sha256 (it has {actual[:12]}…, the manifest says {sha256[:12]}…)",
+            hint="the file was changed after compiling; recompile the artifact",
+        )
+    return path
+
+
 def read_manifest(directory: Path) -> Manifest:
     path = directory / MANIFEST_NAME
     if not path.is_file():

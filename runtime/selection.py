@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tensorsmith.runtime.device import NO_DEVICE, Device
 from tensorsmith.runtime.errors import ArtifactError
-from tensorsmith.runtime.manifest import Manifest, TargetRecord, resolve_inside, sha256_of
+from tensorsmith.runtime.manifest import Manifest, TargetRecord, verified_file
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,9 @@ def select_engine(manifest: Manifest, device: Device, directory: Path) -> Select
             )
             continue
         try:
-            path = resolve_inside(directory, target.engine.path)
+            path = verified_file(directory, target.engine.path, target.engine.sha256)
         except ArtifactError as err:
-            reasons.append(str(err))
-            continue
-        if not path.is_file():
-            reasons.append(f"the {target.name} engine file {path} is missing")
-            continue
-        if sha256_of(path) != target.engine.sha256:
-            reasons.append(f"the {target.name} engine file {path} does not match its sha256 (changed after build)")
+            reasons.append(f"the {target.name} engine: {err.message}")
             continue
         return Selection(target, path=path)
     return Selection(None, "; ".join(reasons))
