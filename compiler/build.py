@@ -9,6 +9,7 @@ from builder flags. Both modules are imported lazily, here only.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -182,13 +183,10 @@ def build_engine(
     profile: Profile,
     builder: Builder = "tensorrt-rtx",
     options: BuildOptions = BuildOptions(),
+    onnx_sha256: str | None = None,
 ) -> BuiltEngine:
-    """Build a serialized engine for `target` (e.g. "sm_86") from the ONNX graph at `onnx_path`."""
-    with native_stdout_to_stderr():
-        return _build(onnx_path, target, profile, builder, options)
-
-
-def _build(onnx_path: Path, target: str, profile: Profile, builder: Builder, options: BuildOptions) -> BuiltEngine:
+    """Build a serialized engine for `target` (e.g. "sm_86") from the ONNX graph at `onnx_path`, or take it
+    from the engine cache when one is configured (`onnx_sha256`: the file's, if the caller has it already)."""
     trt = import_builder(builder)
     if builder == "tensorrt-rtx" and target not in RTX_ARCHITECTURES:
         raise BuildError(
@@ -196,21 +194,35 @@ def _build(onnx_path: Path, target: str, profile: Profile, builder: Builder, opt
             hint=f"it builds for {sorted(RTX_ARCHITECTURES)}; build {target} with tensorrt on a {target} GPU",
         )
     started = time.perf_counter()
+    version = str(trt.__version__)
     engines = configured_cache(options.cache_dir)
-    key = cache_key(sha256_of(onnx_path), target, builder, str(trt.__version__), profile, options) if engines else ""
-    cached = engines.get(key) if engines else None
+    if engines is None:
+        with native_stdout_to_stderr():
+            return _build(trt, onnx_path, target, profile, builder, options)
+    key = cache_key(onnx_sha256 or sha256_of(onnx_path), target, builder, version, profile, options)
+    cached = engines.get(key)
     if cached is not None:
         logger.info("engine cache hit for %s (%s): %s", target, onnx_path.name, key[:12])
         return BuiltEngine(
             plan=cached,
             builder=builder,
-            builder_version=str(trt.__version__),
+            builder_version=version,
             compute_capability=target,
             profiles=[profile.as_record()],
             seconds=round(time.perf_counter() - started, 3),
             timing_cache={"status": "not needed: the engine came from the engine cache"},
             cache="hit",
         )
+    with native_stdout_to_stderr():
+        built = _build(trt, onnx_path, target, profile, builder, options)
+    engines.put(key, built.plan)
+    return dataclasses.replace(built, cache="miss")
+
+
+def _build(
+    trt: ModuleType, onnx_path: Path, target: str, profile: Profile, builder: Builder, options: BuildOptions
+) -> BuiltEngine:
+    started = time.perf_counter()
     messages: list[tuple[Any, str]] = []
     trt_logger = _logger(trt, messages)
     network_builder: trt_api.Builder = trt.Builder(trt_logger)
@@ -254,8 +266,6 @@ def _build(onnx_path: Path, target: str, profile: Profile, builder: Builder, opt
             + ("; ".join(errors[-3:]) or "no error message"),
             hint="run with -vv for TensorRT's log",
         )
-    if engines is not None:
-        engines.put(key, bytes(plan))
     return BuiltEngine(
         plan=bytes(plan),
         builder=builder,
@@ -265,7 +275,6 @@ def _build(onnx_path: Path, target: str, profile: Profile, builder: Builder, opt
         seconds=round(time.perf_counter() - started, 3),
         warnings=[message for severity, message in messages if severity == trt.ILogger.WARNING],
         timing_cache=timing,
-        cache="miss" if engines is not None else "off",
     )
 
 

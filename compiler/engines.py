@@ -98,7 +98,9 @@ def _build_engine(
     options: BuildOptions | None = None,
 ) -> TargetRecord:
     profile = profile_for(inputs, dims, name)
-    engine = build_engine(directory / variant.path, name, profile, builder, options or BuildOptions())
+    engine = build_engine(
+        directory / variant.path, name, profile, builder, options or BuildOptions(), onnx_sha256=variant.sha256
+    )
     engines = directory / "engines"
     engines.mkdir(exist_ok=True)
     path = engines / f"{name}.engine"
