@@ -259,18 +259,19 @@ def _build(
     chosen = search.chosen
     path = directory / "variants" / f"{name}.onnx"
     reporter.stage(f"{name}: building and verifying the variant")
+
+    def write_and_measure(nodes: list[str], embeddings: bool) -> tuple[PassReport, list[np.ndarray], float | None]:
+        report = _write_variant(model, precision, scales, [*pinned, *nodes], regions, path, embeddings)
+        outputs = run_onnx(path, evaluation)
+        return report, outputs, budget.measure(reference, outputs) if budget is not None else None
+
     # Under a budget the plan may store vocabulary tables in int8 too, if the verified variant still meets it;
     # without one, the policy keeps embeddings in higher precision.
     embeddings = budget is not None
-    report = _write_variant(model, precision, scales, [*pinned, *chosen], regions, path, embeddings)
-    outputs = run_onnx(path, evaluation)
-    achieved = budget.measure(reference, outputs) if budget is not None else None
+    report, outputs, achieved = write_and_measure(chosen, embeddings)
     if budget is not None and achieved is not None and not budget.met(achieved):
         embeddings = False
-        report = _write_variant(model, precision, scales, [*pinned, *chosen], regions, path)
-        outputs = run_onnx(path, evaluation)
-        achieved = budget.measure(reference, outputs)
-    measured = accuracy(reference, outputs)
+        report, outputs, achieved = write_and_measure(chosen, embeddings)
     retries = 0
     while budget is not None and achieved is not None and not budget.met(achieved) and chosen:
         if retries == MAX_VERIFY_RETRIES:
@@ -278,9 +279,8 @@ def _build(
         # The switched graph's estimate was optimistic: give back the costliest layers and verify again.
         retries += 1
         chosen = search.order[: len(chosen) - max(1, len(chosen) // 8)]
-        report = _write_variant(model, precision, scales, [*pinned, *chosen], regions, path)
-        outputs = run_onnx(path, evaluation)
-        measured, achieved = accuracy(reference, outputs), budget.measure(reference, outputs)
+        report, outputs, achieved = write_and_measure(chosen, embeddings)
+    measured = accuracy(reference, outputs)
 
     quantized = set(pinned) | set(chosen)
     fraction = _flops_fraction(layers, quantized)
