@@ -113,18 +113,15 @@ def _with_int8_embeddings(
     path: Path, evaluation: dict[str, np.ndarray], reference: list[np.ndarray], budget: Budget, value: float
 ) -> float:
     """Store the variant's vocabulary tables in int8 (passes/embeddings.py) if it still meets the budget."""
-    import onnx_graphsurgeon as gs
-
-    from tensorsmith.compiler.ir import load_onnx, save_onnx
-    from tensorsmith.passes import run_passes
+    from tensorsmith.compiler.ir import load_onnx
+    from tensorsmith.compiler.variants import rewrite
     from tensorsmith.passes.embeddings import QuantizeEmbeddings
 
-    graph = gs.import_onnx(load_onnx(path))
-    (report,) = run_passes(graph, [QuantizeEmbeddings(gather_first=True)])
-    if not report.changed:
-        return value
     trial = path.with_name(f".{path.name}.embeddings")
-    save_onnx(gs.export_onnx(graph), trial)
+    (report,) = rewrite(load_onnx(path), [QuantizeEmbeddings(gather_first=True)], trial)
+    if not report.changed:
+        trial.unlink()
+        return value
     smaller = budget.measure(reference, run_onnx(trial, evaluation))
     if not budget.met(smaller):
         trial.unlink()

@@ -103,7 +103,7 @@ def variant_name(precision: str, regions: str) -> str:
     return precision if regions == "fp16" else f"cpu-{precision}"
 
 
-def _rewrite(model: onnx.ModelProto, passes: list[GraphPass], path: Path) -> list[PassReport]:
+def rewrite(model: onnx.ModelProto, passes: list[GraphPass], path: Path) -> list[PassReport]:
     """Run `passes` on a copy of `model` and save the result at `path` (a variant file)."""
     graph = gs.import_onnx(model)
     reports = run_passes(graph, passes)
@@ -124,7 +124,7 @@ def _write_variant(model: onnx.ModelProto, precision: Precision, scales: dict[st
         passes.append(QuantizeEmbeddings(gather_first=regions == "fp32"))  # fp32 regions: the cpu, ONNX Runtime
     if regions == "fp16":
         passes.append(ConvertToFp16())
-    return _rewrite(model, passes, path)[0]
+    return rewrite(model, passes, path)[0]
 
 
 def _flops_fraction(layers: list[Layer], quantized: set[str]) -> float:
@@ -382,7 +382,7 @@ def build_fp16_variant(
     from tensorsmith.passes.fp16 import ConvertToFp16
 
     path = directory / "variants" / "fp16.onnx"
-    _rewrite(model, [ConvertToFp16()], path)
+    rewrite(model, [ConvertToFp16()], path)
     feeds = example_feeds(config, seed=1, size_offset=1)
     measured = accuracy(run_onnx(reference_path, feeds), run_onnx(path, feeds))
     return VariantRecord(
