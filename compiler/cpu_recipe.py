@@ -3,7 +3,12 @@ dynamic quantization (activation scales computed per call) at different speeds a
 `--precision auto` both are built within the budget and the faster one serves the cpu target.
 
 Dynamic quantization covers MatMuls with constant weights (per-channel int8 weights), the least sensitive first
-as ordered by the static search, and is bisected with real evaluations (its error is not the static one).
+as ordered by the static search, and is bisected with real evaluations (its error is not the static one). It
+starts from its own version of the fused graph (`dynamic_source`): outlier MLP units split off into a float
+branch (passes/outlier_neurons.py), and SmoothQuant scaling only for activations that come out of a
+normalization. Those carry per-channel outliers (LayerNorm's γ), which is what smoothing corrects; an MLP's
+activation carries a few huge units, which the split removes exactly; smoothing them too added 12 Muls that ONNX
+Runtime runs as separate ops, for no accuracy (measured on MiniLM: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -14,17 +19,27 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
 
+from tensorsmith.calibration import CalibrationData, Observer
 from tensorsmith.compiler.metrics import Budget, accuracy
+from tensorsmith.compiler.module_paths import attach_module_paths, module_paths_recorded
+from tensorsmith.compiler.progress import Reporter
 from tensorsmith.compiler.verify import run_onnx
+from tensorsmith.passes import GraphPass, PassReport, run_passes
+from tensorsmith.passes.outlier_neurons import SplitOutlierNeurons, find_mlps
+from tensorsmith.passes.smooth import SmoothActivations, smoothable_activations
 from tensorsmith.runtime.manifest import VariantRecord, sha256_of
 
 logger = logging.getLogger(__name__)
 
 LATENCY_RUNS = 7
 DYNAMIC_NAME = "cpu-int8-dynamic"
+NORMALIZATIONS = frozenset({"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization"})
 
 
 @dataclass
@@ -33,6 +48,29 @@ class DynamicVariant:
     quantized: list[str]
     achieved: float
     evaluations: int
+
+
+def dynamic_source(
+    model: onnx.ModelProto, data: CalibrationData, smoothing_alpha: float | None, reporter: Reporter
+) -> tuple[onnx.ModelProto, list[PassReport]]:
+    """The fused fp32 graph prepared for dynamic int8: outlier MLP units split off, then (unless smoothing is
+    off) normalization outputs smoothed. Equal to `model` in fp32; one calibration pass for both."""
+    graph = gs.import_onnx(model)
+    hidden = [mlp.hidden.name for mlp in find_mlps(graph)]
+    normalized = []
+    if smoothing_alpha is not None:
+        for name in smoothable_activations(graph):
+            producers = graph.tensors()[name].inputs
+            if producers and producers[0].op in NORMALIZATIONS:
+                normalized.append(name)
+    amax = Observer(model, hidden + normalized).collect_channel_amax(data, reporter) if hidden or normalized else {}
+    passes: list[GraphPass] = [SplitOutlierNeurons({name: amax[name] for name in hidden})]
+    if smoothing_alpha is not None:
+        passes.append(SmoothActivations({name: amax[name] for name in normalized}, smoothing_alpha))
+    reports = run_passes(graph, passes)
+    prepared = gs.export_onnx(graph)
+    attach_module_paths(prepared, module_paths_recorded(model))  # onnx-graphsurgeon drops node metadata
+    return prepared, reports
 
 
 def _no_preprocessing_advice(record: logging.LogRecord) -> bool:
@@ -130,17 +168,51 @@ def _with_int8_embeddings(
     return smaller
 
 
-def latency_ms(path: Path, feeds: dict[str, np.ndarray]) -> float:
-    """Median ONNX Runtime CPU latency over a few runs (after one warm-up), for choosing a recipe."""
+# ONNX Runtime graph optimizers worth switching off for a variant, tried one set at a time. Its CPU
+# SkipLayerNormalization kernel ran ~2x slower than the Add + LayerNormalization it replaces on MiniLM
+# (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32: docs/benchmarks.md), so whether to fuse is measured.
+SESSION_CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("SkipLayerNormFusion",))
+MIN_GAIN = 0.05  # a non-default session must be this much faster than the defaults to be chosen
+
+
+def cpu_session(path: Path, disabled_optimizers: tuple[str, ...] | list[str] = (), threads: int = 0) -> Any:
+    """An ONNX Runtime CPU session for timing. Its threads stop spinning after each run: idle spinning threads
+    of one session otherwise take the cores from the next one measured (it doubled every figure on 2 cores)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    session.run(None, feeds)
-    times = []
-    for _ in range(LATENCY_RUNS):
-        started = time.perf_counter()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    return onnxruntime.InferenceSession(
+        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled_optimizers)
+    )
+
+
+def latency_ms(sessions: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, float]:
+    """Median CPU latency of each session over a few runs, interleaved (after one warm-up each)."""
+    for session in sessions.values():
         session.run(None, feeds)
-        times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(LATENCY_RUNS):
+        for name, session in sessions.items():
+            started = time.perf_counter()
+            session.run(None, feeds)
+            times[name].append((time.perf_counter() - started) * 1e3)
+    return {name: round(statistics.median(values), 3) for name, values in times.items()}
+
+
+def session_label(disabled_optimizers: tuple[str, ...] | list[str]) -> str:
+    return "defaults" if not disabled_optimizers else "without " + ", ".join(disabled_optimizers)
+
+
+def tune_session(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[str], dict[str, float]]:
+    """The ONNX Runtime optimizers to disable for the variant at `path` (the fastest of SESSION_CANDIDATES, if
+    it beats the defaults by MIN_GAIN), with every candidate's latency."""
+    sessions = {session_label(disabled): cpu_session(path, disabled) for disabled in SESSION_CANDIDATES}
+    measured = latency_ms(sessions, feeds)
+    default = measured[session_label(())]
+    best = min(SESSION_CANDIDATES, key=lambda disabled: measured[session_label(disabled)])
+    if measured[session_label(best)] > default * (1 - MIN_GAIN):
+        best = ()
+    return list(best), measured

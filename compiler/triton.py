@@ -121,6 +121,12 @@ def export_triton(
         source = verified_file(artifact, variant.path, variant.sha256)
         model_file, platform, kind = "model.onnx", "onnxruntime_onnx", "KIND_CPU"
         comment = f"tensorsmith export-triton: {artifact.resolve().name} target cpu, variant {variant.name}"
+        if variant.onnxruntime_disabled_optimizers:
+            warnings.append(
+                f"the {variant.name} variant runs faster here with ONNX Runtime's "
+                f"{', '.join(variant.onnxruntime_disabled_optimizers)} switched off (measured by compile), which "
+                "the config cannot say: Triton runs it with ONNX Runtime's defaults"
+            )
     else:
         if record.status != "built" or record.engine is None:
             raise ConfigError(

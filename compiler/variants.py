@@ -25,6 +25,7 @@ from tensorsmith.calibration.data import Feeds
 from tensorsmith.calibration.layers import Layer, Override, activation_shapes, list_layers
 from tensorsmith.calibration.search import PrecisionSearch
 from tensorsmith.calibration.statistics import HISTOGRAMS_NAME, save_histograms
+from tensorsmith.compiler import cpu_recipe
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.ir import save_onnx
 from tensorsmith.compiler.metrics import Budget, accuracy
@@ -143,6 +144,7 @@ def build_variants(
 ) -> Variants:
     """Write `variants/<precision>.onnx`, `calibration.json`, `calibration/int8.cache` and `precision.json`."""
     data, evaluation, evaluated_on = split_data(config, inputs)
+    fused = model
     smoothing: PassReport | None = None
     if config.smoothing and "int8" in _recipes(config):
         reporter.stage("smoothing activation outliers into the weights (int8)")
@@ -185,12 +187,14 @@ def build_variants(
                 variants.unmet.append(f"{record.name}: {budget.metric} {summary['achieved']:.6f} (budget {budget})")
             if budget is not None and precision == "int8" and "cpu" in targets:
                 reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
-                choice = _cpu_choice(model, layers, search.order, record, evaluation, reference, budget, directory)
-                if choice is not None and choice.record is not record:
+                alpha = config.smoothing_alpha if config.smoothing else None
+                source = cpu_recipe.dynamic_source(fused, data, alpha, reporter)
+                choice = _cpu_choice(source, layers, search.order, record, evaluation, reference, budget, directory)
+                if choice.record is not record:
                     choice.record.evaluated_on = evaluated_on
                     variants.records.append(choice.record)
                     variants.by_target["cpu"] = choice.record.name
-                summary["cpu"] = _cpu_summary(choice, record)
+                summary["cpu"] = _cpu_summary(choice, source[1])
     (directory / "precision.json").write_text(json.dumps(plan, indent=2) + "\n")
     return variants
 
@@ -327,11 +331,13 @@ def _build(
 @dataclass
 class CpuChoice:
     record: VariantRecord
-    latency_ms: dict[str, float]
+    reason: str
+    latency_ms: dict[str, float]  # per variant, ONNX Runtime defaults
+    session_latency_ms: dict[str, float]  # the chosen variant, per session setting (cpu_recipe.tune_session)
 
 
 def _cpu_choice(
-    model: onnx.ModelProto,
+    source: tuple[onnx.ModelProto, list[PassReport]],
     layers: list[Layer],
     order: list[str],
     static: VariantRecord,
@@ -339,38 +345,48 @@ def _cpu_choice(
     reference: list[np.ndarray],
     budget: Budget,
     directory: Path,
-) -> CpuChoice | None:
-    """Build the dynamic-quantization variant within the budget (weight MatMuls, in the search's order); keep
-    it for cpu if ONNX Runtime runs it faster than the static Q/DQ variant."""
-    from tensorsmith.compiler.cpu_recipe import build_dynamic_variant, latency_ms
-
+) -> CpuChoice:
+    """Build the dynamic-quantization variant within the budget (weight MatMuls, in the search's order) from
+    `source` (cpu_recipe.dynamic_source: the graph and what preparing it did); keep it for cpu if ONNX Runtime
+    runs it faster than the static Q/DQ variant. Then choose ONNX Runtime's session settings for the winner."""
+    model, _ = source
     weights = {initializer.name for initializer in model.graph.initializer}
+    # The outlier branches' MatMuls are new nodes, not in `order`: they stay in fp32.
     weight_matmuls = {n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights}
-    # From the graph the Q/DQ variants come from (smoothed for int8): smoothing helps dynamic int8 too.
     with tempfile.TemporaryDirectory(prefix="tensorsmith-cpu-", dir=directory) as scratch:
-        source = Path(scratch) / "source.onnx"
-        save_onnx(model, source)
-        dynamic = build_dynamic_variant(
-            source, [name for name in order if name in weight_matmuls], evaluation, reference, budget, directory
+        path = Path(scratch) / "source.onnx"
+        save_onnx(model, path)
+        dynamic = cpu_recipe.build_dynamic_variant(
+            path, [name for name in order if name in weight_matmuls], evaluation, reference, budget, directory
         )
-    if dynamic is None:
-        return None
-    dynamic.record.accuracy["quantized_flops_fraction"] = _flops_fraction(layers, set(dynamic.quantized))
     batch = {name: array[:8] for name, array in evaluation.items()}
-    latency = {
-        static.name: latency_ms(directory / static.path, batch),
-        dynamic.record.name: latency_ms(directory / dynamic.record.path, batch),
+    chosen, reason, latency = static, "no layer fits the budget with dynamic quantization", {}
+    if dynamic is not None:
+        dynamic.record.accuracy["quantized_flops_fraction"] = _flops_fraction(layers, set(dynamic.quantized))
+        sessions = {record.name: cpu_recipe.cpu_session(directory / record.path) for record in (static, dynamic.record)}
+        latency = cpu_recipe.latency_ms(sessions, batch)
+        del sessions
+        reason = "fastest within budget"
+        if latency[dynamic.record.name] < latency[static.name]:
+            chosen = dynamic.record
+        else:
+            (directory / dynamic.record.path).unlink()
+    chosen.onnxruntime_disabled_optimizers, by_session = cpu_recipe.tune_session(directory / chosen.path, batch)
+    return CpuChoice(chosen, reason, latency, by_session)
+
+
+def _cpu_summary(choice: CpuChoice, prepared: list[PassReport]) -> dict[str, object]:
+    """precision.json's account of the cpu choice, with what preparing the dynamic variant's graph did."""
+    return {
+        "variant": choice.record.name,
+        "reason": choice.reason,
+        "latency_ms_batch8": choice.latency_ms,
+        "dynamic_preparation": {report.name: {**report.counts, **report.details} for report in prepared},
+        "onnxruntime_session": {
+            "disabled_optimizers": choice.record.onnxruntime_disabled_optimizers,
+            "latency_ms_batch8": choice.session_latency_ms,
+        },
     }
-    if latency[dynamic.record.name] >= latency[static.name]:
-        (directory / dynamic.record.path).unlink()
-        return CpuChoice(static, latency)
-    return CpuChoice(dynamic.record, latency)
-
-
-def _cpu_summary(choice: CpuChoice | None, static: VariantRecord) -> dict[str, object]:
-    if choice is None:
-        return {"variant": static.name, "reason": "no layer fits the budget with dynamic quantization"}
-    return {"variant": choice.record.name, "latency_ms_batch8": choice.latency_ms, "reason": "fastest within budget"}
 
 
 def build_fp16_variant(

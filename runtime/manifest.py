@@ -62,6 +62,9 @@ class VariantRecord(FileRecord):
     precisions: list[str]
     accuracy: dict[str, float] = Field(default_factory=dict)
     evaluated_on: str = Field("", description="the data `accuracy` was measured on")
+    onnxruntime_disabled_optimizers: list[str] = Field(
+        default_factory=list, description="ONNX Runtime optimizers the compile measured slower here (CPU only)"
+    )
 
 
 class EngineRecord(FileRecord):

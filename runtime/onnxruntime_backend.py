@@ -32,7 +32,9 @@ class OnnxRuntimeBackend(Backend):
         outputs: Sequence[TensorSpec],
         providers: Sequence[str] | None = None,
         limits: Limits | None = None,
+        disabled_optimizers: Sequence[str] = (),
     ) -> None:
+        """`disabled_optimizers`: ONNX Runtime graph optimizers to switch off (the manifest's measured choice)."""
         super().__init__(inputs, outputs, limits)
         try:
             import onnxruntime
@@ -42,7 +44,9 @@ class OnnxRuntimeBackend(Backend):
             ) from err
         chosen = list(providers) if providers else available_providers()
         try:
-            self._session = onnxruntime.InferenceSession(str(model_path), providers=chosen)
+            self._session = onnxruntime.InferenceSession(
+                str(model_path), providers=chosen, disabled_optimizers=list(disabled_optimizers)
+            )
         except Exception as err:  # onnxruntime raises its own untyped exceptions (Fail, InvalidGraph, ...)
             raise RuntimeLoadError(
                 f"ONNX Runtime could not load {model_path}: {err}",
@@ -52,7 +56,9 @@ class OnnxRuntimeBackend(Backend):
         self.provider = self._session.get_providers()[0]
         self.name = f"onnxruntime:{self.provider}"
         self._output_names = [output.name for output in self._session.get_outputs()]
-        logger.debug("loaded %s with providers %s", model_path, self._session.get_providers())
+        self.disabled_optimizers = list(disabled_optimizers)
+        disabled = ", ".join(self.disabled_optimizers) or "none"
+        logger.debug("loaded %s with providers %s, optimizers disabled: %s", model_path, chosen, disabled)
 
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # InferenceSession.run is thread-safe, so one session serves concurrent callers.

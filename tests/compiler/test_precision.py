@@ -6,8 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tensorsmith.compiler.cpu_recipe import MIN_GAIN
 from tensorsmith.compiler.errors import ConfigError
 from tensorsmith.compiler.metrics import Budget
+from tensorsmith.runtime import load
+from tensorsmith.runtime.device import Device
 from tensorsmith.samples import prepare
 from tests.conftest import run_cli
 
@@ -61,9 +64,19 @@ def test_auto_meets_the_budget_per_recipe_and_explains_each_layer(calibration: P
     # cpu runs whichever of the static Q/DQ and the dynamic-quantization variant ONNX Runtime runs faster.
     cpu = plan["recipes"]["cpu-int8"]["cpu"]
     assert targets["cpu"]["variant"] == cpu["variant"]
-    if "latency_ms_batch8" in cpu:
+    if cpu["latency_ms_batch8"]:
         assert cpu["variant"] == min(cpu["latency_ms_batch8"], key=cpu["latency_ms_batch8"].get)
         assert variants[cpu["variant"]]["accuracy"]["cosine"] >= 0.999
+        assert cpu["dynamic_preparation"]["split_outlier_neurons"]["mlps_split"] >= 0
+    # ... with the ONNX Runtime optimizers measured slower on it switched off, in the manifest for the runtime.
+    session = cpu["onnxruntime_session"]
+    disabled = session["disabled_optimizers"]
+    assert variants[cpu["variant"]]["onnxruntime_disabled_optimizers"] == disabled
+    by_setting = session["latency_ms_batch8"]
+    if disabled:
+        assert by_setting[f"without {', '.join(disabled)}"] < by_setting["defaults"] * (1 - MIN_GAIN)
+    model = load(tmp_path / "out", device=Device(None, reason="no CUDA device"))
+    assert model.backend.startswith("onnxruntime") and model._backend.disabled_optimizers == disabled  # type: ignore[attr-defined]
 
 
 def test_overrides_pin_layers_before_the_search(calibration: Path, tmp_path: Path) -> None:

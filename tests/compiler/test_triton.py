@@ -1,6 +1,7 @@
 """`tensorsmith export-triton`: a Triton model repository entry whose config.pbtxt parses with Triton's own
 protobuf schema (tritonclient's model_config_pb2)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,17 @@ def test_cpu_target_becomes_an_onnxruntime_model(artifact: Path, tmp_path: Path)
     assert config.instance_group[0].count == 2
     assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert (tmp_path / "repo" / "mlp_cpu" / "1" / "model.onnx").is_file()
+
+
+def test_session_settings_the_config_cannot_carry_are_a_warning(artifact: Path, tmp_path: Path) -> None:
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    cpu = next(target["variant"] for target in manifest["targets"] if target["name"] == "cpu")
+    for variant in manifest["variants"]:
+        if variant["name"] == cpu:
+            variant["onnxruntime_disabled_optimizers"] = ["SkipLayerNormFusion"]
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    result = run_cli_json("export-triton", artifact, "--target", "cpu", "-o", tmp_path / "repo")
+    assert any("SkipLayerNormFusion" in warning for warning in result["warnings"])
 
 
 def test_export_again_replaces_the_model_atomically(artifact: Path, tmp_path: Path) -> None:
