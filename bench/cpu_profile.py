@@ -2,8 +2,9 @@
 
     python bench/cpu_profile.py [--artifact build/minilm-auto] [--runs 20]
 
-Profiles, on batch 8 × 64 tokens with 2 threads, the artifact's cpu variant and ONNX Runtime's dynamic
-quantization (MatMul, per-channel) of the artifact's fp32 graph. Prints a markdown table (ms per run).
+Profiles, on batch 8 × 64 tokens with 2 threads, the artifact's cpu variant (with the ONNX Runtime optimizers
+its manifest switches off) and ONNX Runtime's dynamic quantization (MatMul, per-channel) of the artifact's fp32
+graph, with ONNX Runtime's defaults and with the same optimizers off. Prints a markdown table (ms per run).
 """
 
 from __future__ import annotations
@@ -24,23 +25,35 @@ from bench.precision import onnxruntime_dynamic_per_channel  # noqa: E402
 from bench.runner import machine, markdown_table  # noqa: E402
 
 
-def kernel_ms(model: Path, feeds: dict[str, np.ndarray], runs: int, prefix: Path) -> dict[str, float]:
+def kernel_ms(
+    models: dict[str, tuple[Path, list[str]]], feeds: dict[str, np.ndarray], runs: int, scratch: Path
+) -> dict[str, dict[str, float]]:
+    """Kernel ms per op type and run for each (model, optimizers switched off), the runs interleaved so that
+    drift in the machine's speed hits every model alike; threads stop spinning after each run."""
     import onnxruntime
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.log_severity_level = 3
-    options.enable_profiling = True
-    options.profile_file_prefix = str(prefix)
-    session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    sessions = {}
+    for index, (name, (path, disabled)) in enumerate(models.items()):
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 2
+        options.log_severity_level = 3
+        options.enable_profiling = True
+        options.profile_file_prefix = str(scratch / f"profile-{index}")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+        sessions[name] = onnxruntime.InferenceSession(
+            str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled
+        )
     for _ in range(runs):
-        session.run(None, feeds)
-    events = json.loads(Path(session.end_profiling()).read_text())
-    totals: collections.Counter[str] = collections.Counter()
-    for event in events:
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            totals[event["args"]["op_name"]] += event["dur"]
-    return {op: microseconds / runs / 1000 for op, microseconds in totals.items()}
+        for session in sessions.values():
+            session.run(None, feeds)
+    columns = {}
+    for name, session in sessions.items():
+        totals: collections.Counter[str] = collections.Counter()
+        for event in json.loads(Path(session.end_profiling()).read_text()):
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                totals[event["args"]["op_name"]] += event["dur"]
+        columns[name] = {op: microseconds / runs / 1000 for op, microseconds in totals.items()}
+    return columns
 
 
 def main() -> None:
@@ -52,21 +65,25 @@ def main() -> None:
 
     manifest = json.loads((args.artifact / "manifest.json").read_text())
     cpu = next(target for target in manifest["targets"] if target["name"] == "cpu")
-    ours = args.artifact / next(v["path"] for v in manifest["variants"] if v["name"] == cpu["variant"])
+    variant = next(v for v in manifest["variants"] if v["name"] == cpu["variant"])
+    ours, tuned = args.artifact / variant["path"], variant.get("onnxruntime_disabled_optimizers", [])
+    without = f", without {', '.join(tuned)}" if tuned else ""
     with np.load(args.feeds) as archive:
         feeds = {name: archive[name][:8] for name in archive.files}
     with tempfile.TemporaryDirectory() as scratch:
         anchor = Path(scratch) / "dynamic-per-channel.onnx"
         onnxruntime_dynamic_per_channel(args.artifact / "model.onnx", anchor)
-        columns = {
-            "onnxruntime dynamic (MatMul, per-channel)": kernel_ms(anchor, feeds, args.runs, Path(scratch) / "a"),
-            f"tensorsmith {cpu['variant']}": kernel_ms(ours, feeds, args.runs, Path(scratch) / "b"),
-        }
+        runs: dict[str, tuple[Path, list[str]]] = {"onnxruntime dynamic (MatMul, per-channel)": (anchor, [])}
+        if tuned:
+            runs[f"onnxruntime dynamic (MatMul, per-channel){without}"] = (anchor, tuned)
+        runs[f"tensorsmith {cpu['variant']}{without}"] = (ours, tuned)
+        columns = kernel_ms(runs, feeds, args.runs, Path(scratch))
     ops = sorted(set().union(*columns.values()), key=lambda op: -max(c.get(op, 0.0) for c in columns.values()))
     rows = [[op, *(f"{c.get(op, 0.0):.2f}" for c in columns.values())] for op in ops if max(
         c.get(op, 0.0) for c in columns.values()) >= 0.05]  # fmt: skip
     rows.append(["total", *(f"{sum(c.values()):.2f}" for c in columns.values())])
-    print(f"{machine()}; MiniLM, batch 8 × 64 tokens, 2 threads, {args.runs} profiled runs; kernel ms per run\n")
+    runs_text = f"{args.runs} interleaved profiled runs"
+    print(f"{machine()}; MiniLM, batch 8 × 64 tokens, 2 threads, {runs_text}; kernel ms per run\n")
     print(markdown_table(["op", *columns], rows))
 
 

@@ -1,6 +1,8 @@
-"""MiniLM on the CPU: tensorsmith's cpu variant against ONNX Runtime fp32, static INT8 and dynamic INT8.
+"""MiniLM on the CPU: tensorsmith's cpu variant against ONNX Runtime fp32, static INT8 and dynamic INT8; and
+the Q/DQ variants for TensorRT against TensorRT Model Optimizer's ONNX PTQ, in accuracy.
 
     python bench/precision.py [--auto build/minilm-auto] [--fp32 build/minilm] [--repeats 30]
+                              [--modelopt-site build/modelopt-site]
 
 `--auto` is an artifact compiled with `--precision auto --budget 'cosine>=0.995' --eval-data
 samples/minilm/evaluation.npz --target cpu` (its cpu target's variant is measured). ONNX Runtime's INT8
@@ -10,9 +12,13 @@ threads, interleaved runs. Accuracy on the 64 held-out sentences: sentence-embed
 nearest-neighbour agreement (each sentence's nearest other sentence is the same as with fp32), and the token
 embeddings' cosine (the other output, which the compile's budget also holds). Our variant runs with the ONNX
 Runtime settings its manifest records (the optimizers its compile measured slower); when there are any, ONNX
-Runtime's dynamic model is also measured with them. TensorRT Model
-Optimizer is not measured: it was not tried here (installing it would pull an unpinned, CUDA build of
-torch). Prints a markdown table.
+Runtime's dynamic model is also measured with them.
+
+Second table, accuracy only: TensorRT Model Optimizer's ONNX PTQ (`modelopt.onnx.quantization.quantize`, int8
+and fp8, entropy calibration on the same 128 sentences, float regions fp32) against the artifact's int8 and fp8
+variants. Both are Q/DQ graphs for TensorRT; ONNX Runtime computes their outputs here, but its CPU time is not
+their speed on a GPU, so none is given. Model Optimizer comes from `bash bench/modelopt-site.sh` (its wheel
+without the CUDA torch it would pull); without that folder the table is left out. Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -70,6 +76,16 @@ def onnxruntime_dynamic_per_channel(fp32: Path, output: Path) -> None:
                      per_channel=True)  # fmt: skip
 
 
+def modelopt_ptq(fp32: Path, output: Path, mode: str) -> None:
+    """TensorRT Model Optimizer's ONNX PTQ with its defaults for `mode` (entropy calibration), on the CPU."""
+    from modelopt.onnx.quantization import quantize
+
+    with np.load(CALIBRATION) as archive:
+        data = {name: archive[name] for name in archive.files}
+    quantize(str(fp32), quantize_mode=mode, calibration_data=data, calibration_eps=["cpu"], output_path=str(output),
+             high_precision_dtype="fp32", log_level="WARNING")  # fmt: skip
+
+
 def session(path: Path, disabled_optimizers: list[str]):  # type: ignore[no-untyped-def]
     """2 threads that stop spinning after each run (cpu_recipe.cpu_session), else the idle spinning threads of
     one model's session slow the next one measured: every figure doubled on 2 cores."""
@@ -96,6 +112,7 @@ def main() -> None:
     parser.add_argument("--auto", type=Path, default=ROOT / "build" / "minilm-auto")
     parser.add_argument("--fp32", type=Path, default=ROOT / "build" / "minilm")
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--modelopt-site", type=Path, default=ROOT / "build" / "modelopt-site")
     args = parser.parse_args()
 
     manifest = json.loads((args.auto / "manifest.json").read_text())
@@ -142,6 +159,36 @@ def main() -> None:
     header = ["model", "ms min / median / max", "latency vs fp32", "cosine mean", "cosine min", "token cosine",
               "NN agreement", "MB"]  # fmt: skip
     print(markdown_table(header, rows))
+    if args.modelopt_site.is_dir():
+        print("\nQ/DQ models for TensorRT, accuracy computed by ONNX Runtime on the 64 held-out sentences\n")
+        print(markdown_table(["model", "cosine mean", "cosine min", "token cosine", "NN agreement", "MB"],
+                             tensorrt_accuracy(args.auto, fp32, evaluation, args.modelopt_site)))  # fmt: skip
+
+
+def accuracy_row(name: str, path: Path, reference: list[np.ndarray], evaluation: dict[str, np.ndarray]) -> list[str]:
+    tokens, actual = session(path, []).run(["token_embeddings", "sentence_embedding"], evaluation)
+    cosine = cosines(reference[1], actual)
+    agreement = float(np.mean(neighbours(actual) == neighbours(reference[1])))
+    return [
+        name, f"{cosine.mean():.4f}", f"{cosine.min():.4f}", f"{cosines(reference[0], tokens).mean():.4f}",
+        f"{agreement:.0%}", f"{path.stat().st_size / 1e6:.0f}",
+    ]  # fmt: skip
+
+
+def tensorrt_accuracy(artifact: Path, fp32: Path, evaluation: dict[str, np.ndarray], site: Path) -> list[list[str]]:
+    sys.path.append(str(site))  # after .venv's packages: its onnx and onnxruntime are the ones used
+    reference = session(fp32, []).run(["token_embeddings", "sentence_embedding"], evaluation)
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    variants = {variant["name"]: artifact / variant["path"] for variant in manifest["variants"]}
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for mode in ("int8", "fp8"):
+            quantized = Path(scratch) / f"modelopt-{mode}.onnx"
+            modelopt_ptq(fp32, quantized, mode)
+            rows.append(accuracy_row(f"TensorRT Model Optimizer ONNX PTQ {mode}", quantized, reference, evaluation))
+            if mode in variants:
+                rows.append(accuracy_row(f"tensorsmith {mode} variant (auto)", variants[mode], reference, evaluation))
+    return rows
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def _with_int8_embeddings(
 
 
 # ONNX Runtime graph optimizers worth switching off for a variant, tried one set at a time. Its CPU
-# SkipLayerNormalization kernel ran ~2x slower than the Add + LayerNormalization it replaces on MiniLM
+# SkipLayerNormalization kernel took 3-4x the time of the Adds + LayerNormalization it replaces on MiniLM
 # (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32: docs/benchmarks.md), so whether to fuse is measured.
 SESSION_CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("SkipLayerNormFusion",))
 MIN_GAIN = 0.05  # a non-default session must be this much faster than the defaults to be chosen
