@@ -116,6 +116,15 @@ def _plan_table(plan: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
     }
 
 
+def _cpu_choice(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    """precision.json's account of the cpu target's recipe (which variant, how its graph was prepared, which
+    ONNX Runtime settings), if the compile made that choice."""
+    for recipe in (plan or {}).get("recipes", {}).values():
+        if "cpu" in recipe:
+            return dict(recipe["cpu"])
+    return None
+
+
 def _engines(directory: Path, manifest: Manifest) -> list[dict[str, Any]]:
     rows = []
     for target in manifest.targets:
@@ -176,6 +185,7 @@ def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
         "budget": plan.get("budget") if plan else None,
         "sensitivity": sensitivity,
         "plan": _plan_table(plan),
+        "cpu": _cpu_choice(plan),
         "variants": _variants(directory, manifest),
         "engines": _engines(directory, manifest),
     }

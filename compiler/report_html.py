@@ -111,6 +111,36 @@ def _plan(report: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _cpu(report: dict[str, Any]) -> str:
+    cpu = report.get("cpu")
+    if not cpu:
+        return ""
+    parts = [
+        "<h2>CPU recipe</h2>",
+        f"<p>The cpu target runs <code>{escape(cpu['variant'])}</code>: {escape(cpu['reason'])}.</p>",
+    ]
+    if cpu.get("latency_ms_batch8"):
+        rows = sorted(cpu["latency_ms_batch8"].items(), key=lambda item: item[1])
+        parts.append(_table(("variant", "ms, batch 8, ONNX Runtime defaults"), rows))
+    preparation = cpu.get("dynamic_preparation", {})
+    split = preparation.get("split_outlier_neurons", {})
+    if split.get("units"):
+        parts.append(
+            f"<p>Dynamic int8 graph: {split['units_split']} outlier MLP units (max |activation| above "
+            f"{split['ratio']:g}x the median unit's) moved to a float branch; "
+            f"{preparation.get('smooth_activations', {}).get('activations_smoothed', 0)} activations smoothed.</p>"
+        )
+        parts.append(_table(("MLP output MatMul", "units kept in float"), [
+            (node, ", ".join(str(unit) for unit in units)) for node, units in split["units"].items()
+        ]))  # fmt: skip
+    session = cpu.get("onnxruntime_session")
+    if session:
+        chosen = ", ".join(session["disabled_optimizers"]) or "none"
+        parts.append(f"<p>ONNX Runtime optimizers switched off for it (measured): <code>{escape(chosen)}</code>.</p>")
+        parts.append(_table(("session", "ms, batch 8"), list(session["latency_ms_batch8"].items())))
+    return "".join(parts)
+
+
 def _engines(report: dict[str, Any]) -> str:
     rows, classes = [], []
     for engine in report["engines"]:
@@ -130,7 +160,7 @@ def render_html(report: dict[str, Any]) -> str:
         f"exporter {escape(source['exporter'])}, opset {source['opset']}); tensorsmith "
         f"{escape(report['tensorsmith_version'])}.</p>"
     )
-    sections = [_steps, _fusion, _accuracy, _sensitivity, _calibration, _plan, _engines]
+    sections = [_steps, _fusion, _accuracy, _sensitivity, _calibration, _plan, _cpu, _engines]
     body = header + "".join(section(report) for section in sections)
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'

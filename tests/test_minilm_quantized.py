@@ -116,6 +116,11 @@ def test_auto_precision_meets_the_budget_on_held_out_sentences(tmp_path: Path) -
         assert recipe["met"] and recipe["achieved"] >= 0.995
         assert all(layer["module"].startswith("bert.encoder.layer.") for layer in recipe["layers"])
     assert plan["recipes"]["fp8"]["quantized_flops_fraction"] >= 0.7
+    # The dynamic-int8 graph for the cpu: layer 0's GELU unit 856 (24.7 on [CLS], median unit 1.3) and a few
+    # others go to a float branch; smoothing after the 12 LayerNorms that feed weight MatMuls.
+    preparation = plan["recipes"]["cpu-int8"]["cpu"]["dynamic_preparation"]
+    assert 856 in preparation["split_outlier_neurons"]["units"]["node_MatMul_94"]
+    assert preparation["smooth_activations"]["activations_smoothed"] == 12
     variants = {variant["name"]: variant for variant in compiled["variants"]}
     for variant in variants.values():
         if variant["name"] != "fp32":
@@ -129,6 +134,8 @@ def test_auto_precision_meets_the_budget_on_held_out_sentences(tmp_path: Path) -
     assert {row["target"]: row["status"] for row in report["engines"]} == {
         "cpu": "not-needed", "sm_86": "built", "sm_89": "built"
     }  # fmt: skip
+    assert report["cpu"]["variant"] == {t["name"]: t["variant"] for t in compiled["targets"]}["cpu"]
+    assert "<h2>CPU recipe</h2>" in (out / "report.html").read_text()
     check_report_renders(out, tmp_path, quantized=True)
 
 

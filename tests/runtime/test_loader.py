@@ -28,6 +28,25 @@ def copy_artifact(artifact: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(artifact, tmp_path / "copy"))
 
 
+def test_onnxruntime_optimizers_the_manifest_switches_off_apply_on_the_cpu(artifact: Path, tmp_path: Path) -> None:
+    from tensorsmith.runtime.device import Device
+
+    copy = copy_artifact(artifact, tmp_path)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    cpu = next(target["variant"] for target in manifest["targets"] if target["name"] == "cpu")
+    for variant in manifest["variants"]:
+        if variant["name"] == cpu:
+            variant["onnxruntime_disabled_optimizers"] = ["SkipLayerNormFusion"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    with load(copy, device=Device(None, reason="no CUDA device")) as model, load(artifact) as plain:
+        assert model._backend.disabled_optimizers == ["SkipLayerNormFusion"]  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(model.run({"x": x})["y"], plain.run({"x": x})["y"])
+    # Measured on a CPU, so not applied where ONNX Runtime may pick CUDA (a GPU without an engine for it).
+    with load(copy, device=Device("sm_80")) as model:
+        assert model._backend.disabled_optimizers == []  # type: ignore[attr-defined]
+
+
 def test_load_runs_on_onnxruntime_and_says_why(artifact: Path) -> None:
     x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
     session = onnxruntime.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
