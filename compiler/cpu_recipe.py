@@ -8,7 +8,9 @@ starts from its own version of the fused graph (`dynamic_source`): outlier MLP u
 branch (passes/outlier_neurons.py), and SmoothQuant scaling only for activations that come out of a
 normalization. Those carry per-channel outliers (LayerNorm's γ), which is what smoothing corrects; an MLP's
 activation carries a few huge units, which the split removes exactly; smoothing them too added 12 Muls that ONNX
-Runtime runs as separate ops, for no accuracy (measured on MiniLM: docs/benchmarks.md).
+Runtime runs as separate ops, for no accuracy (measured on MiniLM: docs/benchmarks.md). Softmax logits are
+floored at (row max − 80) so that masked keys keep ONNX Runtime's Softmax on its fast path
+(passes/softmax_floor.py; no fp32 output changes).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tensorsmith.compiler.verify import run_onnx
 from tensorsmith.passes import GraphPass, PassReport, run_passes
 from tensorsmith.passes.outlier_neurons import SplitOutlierNeurons, find_mlps
 from tensorsmith.passes.smooth import SmoothActivations, smoothable_activations
+from tensorsmith.passes.softmax_floor import FloorSoftmaxLogits
 from tensorsmith.runtime.manifest import VariantRecord, sha256_of
 
 logger = logging.getLogger(__name__)
@@ -53,8 +56,9 @@ class DynamicVariant:
 def dynamic_source(
     model: onnx.ModelProto, data: CalibrationData, smoothing_alpha: float | None, reporter: Reporter
 ) -> tuple[onnx.ModelProto, list[PassReport]]:
-    """The fused fp32 graph prepared for dynamic int8: outlier MLP units split off, then (unless smoothing is
-    off) normalization outputs smoothed. Equal to `model` in fp32; one calibration pass for both."""
+    """The fused fp32 graph prepared for dynamic int8 on ONNX Runtime: outlier MLP units split off, (unless
+    smoothing is off) normalization outputs smoothed, Softmax logits floored. Equal to `model` in fp32; one
+    calibration pass for the first two."""
     graph = gs.import_onnx(model)
     hidden = [mlp.hidden.name for mlp in find_mlps(graph)]
     normalized = []
@@ -67,6 +71,7 @@ def dynamic_source(
     passes: list[GraphPass] = [SplitOutlierNeurons({name: amax[name] for name in hidden})]
     if smoothing_alpha is not None:
         passes.append(SmoothActivations({name: amax[name] for name in normalized}, smoothing_alpha))
+    passes.append(FloorSoftmaxLogits())
     reports = run_passes(graph, passes)
     prepared = gs.export_onnx(graph)
     attach_module_paths(prepared, module_paths_recorded(model))  # onnx-graphsurgeon drops node metadata

@@ -128,7 +128,9 @@ def _cpu(report: dict[str, Any]) -> str:
         parts.append(
             f"<p>Dynamic int8 graph: {split['units_split']} outlier MLP units (max |activation| above "
             f"{split['ratio']:g}x the median unit's) moved to a float branch; "
-            f"{preparation.get('smooth_activations', {}).get('activations_smoothed', 0)} activations smoothed.</p>"
+            f"{preparation.get('smooth_activations', {}).get('activations_smoothed', 0)} activations smoothed; "
+            f"{preparation.get('floor_softmax_logits', {}).get('softmax_floored', 0)} Softmax inputs floored at "
+            "their row's max − 80 (for ONNX Runtime's fast exp path).</p>"
         )
         parts.append(_table(("MLP output MatMul", "units kept in float"), [
             (node, ", ".join(str(unit) for unit in units)) for node, units in split["units"].items()
