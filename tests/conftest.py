@@ -65,3 +65,14 @@ def compile_small_mlp(directory: Path, name: str = "out", targets: list[str] | N
     if targets:
         fields["targets"] = targets
     return compile(CompileConfig.create(fields), directory / name).out
+
+
+def disable_optimizers_for_cpu(artifact: Path, optimizers: list[str]) -> None:
+    """Record in the artifact's manifest, as a compile that measured them slower would, ONNX Runtime optimizers
+    to switch off for the cpu target's variant."""
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    cpu = next(target["variant"] for target in manifest["targets"] if target["name"] == "cpu")
+    for variant in manifest["variants"]:
+        if variant["name"] == cpu:
+            variant["onnxruntime_disabled_optimizers"] = optimizers
+    (artifact / "manifest.json").write_text(json.dumps(manifest))

@@ -1,14 +1,13 @@
 """`tensorsmith export-triton`: a Triton model repository entry whose config.pbtxt parses with Triton's own
 protobuf schema (tritonclient's model_config_pb2)."""
 
-import json
 from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tests.conftest import compile_small_mlp, run_cli, run_cli_json
+from tests.conftest import compile_small_mlp, disable_optimizers_for_cpu, run_cli, run_cli_json
 
 
 def parse_config(model_directory: Path) -> model_config_pb2.ModelConfig:
@@ -50,12 +49,7 @@ def test_cpu_target_becomes_an_onnxruntime_model(artifact: Path, tmp_path: Path)
 
 
 def test_session_settings_the_config_cannot_carry_are_a_warning(artifact: Path, tmp_path: Path) -> None:
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    cpu = next(target["variant"] for target in manifest["targets"] if target["name"] == "cpu")
-    for variant in manifest["variants"]:
-        if variant["name"] == cpu:
-            variant["onnxruntime_disabled_optimizers"] = ["SkipLayerNormFusion"]
-    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    disable_optimizers_for_cpu(artifact, ["SkipLayerNormFusion"])
     result = run_cli_json("export-triton", artifact, "--target", "cpu", "-o", tmp_path / "repo")
     assert any("SkipLayerNormFusion" in warning for warning in result["warnings"])
 

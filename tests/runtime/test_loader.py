@@ -30,14 +30,10 @@ def copy_artifact(artifact: Path, tmp_path: Path) -> Path:
 
 def test_onnxruntime_optimizers_the_manifest_switches_off_apply_on_the_cpu(artifact: Path, tmp_path: Path) -> None:
     from tensorsmith.runtime.device import Device
+    from tests.conftest import disable_optimizers_for_cpu
 
     copy = copy_artifact(artifact, tmp_path)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    cpu = next(target["variant"] for target in manifest["targets"] if target["name"] == "cpu")
-    for variant in manifest["variants"]:
-        if variant["name"] == cpu:
-            variant["onnxruntime_disabled_optimizers"] = ["SkipLayerNormFusion"]
-    (copy / "manifest.json").write_text(json.dumps(manifest))
+    disable_optimizers_for_cpu(copy, ["SkipLayerNormFusion"])
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     with load(copy, device=Device(None, reason="no CUDA device")) as model, load(artifact) as plain:
         assert model._backend.disabled_optimizers == ["SkipLayerNormFusion"]  # type: ignore[attr-defined]
