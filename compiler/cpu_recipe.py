@@ -178,6 +178,7 @@ def _with_int8_embeddings(
 # (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32: docs/benchmarks.md), so whether to fuse is measured.
 SESSION_CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("SkipLayerNormFusion",))
 MIN_GAIN = 0.05  # a non-default session must be this much faster than the defaults to be chosen
+MAX_TUNED_BYTES = 2 << 30  # timing holds one session per candidate at once: not for models above 2 GiB
 
 
 def cpu_session(path: Path, disabled_optimizers: tuple[str, ...] | list[str] = (), threads: int = 0) -> Any:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -129,6 +130,20 @@ def _verify(
     return errors
 
 
+def _tune_cpu_session(variant: VariantRecord, directory: Path, feeds: dict[str, np.ndarray]) -> None:
+    """Record in `variant` the ONNX Runtime optimizers that run it slower on this CPU (cpu_recipe.tune_session);
+    the `--precision auto` recipe does this itself, on evaluation data."""
+    from tensorsmith.compiler.cpu_recipe import MAX_TUNED_BYTES, tune_session
+
+    path = directory / variant.path
+    if path.stat().st_size > MAX_TUNED_BYTES:
+        logger.info("cpu: ONNX Runtime's defaults kept for %s: too large to hold two sessions for timing", path.name)
+        return
+    variant.onnxruntime_disabled_optimizers, latency = tune_session(path, feeds)
+    logger.info("cpu: %s ms per run by ONNX Runtime session setting; optimizers switched off: %s",
+                latency, variant.onnxruntime_disabled_optimizers or "none")  # fmt: skip
+
+
 def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = None) -> CompileResult:
     """Compile `config.source` into the artifact directory `out` (replaced atomically, never half-written)."""
     started = time.perf_counter()
@@ -175,6 +190,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         variants = [reference]
         by_target = dict.fromkeys(config.targets, reference)
         unmet: list[str] = []
+        session_tuned: set[str] = set()
         if config.precision in ("fp32", "fp16"):
             wants_fp16 = [t for t in config.targets if float_variant(config.precision, t) == "fp16"]
             if wants_fp16:
@@ -189,6 +205,12 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
             named = {record.name: record for record in quantized.records}
             by_target = {target: named[name] for target, name in quantized.by_target.items()}
             unmet = quantized.unmet
+            session_tuned = quantized.session_tuned
+
+        cpu = by_target.get("cpu")
+        if cpu is not None and cpu.name not in session_tuned:
+            reporter.stage("cpu: timing ONNX Runtime's session settings")
+            _tune_cpu_session(cpu, staging, example_feeds(config))
 
         targets = target_records(config, by_target, inputs, staging, reporter)
         steps = [StepRecord(name=name, seconds=seconds) for name, seconds in reporter.finish()]

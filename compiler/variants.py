@@ -49,6 +49,7 @@ class Variants:
     reports: list[PassReport] = field(default_factory=list)
     by_target: dict[str, str] = field(default_factory=dict)  # target → variant name
     unmet: list[str] = field(default_factory=list)  # recipes whose budget does not hold, with the figure
+    session_tuned: set[str] = field(default_factory=set)  # variants whose ONNX Runtime settings were measured
 
 
 def _concatenate(batches: list[Feeds]) -> Feeds:
@@ -190,6 +191,7 @@ def build_variants(
                 alpha = config.smoothing_alpha if config.smoothing else None
                 source = cpu_recipe.dynamic_source(fused, data, alpha, reporter)
                 choice = _cpu_choice(source, layers, search.order, record, evaluation, reference, budget, directory)
+                variants.session_tuned.add(choice.record.name)
                 if choice.record is not record:
                     choice.record.evaluated_on = evaluated_on
                     variants.records.append(choice.record)
