@@ -19,6 +19,7 @@ import logging
 import statistics
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,13 +28,11 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from tensorsmith.calibration import CalibrationData, Observer
 from tensorsmith.compiler.metrics import Budget, accuracy
 from tensorsmith.compiler.module_paths import attach_module_paths, module_paths_recorded
-from tensorsmith.compiler.progress import Reporter
 from tensorsmith.compiler.verify import run_onnx
 from tensorsmith.passes import GraphPass, PassReport, run_passes
-from tensorsmith.passes.outlier_neurons import SplitOutlierNeurons, find_mlps
+from tensorsmith.passes.outlier_neurons import SplitOutlierNeurons
 from tensorsmith.passes.smooth import SmoothActivations, smoothable_activations
 from tensorsmith.passes.softmax_floor import FloorSoftmaxLogits
 from tensorsmith.runtime.manifest import VariantRecord, sha256_of
@@ -54,23 +53,18 @@ class DynamicVariant:
 
 
 def dynamic_source(
-    model: onnx.ModelProto, data: CalibrationData, smoothing_alpha: float | None, reporter: Reporter
+    model: onnx.ModelProto, channel_amax: Mapping[str, np.ndarray], smoothing_alpha: float | None
 ) -> tuple[onnx.ModelProto, list[PassReport]]:
     """The fused fp32 graph prepared for dynamic int8 on ONNX Runtime: outlier MLP units split off, (unless
-    smoothing is off) normalization outputs smoothed, Softmax logits floored. Equal to `model` in fp32; one
-    calibration pass for the first two."""
+    smoothing is off) normalization outputs smoothed, Softmax logits floored. Equal to `model` in fp32.
+    `channel_amax`: per-channel max |x| of the graph's weight-MatMul inputs, from calibration."""
     graph = gs.import_onnx(model)
-    hidden = [mlp.hidden.name for mlp in find_mlps(graph)]
-    normalized = []
+    passes: list[GraphPass] = [SplitOutlierNeurons(channel_amax)]  # it reads the MLPs' hidden activations
     if smoothing_alpha is not None:
-        for name in smoothable_activations(graph):
-            producers = graph.tensors()[name].inputs
-            if producers and producers[0].op in NORMALIZATIONS:
-                normalized.append(name)
-    amax = Observer(model, hidden + normalized).collect_channel_amax(data, reporter) if hidden or normalized else {}
-    passes: list[GraphPass] = [SplitOutlierNeurons({name: amax[name] for name in hidden})]
-    if smoothing_alpha is not None:
-        passes.append(SmoothActivations({name: amax[name] for name in normalized}, smoothing_alpha))
+        tensors = graph.tensors()
+        producers = {name: tensors[name].inputs[0].op for name in smoothable_activations(graph) if tensors[name].inputs}
+        smooth = {name: amax for name, amax in channel_amax.items() if producers.get(name) in NORMALIZATIONS}
+        passes.append(SmoothActivations(smooth, smoothing_alpha))
     passes.append(FloorSoftmaxLogits())
     reports = run_passes(graph, passes)
     prepared = gs.export_onnx(graph)

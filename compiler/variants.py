@@ -145,11 +145,18 @@ def build_variants(
 ) -> Variants:
     """Write `variants/<precision>.onnx`, `calibration.json`, `calibration/int8.cache` and `precision.json`."""
     data, evaluation, evaluated_on = split_data(config, inputs)
+    budget = Budget.parse(config.budget) if config.precision == "auto" else None
     fused = model
+    # Per-channel ranges of the fused graph's MatMul inputs: smoothing needs them, and so does the cpu recipe's
+    # dynamic-int8 graph (cpu_recipe.dynamic_source); one calibration pass serves both.
+    channel_amax: dict[str, np.ndarray] = {}
+    if "int8" in _recipes(config) and (config.smoothing or budget is not None):
+        reporter.stage("measuring per-channel activation ranges (int8)")
+        channel_amax = _channel_amax(fused, data, reporter)
     smoothing: PassReport | None = None
     if config.smoothing and "int8" in _recipes(config):
         reporter.stage("smoothing activation outliers into the weights (int8)")
-        model, smoothing = _smooth(model, data, config.smoothing_alpha, reporter)
+        model, smoothing = _smooth(model, channel_amax, config.smoothing_alpha)
     reporter.stage(f"calibrating ({config.calibrator}) on {config.calibration}")
     observer = Observer(model, tensors_to_observe(model))
     statistics = observer.collect_histograms(data, observer.collect_ranges(data, reporter), reporter)
@@ -163,7 +170,6 @@ def build_variants(
     one_sample = {name: array[:1] for name, array in evaluation.items()}
     layers = list_layers(model, activation_shapes(observer.run(one_sample)), overrides)
     reference = run_onnx(reference_path, evaluation)
-    budget = Budget.parse(config.budget) if config.precision == "auto" else None
 
     variants = Variants()
     if smoothing is not None:
@@ -189,7 +195,7 @@ def build_variants(
             if budget is not None and precision == "int8" and "cpu" in targets:
                 reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
                 alpha = config.smoothing_alpha if config.smoothing else None
-                source = cpu_recipe.dynamic_source(fused, data, alpha, reporter)
+                source = cpu_recipe.dynamic_source(fused, channel_amax, alpha)
                 choice = _cpu_choice(source, layers, search.order, record, evaluation, reference, budget, directory)
                 variants.session_tuned.add(choice.record.name)
                 if choice.record is not record:
@@ -201,14 +207,18 @@ def build_variants(
     return variants
 
 
-def _smooth(
-    model: onnx.ModelProto, data: CalibrationData, alpha: float, reporter: Reporter
-) -> tuple[onnx.ModelProto, PassReport]:
-    """The fused graph with SmoothQuant scaling (x/s, s·W): equal in fp32, kinder to per-tensor int8."""
-    from tensorsmith.passes.smooth import SmoothActivations, smoothable_activations
+def _channel_amax(model: onnx.ModelProto, data: CalibrationData, reporter: Reporter) -> dict[str, np.ndarray]:
+    """max |x| per channel of every activation read by a weight MatMul (passes/smooth.py)."""
+    from tensorsmith.passes.smooth import smoothable_activations
 
     activations = list(smoothable_activations(gs.import_onnx(model)))
-    amax = Observer(model, activations).collect_channel_amax(data, reporter) if activations else {}
+    return Observer(model, activations).collect_channel_amax(data, reporter) if activations else {}
+
+
+def _smooth(model: onnx.ModelProto, amax: dict[str, np.ndarray], alpha: float) -> tuple[onnx.ModelProto, PassReport]:
+    """The fused graph with SmoothQuant scaling (x/s, s·W): equal in fp32, kinder to per-tensor int8."""
+    from tensorsmith.passes.smooth import SmoothActivations
+
     graph = gs.import_onnx(model)
     (report,) = run_passes(graph, [SmoothActivations(amax, alpha)])
     smoothed = gs.export_onnx(graph)
