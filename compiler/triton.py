@@ -51,18 +51,6 @@ def _target(manifest: Manifest, artifact: Path, name: str) -> TargetRecord:
     raise ConfigError(f"{artifact} has no target '{name}' (targets: {known})", hint=f"compile with --target {name}")
 
 
-def _batch_limits(manifest: Manifest, target: TargetRecord, batch: str) -> tuple[int | None, int]:
-    """(the largest batch the model accepts, the batch it was tuned for): the engine's profile on a GPU, the
-    declared dims on the cpu."""
-    if target.engine is not None and target.engine.profiles:
-        first_input = manifest.inputs[0].name
-        profile = target.engine.profiles[0][first_input]
-        assert isinstance(profile, dict)
-        return int(profile["max"][0]), int(profile["opt"][0])
-    limits = manifest.dims.get(batch, {})
-    return limits.get("max"), limits.get("opt") or 1
-
-
 def _tensor(record: TensorRecord, batched: bool) -> str:
     if record.dtype not in TRITON_TYPES:
         raise ConfigError(f"tensor '{record.name}' has dtype {record.dtype}, which Triton has no type for")
@@ -150,14 +138,14 @@ def export_triton(
     batch = manifest.batch_dim()
     max_batch_size, preferred = 0, []
     if batch is not None:
-        limit, tuned = _batch_limits(manifest, record, batch)
+        limit, tuned = manifest.batch_limits(record.engine)
         if max_batch is not None and limit is not None and max_batch > limit:
             raise ConfigError(
                 f"--max-batch {max_batch} is larger than the {target} model's largest batch ({limit})",
                 hint=f"use --max-batch {limit} or less, or recompile with a larger [dims.{batch}] max",
             )
         max_batch_size = max_batch if max_batch is not None else (limit or 8)
-        preferred = sorted({size for size in (tuned, max_batch_size) if 0 < size <= max_batch_size})
+        preferred = sorted({size for size in (tuned or 1, max_batch_size) if 0 < size <= max_batch_size})
     elif max_batch:
         warnings.append(f"the model has no batch dim shared by all its tensors: --max-batch {max_batch} is ignored")
 

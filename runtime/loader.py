@@ -56,14 +56,7 @@ class Model:
     def max_batch(self) -> int | None:
         """The largest batch (first dim of every input and output) to send: the engine profile's on TensorRT,
         the compile's declared [dims] max on ONNX Runtime; None when the model has no batch dim or no limit."""
-        batch = self.manifest.batch_dim()
-        if batch is None:
-            return None
-        if self._engine is not None and self._engine.profiles:
-            limits = self._engine.profiles[0].get(self.manifest.inputs[0].name)
-            if isinstance(limits, dict):
-                return int(limits["max"][0])
-        return self.manifest.dims.get(batch, {}).get("max")
+        return self.manifest.batch_limits(self._engine)[0]
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Run once. Raises ValueError naming any input whose name, dtype, rank or static dims are wrong."""

@@ -104,6 +104,20 @@ class Manifest(_Record):
         first = firsts.pop() if len(firsts) == 1 else None
         return first if isinstance(first, str) else None
 
+    def batch_limits(self, engine: EngineRecord | None = None) -> tuple[int | None, int | None]:
+        """(the largest batch, the batch it was tuned for): `engine`'s optimization profile (max, opt of the first
+        input's first dim) when it has one, else the declared [dims] max and opt of `batch_dim()`; (None, None)
+        without a batch dim."""
+        batch = self.batch_dim()
+        if batch is None:
+            return None, None
+        if engine is not None and engine.profiles:
+            profile = engine.profiles[0].get(self.inputs[0].name)
+            if isinstance(profile, dict):
+                return int(profile["max"][0]), int(profile["opt"][0])
+        limits = self.dims.get(batch, {})
+        return limits.get("max"), limits.get("opt")
+
     def variant(self, name: str) -> VariantRecord:
         for variant in self.variants:
             if variant.name == name:
