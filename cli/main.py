@@ -120,12 +120,12 @@ def compile_command(
         result = compile(config, out, reporter=reporter)
 
     manifest = result.manifest
+    failed = _failed(manifest)
     if as_json:
         payload = manifest.model_dump(mode="json")
-        ok = result.budget_met and not _failed(manifest)
-        emit_json({"ok": ok, "out": str(result.out), "seconds": result.seconds,
+        emit_json({"ok": result.budget_met and not failed, "out": str(result.out), "seconds": result.seconds,
                    "unmet_budgets": result.unmet_budgets, **payload})  # fmt: skip
-        _exit_if_unmet(result.unmet_budgets, result.out, _failed(manifest))
+        _exit_if_unmet(result.unmet_budgets, result.out, failed)
         return
     stdout.print(f"[bold green]compiled[/] {config.source} → {result.out} in {result.seconds:.1f} s")
     stdout.print(f"  exporter: {manifest.source.exporter}, opset {manifest.source.opset} → {config.opset}")
@@ -138,7 +138,7 @@ def compile_command(
         engine = f" → {target.engine.path}" if target.engine else ""
         engine += " (engine cache hit)" if target.engine and target.engine.cache == "hit" else ""
         stdout.print(f"  target {target.name}: {target.status} via {target.builder}{engine} {target.reason}".rstrip())
-    _exit_if_unmet(result.unmet_budgets, result.out, _failed(manifest))
+    _exit_if_unmet(result.unmet_budgets, result.out, failed)
 
 
 def _failed(manifest: Any) -> list[str]:

@@ -276,7 +276,11 @@ def _build(
     path = directory / "variants" / f"{name}.onnx"
     reporter.stage(f"{name}: building and verifying the variant")
 
+    verifications = 0
+
     def write_and_measure(nodes: list[str], embeddings: bool) -> tuple[PassReport, list[np.ndarray], float | None]:
+        nonlocal verifications
+        verifications += 1
         report = _write_variant(model, precision, scales, [*pinned, *nodes], regions, path, embeddings)
         outputs = run_onnx(path, evaluation)
         return report, outputs, budget.measure(reference, outputs) if budget is not None else None
@@ -307,7 +311,7 @@ def _build(
         "met": bool(budget is None or (achieved is not None and budget.met(achieved))),
         "achieved": achieved,
         "quantized_flops_fraction": round(fraction, 4),
-        "evaluations": search.evaluations + retries + 1,
+        "evaluations": search.evaluations + verifications,
         "embeddings": "int8, weight-only, a scale per row (within the budget)"
         if embeddings
         else "higher precision (policy)"
