@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.precision import onnxruntime_dynamic_per_channel  # noqa: E402
 from bench.runner import machine, markdown_table  # noqa: E402
+from tensorsmith.compiler.cpu_recipe import cpu_session  # noqa: E402
 
 
 def kernel_ms(
@@ -30,19 +31,10 @@ def kernel_ms(
 ) -> dict[str, dict[str, float]]:
     """Kernel ms per op type and run for each (model, optimizers switched off), the runs interleaved so that
     drift in the machine's speed hits every model alike; threads stop spinning after each run."""
-    import onnxruntime
-
-    sessions = {}
-    for index, (name, (path, disabled)) in enumerate(models.items()):
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 2
-        options.log_severity_level = 3
-        options.enable_profiling = True
-        options.profile_file_prefix = str(scratch / f"profile-{index}")
-        options.add_session_config_entry("session.force_spinning_stop", "1")
-        sessions[name] = onnxruntime.InferenceSession(
-            str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled
-        )
+    sessions = {
+        name: cpu_session(path, disabled, threads=2, profile=scratch / f"profile-{index}")
+        for index, (name, (path, disabled)) in enumerate(models.items())
+    }
     for _ in range(runs):
         for session in sessions.values():
             session.run(None, feeds)

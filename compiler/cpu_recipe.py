@@ -175,15 +175,21 @@ MIN_GAIN = 0.05  # a non-default session must be this much faster than the defau
 MAX_TUNED_BYTES = 2 << 30  # timing holds one session per candidate at once: not for models above 2 GiB
 
 
-def cpu_session(path: Path, disabled_optimizers: tuple[str, ...] | list[str] = (), threads: int = 0) -> Any:
-    """An ONNX Runtime CPU session for timing. Its threads stop spinning after each run: idle spinning threads
-    of one session otherwise take the cores from the next one measured (it doubled every figure on 2 cores)."""
+def cpu_session(
+    path: Path, disabled_optimizers: tuple[str, ...] | list[str] = (), threads: int = 0, profile: Path | None = None
+) -> Any:
+    """An ONNX Runtime CPU session for timing (and, with `profile`, ONNX Runtime's profiler writing files with
+    that prefix). Its threads stop spinning after each run: idle spinning threads of one session otherwise take
+    the cores from the next one measured (it doubled every figure on 2 cores)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.force_spinning_stop", "1")
+    if profile is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile)
     return onnxruntime.InferenceSession(
         str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled_optimizers)
     )
