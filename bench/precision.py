@@ -38,6 +38,7 @@ from bench.runner import compare, machine, markdown_table  # noqa: E402
 
 CALIBRATION = ROOT / "samples" / "minilm" / "calibration.npz"
 EVALUATION = ROOT / "samples" / "minilm" / "evaluation.npz"
+OUTPUTS = ["token_embeddings", "sentence_embedding"]
 
 
 def load_feeds(path: Path) -> dict[str, np.ndarray]:
@@ -139,45 +140,46 @@ def main() -> None:
             models[f"onnxruntime dynamic int8 (MatMul, per-channel){without}"] = (per_channel, tuned)
         models[f"tensorsmith cpu variant ({cpu['variant']}, auto{without})"] = (ours, tuned)
         sessions = {name: session(path, disabled) for name, (path, disabled) in models.items()}
-        outputs = {name: s.run(["token_embeddings", "sentence_embedding"], evaluation) for name, s in sessions.items()}
+        outputs = {name: s.run(OUTPUTS, evaluation) for name, s in sessions.items()}
         timings, ratios = compare(
             {name: (lambda s=s: s.run(None, batch)) for name, s in sessions.items()}, repeats=args.repeats
         )
-        tokens, reference = outputs["onnxruntime fp32"]
-        reference_neighbours = neighbours(reference)
-        rows = []
-        for name, (path, _) in models.items():
-            actual_tokens, actual = outputs[name]
-            cosine = cosines(reference, actual)
-            agreement = float(np.mean(neighbours(actual) == reference_neighbours))
-            rows.append([
-                name, timings[name].summary(), f"{ratios.get(name, 1.0):.2f}", f"{cosine.mean():.4f}",
-                f"{cosine.min():.4f}", f"{cosines(tokens, actual_tokens).mean():.4f}", f"{agreement:.0%}",
-                f"{path.stat().st_size / 1e6:.0f}",
-            ])  # fmt: skip
+        reference = outputs["onnxruntime fp32"]
+        rows = [
+            [name, timings[name].summary(), f"{ratios.get(name, 1.0):.2f}",
+             *accuracy_cells(reference, outputs[name], path)]
+            for name, (path, _) in models.items()
+        ]  # fmt: skip
     print(f"{machine()}; MiniLM, batch 8 × 64 tokens, 2 threads, {args.repeats} interleaved runs\n")
     header = ["model", "ms min / median / max", "latency vs fp32", "cosine mean", "cosine min", "token cosine",
               "NN agreement", "MB"]  # fmt: skip
     print(markdown_table(header, rows))
     if args.modelopt_site.is_dir():
         print("\nQ/DQ models for TensorRT, accuracy computed by ONNX Runtime on the 64 held-out sentences\n")
-        print(markdown_table(["model", "cosine mean", "cosine min", "token cosine", "NN agreement", "MB"],
-                             tensorrt_accuracy(args.auto, fp32, evaluation, args.modelopt_site)))  # fmt: skip
+        rows = tensorrt_accuracy(args.auto, fp32, reference, evaluation, args.modelopt_site)
+        print(markdown_table(["model", "cosine mean", "cosine min", "token cosine", "NN agreement", "MB"], rows))
 
 
-def accuracy_row(name: str, path: Path, reference: list[np.ndarray], evaluation: dict[str, np.ndarray]) -> list[str]:
-    tokens, actual = session(path, []).run(["token_embeddings", "sentence_embedding"], evaluation)
-    cosine = cosines(reference[1], actual)
-    agreement = float(np.mean(neighbours(actual) == neighbours(reference[1])))
+def accuracy_cells(reference: list[np.ndarray], outputs: list[np.ndarray], path: Path) -> list[str]:
+    """Sentence cosine (mean, min), token cosine, nearest-neighbour agreement, MB: `outputs` (token embeddings,
+    sentence embedding) of the model at `path` against fp32's `reference`."""
+    (reference_tokens, reference_sentences), (tokens, sentences) = reference, outputs
+    cosine = cosines(reference_sentences, sentences)
+    agreement = float(np.mean(neighbours(sentences) == neighbours(reference_sentences)))
     return [
-        name, f"{cosine.mean():.4f}", f"{cosine.min():.4f}", f"{cosines(reference[0], tokens).mean():.4f}",
+        f"{cosine.mean():.4f}", f"{cosine.min():.4f}", f"{cosines(reference_tokens, tokens).mean():.4f}",
         f"{agreement:.0%}", f"{path.stat().st_size / 1e6:.0f}",
     ]  # fmt: skip
 
 
-def tensorrt_accuracy(artifact: Path, fp32: Path, evaluation: dict[str, np.ndarray], site: Path) -> list[list[str]]:
+def accuracy_row(name: str, path: Path, reference: list[np.ndarray], evaluation: dict[str, np.ndarray]) -> list[str]:
+    return [name, *accuracy_cells(reference, session(path, []).run(OUTPUTS, evaluation), path)]
+
+
+def tensorrt_accuracy(
+    artifact: Path, fp32: Path, reference: list[np.ndarray], evaluation: dict[str, np.ndarray], site: Path
+) -> list[list[str]]:
     sys.path.append(str(site))  # after .venv's packages: its onnx and onnxruntime are the ones used
-    reference = session(fp32, []).run(["token_embeddings", "sentence_embedding"], evaluation)
     manifest = json.loads((artifact / "manifest.json").read_text())
     variants = {variant["name"]: artifact / variant["path"] for variant in manifest["variants"]}
     rows = []
