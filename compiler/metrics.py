@@ -82,6 +82,13 @@ def accuracy(reference: Outputs, actual: Outputs) -> dict[str, float]:
 _BUDGET = re.compile(r"^\s*([A-Za-z0-9_.\-:]+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 
 
+def budget_terms(text: str) -> tuple[str, str, float] | None:
+    """(metric, ">=" or "<=", value) of a budget's text, None if it has not that form; unlike `Budget.parse`, it
+    imports no user function (the report reads budgets back this way)."""
+    match = _BUDGET.match(text)
+    return (match.group(1), match.group(2), float(match.group(3))) if match else None
+
+
 @dataclass(frozen=True)
 class Budget:
     """`metric >= value` or `metric <= value`, e.g. 'cosine>=0.995', 'max-abs<=0.05'."""
@@ -94,13 +101,13 @@ class Budget:
 
     @classmethod
     def parse(cls, text: str) -> Budget:
-        match = _BUDGET.match(text)
-        if not match:
+        terms = budget_terms(text)
+        if terms is None:
             raise ConfigError(
                 f"budget {text!r} is not METRIC>=VALUE or METRIC<=VALUE",
                 hint=f"e.g. --budget 'cosine>=0.995'; metrics: {', '.join(METRICS)} or pkg.module:function",
             )
-        name, comparison, value = match.group(1), match.group(2), float(match.group(3))
+        name, comparison, value = terms
         if name in METRICS:
             function, higher = METRICS[name]
         elif ":" in name:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorsmith.compiler.artifact import replace_file
+from tensorsmith.compiler.metrics import budget_terms
 from tensorsmith.runtime.manifest import Manifest, read_manifest, resolve_inside
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ def _sensitivity(plan: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]
     first."""
     if not plan:
         return {}
-    lower_is_better = "max-abs" in str(plan.get("budget", ""))
+    terms = budget_terms(str(plan.get("budget", "")))
+    lower_is_better = terms is not None and terms[1] == "<="
     result = {}
     for recipe in plan.get("recipes", {}).values():
         measured = [layer for layer in recipe.get("layers", []) if layer.get("sensitivity") is not None]

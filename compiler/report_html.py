@@ -7,6 +7,7 @@ from html import escape
 from typing import Any
 
 from tensorsmith.compiler import report_plots
+from tensorsmith.compiler.metrics import budget_terms
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -91,7 +92,8 @@ def _calibration(report: dict[str, Any]) -> str:
 def _sensitivity(report: dict[str, Any]) -> str:
     if not report["sensitivity"]:
         return ""
-    metric = str(report["budget"] or "cosine").split(">")[0].split("<")[0].strip()
+    terms = budget_terms(str(report["budget"]))
+    metric = terms[0] if terms is not None else "cosine"
     parts = ["<h2>Sensitivity</h2>", f"<p>Budget: <code>{escape(str(report['budget']))}</code>.</p>"]
     for precision, layers in report["sensitivity"].items():
         svg = report_plots.sensitivity_chart(layers, metric)
