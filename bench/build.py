@@ -32,8 +32,9 @@ def main() -> None:
     import logging
 
     logging.basicConfig(level=logging.ERROR)
-    from tensorsmith.compiler.build import BuildOptions, build_engine, profile_for
-    from tensorsmith.compiler.config import DimRange
+    from tensorsmith.compiler.config import BuildConfig, DimRange
+    from tensorsmith.compiler.engines.builder import build_engine
+    from tensorsmith.compiler.engines.profiles import profile_for
     from tensorsmith.runtime.manifest import read_manifest
 
     rows = []
@@ -49,7 +50,7 @@ def main() -> None:
             onnx_mb = (artifact / variant.path).stat().st_size / 1e6
             for target in RUNS[variant.name]:
                 with tempfile.TemporaryDirectory() as cache:
-                    options = BuildOptions(cache_dir=Path(cache))
+                    options = BuildConfig(engine_cache_dir=Path(cache))
                     engine = build_engine(artifact / variant.path, target, profile, options=options)
                     again = build_engine(artifact / variant.path, target, profile, options=options)
                 assert engine.cache == "miss" and again.cache == "hit" and again.plan == engine.plan

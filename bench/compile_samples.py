@@ -26,8 +26,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from tensorsmith.compiler import CompileConfig, compile
-    from tensorsmith.compiler.export import _build_module, _export_dynamo
-    from tensorsmith.compiler.feeds import example_feeds
+    from tensorsmith.compiler.frontend.export import _build_module, _export_dynamo
+    from tensorsmith.compiler.frontend.feeds import example_feeds
     from tensorsmith.samples import prepare
 
     rows = []

@@ -47,7 +47,7 @@ def export(name: str, exporter: str, opset: int, path: Path) -> dict[str, np.nda
     import torch
 
     from tensorsmith.compiler import CompileConfig
-    from tensorsmith.compiler.export import _build_module, _export_dynamo, _export_torchscript
+    from tensorsmith.compiler.frontend.export import _build_module, _export_dynamo, _export_torchscript
     from tensorsmith.samples import prepare
 
     prepare.prepare(name)
@@ -77,7 +77,7 @@ def run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 
 
 def error(reference: list[np.ndarray], actual: list[np.ndarray]) -> float:
-    from tensorsmith.compiler.verify import relative_error
+    from tensorsmith.core.metrics import relative_error
 
     return max(relative_error(r, a) for r, a in zip(reference, actual, strict=True))
 
@@ -112,8 +112,9 @@ def onnxruntime_fuse(source: Path, target: Path, heads: int, hidden: int) -> flo
 
 
 def tensorrt_builds(path: Path, inputs: dict[str, np.ndarray]) -> str:
-    from tensorsmith.compiler.build import Profile, build_engine
-    from tensorsmith.compiler.errors import BuildError
+    from tensorsmith.compiler.engines.builder import build_engine
+    from tensorsmith.compiler.engines.profiles import Profile
+    from tensorsmith.core.errors import BuildError
 
     shapes = {name: ((1, 1), tuple(value.shape), (16, 128)) for name, value in inputs.items()}
     try:

@@ -11,7 +11,7 @@ from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.calibration.observer import Observer
 from tensorsmith.calibration.table import CalibrationTable, Method, build_table
 from tensorsmith.calibration.thresholds import DEFAULT_PERCENTILE
-from tensorsmith.compiler.progress import Reporter
+from tensorsmith.core.progress import Reporter
 
 
 def tensors_to_observe(model: onnx.ModelProto) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tensorsmith.compiler.errors import CalibrationError
+from tensorsmith.core.errors import CalibrationError
 from tensorsmith.runtime.specs import TensorSpec
 
 Feeds = dict[str, np.ndarray]

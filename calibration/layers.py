@@ -8,23 +8,28 @@ import fnmatch
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from pydantic import BaseModel, ConfigDict, Field
 
+from tensorsmith.core.module_paths import MODULE_KEY, module_path_from_name
 from tensorsmith.passes.matching import constant_value
 from tensorsmith.passes.quantize import activation_inputs, quantizable_nodes
 
-MODULE_KEY = "tensorsmith.module"  # node metadata_props key the compiler writes (see compiler/module_paths.py)
 # Ops a final projection's output may pass through on its way to a graph output.
 PASS_THROUGH = ("Add", "Reshape", "Transpose", "Identity", "Flatten", "Squeeze", "Unsqueeze", "Cast")
 
 
-@dataclass
-class Override:
-    match: str  # a glob over the node name, the module path, or the op type
-    precision: str
+class Override(BaseModel):
+    """`[[overrides]]`: pin the matching layers to a precision before any search."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    match: str = Field(description="glob over the ONNX node name, the PyTorch module path, or the op type")
+    precision: Literal["fp32", "int8", "fp8"]
 
 
 @dataclass
@@ -36,12 +41,6 @@ class Layer:
     pinned: str | None = None  # a precision fixed before any search
     reason: str = ""
     inputs: tuple[str, ...] = ()  # the activation tensors it quantizes (the report plots their histograms)
-
-
-def module_path_from_name(name: str) -> str:
-    """TorchScript-style node names carry the module path: '/layers.0/attention/query/MatMul' → its module."""
-    parts = [part for part in name.split("/") if part]
-    return ".".join(parts[:-1])
 
 
 def _modules(model: onnx.ModelProto) -> dict[str, str]:

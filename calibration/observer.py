@@ -16,9 +16,9 @@ import onnx
 
 from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.calibration.statistics import TensorStatistics
-from tensorsmith.compiler.errors import CalibrationError
-from tensorsmith.compiler.ir import save_onnx
-from tensorsmith.compiler.progress import LogReporter, Reporter
+from tensorsmith.core.errors import CalibrationError
+from tensorsmith.core.ir import save_onnx
+from tensorsmith.core.progress import LogReporter, Reporter
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from tensorsmith.compiler.ir import save_onnx
-from tensorsmith.compiler.metrics import Budget
-from tensorsmith.compiler.progress import LogReporter, Reporter
+from tensorsmith.core.ir import save_onnx
+from tensorsmith.core.metrics import Budget
+from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.passes import run_passes
 from tensorsmith.passes.quantize import SWITCHES, InsertQDQ, Precision
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from tensorsmith.core.formats import FP8_E4M3_MAX, INT8_MAX
+
 NUM_BINS = 2048
 INT8_LEVELS = 128  # |q| ≤ 127 plus zero: TensorRT's 128 quantization levels for signed int8
 START_BIN = 128
-INT8_MAX = 127.0
-FP8_E4M3_MAX = 448.0
 DEFAULT_PERCENTILE = 99.99
 NEAR_TIE = 1e-9  # relative: candidates this close to the minimum are recomputed exactly
 
@@ -135,9 +135,3 @@ def int8_scale(threshold: float) -> float:
 
 def fp8_scale(amax: float) -> float:
     return amax / FP8_E4M3_MAX
-
-
-def per_channel_amax(weights: np.ndarray, axis: int) -> np.ndarray:
-    """max |w| over every axis but `axis` (the output channels): one value per channel."""
-    reduce = tuple(a for a in range(weights.ndim) if a != axis % weights.ndim)
-    return np.max(np.abs(weights), axis=reduce)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +9,8 @@ import click
 import numpy as np
 from rich.table import Table
 
-from tensorsmith.cli.output import RichReporter, emit_json, handle_errors, setup_logging, stderr, stdout
+from tensorsmith.cli.compile import build_command, compile_command
+from tensorsmith.cli.output import emit_json, handle_errors, setup_logging, stdout
 from tensorsmith.runtime.errors import TensorsmithError
 
 
@@ -24,159 +22,8 @@ def main(verbose: int) -> None:
     setup_logging(verbose)
 
 
-@contextlib.contextmanager
-def _reporter() -> Iterator[Any]:
-    """Rich progress (stages and counted tasks) on a terminal; plain log lines on stderr otherwise (a CI log)."""
-    if stderr.is_terminal:
-        with RichReporter(stderr) as reporter:
-            yield reporter
-    else:
-        yield None
-
-
-@main.command("compile")
-@click.argument("source")
-@click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Artifact directory.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), help="tensorsmith.toml with settings.")
-@click.option("--checkpoint", type=click.Path(path_type=Path), help=".safetensors or .pt/.pth (weights only).")
-@click.option("--input", "inputs", multiple=True, metavar="NAME:DTYPE:DIMS", help="e.g. input_ids:int64:batch,128")
-@click.option("--output-name", "outputs", multiple=True, help="Names for the model's outputs, in order.")
-@click.option("--opset", type=int, help="ai.onnx opset of the compiled graph (default 20).")
-@click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), help="PyTorch exporter.")
-@click.option("--target", "targets", multiple=True, metavar="TARGET", help="Architecture to compile for (cpu).")
-@click.option(
-    "--precision",
-    type=click.Choice(["fp32", "fp16", "int8", "fp8", "auto"]),
-    help="int8/fp8: quantize every layer the policy allows; auto: choose per layer and target within --budget.",
-)
-@click.option("--budget", help="For --precision auto, e.g. 'cosine>=0.995' (cosine, min-cosine, max-abs, sqnr-db).")
-@click.option("--calibrator", type=click.Choice(["entropy", "percentile", "minmax"]), help="Default: entropy.")
-@click.option("--percentile", type=float, help="For --calibrator percentile (default 99.99).")
-@click.option("--calibration", type=click.Path(path_type=Path), help=".npz of inputs (samples on axis 0), or a folder.")
-@click.option("--calibration-samples", type=int, help="Use at most N calibration samples.")
-@click.option("--eval-data", "evaluation", type=click.Path(path_type=Path), help="Held-out .npz for accuracy.")
-@click.option("--engine-cache", type=click.Path(path_type=Path), help="Reuse engines built before (a directory).")
-@click.option("--no-fuse", is_flag=True, help="Skip the fusion passes (LayerNorm, GELU, attention scale).")
-@click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-@handle_errors
-def compile_command(
-    source: str,
-    out: Path,
-    config_path: Path | None,
-    checkpoint: Path | None,
-    inputs: tuple[str, ...],
-    outputs: tuple[str, ...],
-    opset: int | None,
-    exporter: str | None,
-    targets: tuple[str, ...],
-    precision: str | None,
-    budget: str | None,
-    calibrator: str | None,
-    percentile: float | None,
-    calibration: Path | None,
-    calibration_samples: int | None,
-    evaluation: Path | None,
-    engine_cache: Path | None,
-    no_fuse: bool,
-    no_verify: bool,
-    as_json: bool,
-) -> None:
-    """Compile SOURCE (a tensorsmith.toml, model.onnx, model.pt2, or pkg.module:function) into OUT."""
-    from tensorsmith.compiler import CompileConfig, compile
-    from tensorsmith.compiler.config import parse_input_flag
-
-    overrides: dict[str, Any] = {
-        "checkpoint": str(checkpoint.resolve()) if checkpoint else None,
-        "inputs": [parse_input_flag(text) for text in inputs] or None,
-        "outputs": list(outputs) or None,
-        "opset": opset,
-        "exporter": exporter,
-        "targets": list(targets) or None,
-        "precision": precision,
-        "budget": budget,
-        "calibrator": calibrator,
-        "percentile": percentile,
-        "calibration": str(calibration.resolve()) if calibration else None,
-        "calibration_samples": calibration_samples,
-        "evaluation": str(evaluation.resolve()) if evaluation else None,
-        "fuse": False if no_fuse else None,
-        "verify": False if no_verify else None,
-    }
-    if engine_cache is not None:
-        overrides["build"] = {"engine_cache_dir": str(engine_cache.resolve())}
-    if source.endswith(".toml"):
-        config = CompileConfig.from_toml(source, **overrides)
-    else:
-        if source.endswith((".onnx", ".pt2")):
-            source = str(Path(source).resolve())
-        if config_path is not None:
-            config = CompileConfig.from_toml(config_path, source=source, **overrides)
-        else:
-            fields = {key: value for key, value in overrides.items() if value is not None}
-            config = CompileConfig.create({"source": source, **fields})
-
-    with _reporter() as reporter:
-        result = compile(config, out, reporter=reporter)
-
-    manifest = result.manifest
-    failed = _failed(manifest)
-    if as_json:
-        payload = manifest.model_dump(mode="json")
-        emit_json({"ok": result.budget_met and not failed, "out": str(result.out), "seconds": result.seconds,
-                   "unmet_budgets": result.unmet_budgets, **payload})  # fmt: skip
-        _exit_if_unmet(result.unmet_budgets, result.out, failed)
-        return
-    stdout.print(f"[bold green]compiled[/] {config.source} → {result.out} in {result.seconds:.1f} s")
-    stdout.print(f"  exporter: {manifest.source.exporter}, opset {manifest.source.opset} → {config.opset}")
-    for record in manifest.passes:
-        stdout.print(f"  pass {record.name}: {record.counts} ({record.seconds:.2f} s)")
-    for variant in manifest.variants:
-        accuracy = ", ".join(f"{k}={v:.4g}" for k, v in variant.accuracy.items()) or "not verified"
-        stdout.print(f"  variant {variant.name}: {variant.path} ({accuracy})")
-    for target in manifest.targets:
-        engine = f" → {target.engine.path}" if target.engine else ""
-        engine += " (engine cache hit)" if target.engine and target.engine.cache == "hit" else ""
-        stdout.print(f"  target {target.name}: {target.status} via {target.builder}{engine} {target.reason}".rstrip())
-    _exit_if_unmet(result.unmet_budgets, result.out, failed)
-
-
-def _failed(manifest: Any) -> list[str]:
-    return [f"{t.name}: {t.reason}" for t in manifest.targets if t.status == "failed"]
-
-
-def _exit_if_unmet(unmet: list[str], out: Path, failed: list[str] | None = None) -> None:
-    """Exit code 3: the accuracy budget does not hold; 1: an engine failed to build. The artifact (the best
-    plan, the other engines) is written all the same."""
-    if unmet:
-        click.echo(
-            f"error: accuracy budget not met: {'; '.join(unmet)} (hint: the best plan is in {out}/precision.json; "
-            "loosen --budget, add calibration data, or pin layers with [[overrides]])",
-            err=True,
-        )
-        sys.exit(3)
-    if failed:
-        click.echo(f"error: engine builds failed: {'; '.join(failed)} (hint: see {out}/manifest.json)", err=True)
-        sys.exit(1)
-
-
-@main.command("build")
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--target", required=True, help="Architecture, e.g. sm_90.")
-@click.option("--builder", type=click.Choice(["tensorrt", "tensorrt-rtx"]), help="Default: whichever covers it.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-@handle_errors
-def build_command(artifact: Path, target: str, builder: str | None, as_json: bool) -> None:
-    """Add TARGET's engine to an existing artifact (e.g. on a GPU runner in CI)."""
-    from tensorsmith.compiler.engines import build_target
-
-    with _reporter() as reporter:
-        record = build_target(artifact, target, builder, reporter=reporter)
-    if as_json:
-        emit_json({"ok": True, "artifact": str(artifact), **record.model_dump(mode="json")})
-        return
-    assert record.engine is not None
-    stdout.print(f"built {target} with {record.builder} {record.engine.builder_version} → {record.engine.path}")
+main.add_command(compile_command)
+main.add_command(build_command)
 
 
 @main.command("run")
@@ -226,7 +73,7 @@ def _specs_table(title: str, records: list[dict[str, Any]]) -> Table:
 @handle_errors
 def inspect_command(path: Path, as_json: bool) -> None:
     """Summarize an artifact directory OUT or an ONNX file."""
-    from tensorsmith.compiler.inspection import inspect_path
+    from tensorsmith.compiler.artifact.inspection import inspect_path
 
     summary = inspect_path(path)
     if as_json:
@@ -277,7 +124,7 @@ def export_triton_command(
     as_json: bool,
 ) -> None:
     """Write ARTIFACT's TARGET as a Triton model: REPO/NAME/config.pbtxt and REPO/NAME/1/model.plan|onnx."""
-    from tensorsmith.compiler.triton import export_triton
+    from tensorsmith.compiler.artifact.triton import export_triton
 
     model = export_triton(artifact, target, repository, name, max_batch, max_queue_delay_us, instances)
     if as_json:
@@ -296,7 +143,7 @@ def export_triton_command(
 @handle_errors
 def report_command(artifact: Path, as_json: bool) -> None:
     """Regenerate ARTIFACT/report.json and report.html from the artifact's files."""
-    from tensorsmith.compiler.report import REPORT_HTML, REPORT_JSON, write_report
+    from tensorsmith.compiler.report.collect import REPORT_HTML, REPORT_JSON, write_report
     from tensorsmith.runtime.manifest import read_manifest
 
     read_manifest(artifact)  # a clear error for a path that is not an artifact

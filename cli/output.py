@@ -103,3 +103,13 @@ def handle_errors(command: F) -> F:
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def progress_reporter() -> Iterator[Any]:
+    """Rich progress (stages and counted tasks) on a terminal; plain log lines on stderr otherwise (a CI log)."""
+    if stderr.is_terminal:
+        with RichReporter(stderr) as reporter:
+            yield reporter
+    else:
+        yield None

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tensorsmith.compiler.errors import ConfigError
-
-if TYPE_CHECKING:
-    from tensorsmith.compiler.build import BuildOptions
+from tensorsmith.calibration.layers import Override
+from tensorsmith.compiler.targets import TARGETS, Request, check_precision
+from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.metrics import Budget
 
 DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 SourceKind = Literal["factory", "exported_program", "onnx"]
@@ -65,13 +65,6 @@ class DimRange(_Strict):
         return self
 
 
-class OverrideDecl(_Strict):
-    """Pin matching layers to a precision before any search."""
-
-    match: str = Field(description="glob over the ONNX node name, the PyTorch module path, or the op type")
-    precision: Literal["fp32", "int8", "fp8"]
-
-
 class BuildConfig(_Strict):
     """`[build]`: TensorRT builder settings for the engines `compile` builds."""
 
@@ -82,24 +75,25 @@ class BuildConfig(_Strict):
     workspace_mb: int | None = Field(None, ge=1, description="workspace memory pool limit")
     hardware_compatibility: Literal["none", "ampere+", "same-compute-capability"] = "none"
     detailed_profiling: bool = Field(True, description="keep layer names/precisions for the engine inspector")
-    timing_cache_dir: Path = Field(
+    timing_cache_dir: Path | None = Field(
         Path("~/.cache/tensorsmith/timing-cache"), description="data-centre TensorRT's timing caches, per target"
     )
     engine_cache_dir: Path | None = Field(
         None, description="reuse engines built before from the same graph and settings (else $TENSORSMITH_ENGINE_CACHE)"
     )
 
-    def options(self) -> BuildOptions:
-        from tensorsmith.compiler.build import BuildOptions
+    @property
+    def workspace_bytes(self) -> int | None:
+        return self.workspace_mb << 20 if self.workspace_mb else None
 
-        return BuildOptions(
-            optimization_level=self.optimization_level,
-            workspace_bytes=self.workspace_mb << 20 if self.workspace_mb else None,
-            hardware_compatibility=self.hardware_compatibility,
-            detailed_profiling=self.detailed_profiling,
-            timing_cache_dir=self.timing_cache_dir.expanduser(),
-            cache_dir=self.engine_cache_dir.expanduser() if self.engine_cache_dir else None,
-        )
+    def cache_settings(self) -> dict[str, object]:
+        """The settings an engine depends on (the engine cache's key): not where caches live, nor who builds."""
+        return {
+            "optimization_level": self.optimization_level,
+            "workspace_bytes": self.workspace_bytes,
+            "hardware_compatibility": self.hardware_compatibility,
+            "detailed_profiling": self.detailed_profiling,
+        }
 
 
 class CompileConfig(_Strict):
@@ -115,14 +109,14 @@ class CompileConfig(_Strict):
         "auto", description="auto: dynamo, then TorchScript if dynamo fails"
     )
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
-    precision: Literal["fp32", "fp16", "int8", "fp8", "auto"] = Field(
+    precision: Request = Field(
         "fp32",
         description="fp16: GPU targets get an fp16 variant (LayerNorm kept fp32); int8/fp8: calibrate and "
         "quantize every layer the policy allows; auto: per target (int8, or fp8 from sm_89), each layer chosen so "
         "that `budget` holds on held-out data",
     )
     budget: str = Field("cosine>=0.995", description="for precision auto: METRIC>=VALUE or METRIC<=VALUE")
-    overrides: list[OverrideDecl] = Field(
+    overrides: list[Override] = Field(
         default_factory=list, description="[[overrides]] match = glob over node/module/op, precision = fp32|int8|fp8"
     )
     sensitivity_samples: int = Field(16, ge=1, description="evaluation samples used per sensitivity run")
@@ -150,17 +144,22 @@ class CompileConfig(_Strict):
     @field_validator("targets")
     @classmethod
     def _known_targets(cls, targets: list[str]) -> list[str]:
-        from tensorsmith.compiler.targets import TARGETS
-
         unknown = [target for target in targets if target not in TARGETS]
         if unknown:
             raise ValueError(f"unknown target(s) {unknown}; targets are {', '.join(TARGETS)}")
         return list(dict.fromkeys(targets))
 
+    @field_validator("budget")
+    @classmethod
+    def _budget_parses(cls, budget: str) -> str:
+        try:
+            Budget.parse(budget)
+        except ConfigError as err:
+            raise ValueError(str(err)) from err
+        return budget
+
     @model_validator(mode="after")
     def _precision_runs_on_targets(self) -> CompileConfig:
-        from tensorsmith.compiler.targets import check_precision
-
         try:
             check_precision(self.precision, self.targets)
         except ConfigError as err:
@@ -176,6 +175,10 @@ class CompileConfig(_Strict):
         if duplicates:
             raise ValueError(f"inputs declared twice: {duplicates}")
         return self
+
+    def accuracy_budget(self) -> Budget | None:
+        """The budget `--precision auto` chooses layers against (validated with the config); None otherwise."""
+        return Budget.parse(self.budget) if self.precision == "auto" else None
 
     @property
     def source_kind(self) -> SourceKind:

@@ -1,10 +1,40 @@
-"""The target table (DESIGN.md "Targets and builders"): what each architecture runs, and who builds for it."""
+"""The target table (DESIGN.md "Targets and builders"): one row per architecture, and the only place that says
+what a target runs, which variant recipe it gets for each `--precision`, who builds its engine, and how large
+its default batch is. `compile`, `tensorsmith build` and `export-triton` all ask it.
+
+Adding a target is one row here (and its tests).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from tensorsmith.compiler.errors import ConfigError
+from tensorsmith.core.errors import ConfigError
+
+Builder = Literal["tensorrt-rtx", "tensorrt"]
+Request = Literal["fp32", "fp16", "int8", "fp8", "auto"]  # what `--precision` asks for
+Quantized = Literal["int8", "fp8"]
+Floats = Literal["fp32", "fp16"]
+
+AMPERE = ("fp32", "fp16", "bf16", "int8")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one variant is made: layers quantized to `quantized` (None: none), everything else computed in
+    `floats`. Targets whose recipes are equal share one variant file (and an engine input)."""
+
+    quantized: Quantized | None
+    floats: Floats
+
+    @property
+    def variant(self) -> str:
+        """The variant's name: fp32/fp16 for float variants; int8/fp8 for GPU ones (fp16 regions); cpu-int8 for
+        the cpu's (fp32 regions)."""
+        if self.quantized is None:
+            return self.floats
+        return self.quantized if self.floats == "fp16" else f"cpu-{self.quantized}"
 
 
 @dataclass(frozen=True)
@@ -12,26 +42,55 @@ class Target:
     name: str
     gpus: str
     precisions: tuple[str, ...]
-    builders: tuple[str, ...]  # in order of preference; empty: runs on ONNX Runtime
+    rtx_capability: str | None = None  # TensorRT for RTX's ComputeCapability member; None: it cannot build for it
+    datacenter: bool = False  # data-centre TensorRT builds for it, on a GPU of this architecture
+    max_batch: int = 64  # the profile's max for a dim named `batch` that the config gives no max
+    float_regions: Floats = "fp16"  # what a quantized variant computes its unquantized layers in
+
+    @property
+    def builders(self) -> tuple[Builder, ...]:
+        """Who can build its engine, in order of preference; empty: it runs the variant on ONNX Runtime."""
+        rtx: tuple[Builder, ...] = ("tensorrt-rtx",) if self.rtx_capability else ()
+        return (*rtx, "tensorrt") if self.datacenter else rtx
+
+    @property
+    def on_device_builder(self) -> Builder:
+        """The builder a pending engine waits for, on a machine with this GPU."""
+        return "tensorrt" if self.datacenter else self.builders[0]
+
+    def runs(self, precision: str) -> bool:
+        """Whether a `--precision` request can be served (fp32 on a target without fp32 GEMM gets fp16)."""
+        return (
+            precision == "auto" or precision in self.precisions or (precision == "fp32" and "fp16" in self.precisions)
+        )
+
+    def recipe(self, request: Request) -> Recipe:
+        """The variant this target runs for `--precision request`."""
+        if request == "int8" or request == "fp8":
+            return Recipe(request, self.float_regions)
+        if request == "auto":
+            return Recipe("fp8" if "fp8" in self.precisions else "int8", self.float_regions)
+        half = "fp16" in self.precisions and (request == "fp16" or "fp32" not in self.precisions)
+        return Recipe(None, "fp16" if half else "fp32")
 
 
-AMPERE = ("fp32", "fp16", "bf16", "int8")
 TARGETS = {
     target.name: target
     for target in (
-        Target("cpu", "x86-64 / arm64", ("fp32", "int8"), ()),
+        Target("cpu", "x86-64 / arm64", ("fp32", "int8"), float_regions="fp32"),
         # TensorRT-RTX has no fp32 GEMM on Turing.
-        Target("sm_75", "Turing", ("fp16", "int8"), ("tensorrt-rtx",)),
-        Target("sm_80", "Ampere (A100)", AMPERE, ("tensorrt-rtx", "tensorrt")),
-        Target("sm_86", "Ampere (RTX 30, A10)", AMPERE, ("tensorrt-rtx", "tensorrt")),
-        Target("sm_87", "Ampere (Orin)", AMPERE, ("tensorrt",)),
-        Target("sm_89", "Ada", (*AMPERE, "fp8"), ("tensorrt-rtx", "tensorrt")),
-        Target("sm_90", "Hopper (H100, H200)", (*AMPERE, "fp8"), ("tensorrt",)),
-        Target("sm_100", "Blackwell (B200)", (*AMPERE, "fp8"), ("tensorrt",)),
-        Target("sm_120", "Blackwell (RTX 50)", (*AMPERE, "fp8"), ("tensorrt-rtx", "tensorrt")),
-        Target("sm_121", "Blackwell (DGX Spark)", (*AMPERE, "fp8"), ("tensorrt-rtx", "tensorrt")),
+        Target("sm_75", "Turing", ("fp16", "int8"), rtx_capability="SM75", datacenter=True, max_batch=32),
+        Target("sm_80", "Ampere (A100)", AMPERE, rtx_capability="SM80", datacenter=True, max_batch=128),
+        Target("sm_86", "Ampere (RTX 30, A10)", AMPERE, rtx_capability="SM86", datacenter=True),
+        Target("sm_87", "Ampere (Orin)", AMPERE, datacenter=True),
+        Target("sm_89", "Ada", (*AMPERE, "fp8"), rtx_capability="SM89", datacenter=True),
+        Target("sm_90", "Hopper (H100, H200)", (*AMPERE, "fp8"), datacenter=True, max_batch=256),
+        Target("sm_100", "Blackwell (B200)", (*AMPERE, "fp8"), datacenter=True, max_batch=256),
+        Target("sm_120", "Blackwell (RTX 50)", (*AMPERE, "fp8"), rtx_capability="SM120", datacenter=True),
+        Target("sm_121", "Blackwell (DGX Spark)", (*AMPERE, "fp8"), rtx_capability="SM121", datacenter=True),
     )
 }
+RTX_TARGETS = tuple(name for name, target in TARGETS.items() if target.rtx_capability)
 
 
 def get_target(name: str) -> Target:
@@ -41,28 +100,11 @@ def get_target(name: str) -> Target:
         raise ConfigError(f"unknown target '{name}'", hint=f"targets are {', '.join(TARGETS)}") from None
 
 
-def float_variant(precision: str, target: str) -> str:
-    """The float variant a target runs for `--precision fp32|fp16`: fp16 where asked (GPUs) or where the
-    architecture has no fp32 GEMM (sm_75), else fp32."""
-    precisions = get_target(target).precisions
-    if "fp16" in precisions and (precision == "fp16" or "fp32" not in precisions):
-        return "fp16"
-    return "fp32"
-
-
-def quantized_precision(target: str) -> str:
-    """The precision `auto` quantizes to on a target: fp8 where the architecture has it, else int8."""
-    return "fp8" if "fp8" in get_target(target).precisions else "int8"
-
-
 def check_precision(precision: str, target_names: list[str]) -> None:
     """Refuse, before any work starts, a precision that one of the targets cannot run."""
-    if precision == "auto":
-        return
     for name in target_names:
         target = get_target(name)
-        runs = set(target.precisions) | ({"fp32"} if "fp16" in target.precisions else set())  # fp32 → fp16 variant
-        if precision not in runs:
+        if not target.runs(precision):
             newer = [t.name for t in TARGETS.values() if precision in t.precisions]
             raise ConfigError(
                 f"target {name} ({target.gpus}) cannot run {precision}; it runs {', '.join(target.precisions)}",

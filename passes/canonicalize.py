@@ -17,7 +17,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import version_converter
 
-from tensorsmith.compiler.errors import PassError
+from tensorsmith.core.errors import PassError
 from tensorsmith.passes.base import PassReport
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from typing import Literal
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from tensorsmith.calibration.thresholds import FP8_E4M3_MAX, INT8_MAX, per_channel_amax
-from tensorsmith.compiler.errors import PassError
+from tensorsmith.core.errors import PassError
+from tensorsmith.core.formats import FP8_E4M3_MAX, INT8_MAX, per_channel_amax
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.matching import constant_value
 

@@ -1,7 +1,7 @@
 """The one error family of tensorsmith.
 
-It lives in the runtime because the runtime ships alone and every other package may import it; the compiler
-re-exports the whole family from `tensorsmith.compiler.errors`.
+It lives in the runtime because the runtime ships alone and every other package may import it;
+`tensorsmith.core.errors` adds the compiler's errors to the family.
 """
 
 from __future__ import annotations

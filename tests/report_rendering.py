@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from tensorsmith.compiler import report_plots
+from tensorsmith.compiler.report import plots as report_plots
 
 # The flags the workplace's probe uses: no sandbox as root, no GPU, and no background network traffic (this
 # machine's network is closed).

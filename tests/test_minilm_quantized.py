@@ -11,10 +11,11 @@ import onnx_graphsurgeon as gs
 import pytest
 
 from tensorsmith.calibration import CalibrationData, calibrate
-from tensorsmith.compiler.build import build_engine, profile_for
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.metrics import mean_cosine
-from tensorsmith.compiler.verify import run_onnx
+from tensorsmith.compiler.engines.builder import build_engine
+from tensorsmith.compiler.engines.profiles import profile_for
+from tensorsmith.core.metrics import mean_cosine
+from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import run_passes
 from tensorsmith.passes.quantize import InsertQDQ
 from tensorsmith.runtime import load

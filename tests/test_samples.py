@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from tensorsmith.compiler.build import build_engine, profile_for
 from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.engines.builder import build_engine
+from tensorsmith.compiler.engines.profiles import profile_for
 from tensorsmith.runtime import load
 from tensorsmith.runtime.manifest import read_manifest
 from tensorsmith.samples import prepare

@@ -23,7 +23,7 @@ def main() -> None:
 
     import torch
 
-    from tensorsmith.compiler.verify import relative_error
+    from tensorsmith.core.metrics import relative_error
     from tensorsmith.runtime import load
 
     with np.load(args.feeds) as archive:

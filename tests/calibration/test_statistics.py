@@ -10,7 +10,7 @@ import torch
 
 from tensorsmith.calibration import CalibrationData, Observer, build_table, calibrate, tensors_to_observe
 from tensorsmith.calibration.statistics import TensorStatistics
-from tensorsmith.compiler.errors import CalibrationError
+from tensorsmith.core.errors import CalibrationError
 from tensorsmith.runtime.specs import TensorSpec
 
 SPECS = [TensorSpec("x", "float32", ("batch", 16))]

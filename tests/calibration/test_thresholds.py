@@ -13,9 +13,9 @@ from tensorsmith.calibration.thresholds import (
     fp8_scale,
     int8_scale,
     kl_divergence,
-    per_channel_amax,
     percentile_threshold,
 )
+from tensorsmith.core.formats import per_channel_amax
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "entropy_reference.json").read_text())
 CASES = {case["name"]: case for case in FIXTURE["cases"]}

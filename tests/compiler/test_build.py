@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper, save
 
-from tensorsmith.compiler.build import Profile, build_engine, profile_for
 from tensorsmith.compiler.config import DimRange
-from tensorsmith.compiler.errors import BuildError
+from tensorsmith.compiler.engines.builder import build_engine
+from tensorsmith.compiler.engines.profiles import Profile, profile_for
+from tensorsmith.core.errors import BuildError
 from tensorsmith.runtime.manifest import TensorRecord
 from tests.conftest import small_mlp_onnx
 
@@ -59,10 +60,10 @@ def test_batch_defaults_follow_the_architecture() -> None:
 
 
 def test_builder_options_are_applied(tmp_path: Path) -> None:
-    from tensorsmith.compiler.build import BuildOptions
+    from tensorsmith.compiler.config import BuildConfig
 
-    options = BuildOptions(optimization_level=1, workspace_bytes=64 << 20, hardware_compatibility="ampere+",
-                           timing_cache_dir=tmp_path / "cache")  # fmt: skip
+    options = BuildConfig(optimization_level=1, workspace_mb=64, hardware_compatibility="ampere+",
+                          timing_cache_dir=tmp_path / "cache")  # fmt: skip
     engine = build_engine(small_mlp_onnx(tmp_path / "mlp.onnx", opset=17), "sm_86", STATIC_PROFILE, options=options)
     assert len(engine.plan) > 0
     assert engine.timing_cache == {"status": "not used: TensorRT for RTX makes timing caches no-ops"}

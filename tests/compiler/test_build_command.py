@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tensorsmith.runtime.manifest import read_manifest
-from tests.conftest import compile_small_mlp, run_cli, run_cli_json
+from tests.conftest import compile_small_mlp, run_cli, run_cli_json, small_mlp_onnx
 
 
 @pytest.fixture
@@ -50,3 +50,18 @@ def test_a_target_no_installed_builder_covers_is_a_clear_error(artifact: Path) -
 def test_an_unknown_target_is_refused(artifact: Path) -> None:
     result = run_cli("build", artifact, "--target", "sm_42")
     assert result.exit_code == 1 and "unknown target 'sm_42'" in result.stderr
+
+
+@pytest.mark.parametrize(("precision", "variant"), [("fp16", "fp16"), ("fp32", "fp32")])
+def test_build_gives_a_new_target_the_variant_compile_would_have(tmp_path: Path, precision: str, variant: str) -> None:
+    """sm_75 makes both artifacts hold fp32 and fp16 variants; only compile's --precision (in precision.json)
+    tells which one a new sm_86 target gets."""
+    from tensorsmith.compiler import CompileConfig, compile
+
+    source = small_mlp_onnx(tmp_path / "mlp.onnx", opset=17)
+    config = CompileConfig.create({"source": str(source), "inputs": [{"name": "x", "dtype": "float32",
+                                   "dims": ["batch", 8]}], "precision": precision, "targets": ["sm_75"]})  # fmt: skip
+    artifact = compile(config, tmp_path / "out").out
+    assert [v.name for v in read_manifest(artifact).variants] == ["fp32", "fp16"]
+    built = run_cli_json("build", artifact, "--target", "sm_86")
+    assert built["status"] == "built" and built["variant"] == variant

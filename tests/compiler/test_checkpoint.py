@@ -5,8 +5,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tensorsmith.compiler.checkpoint import load_checkpoint
-from tensorsmith.compiler.errors import ExportError
+from tensorsmith.compiler.frontend.checkpoint import load_checkpoint
+from tensorsmith.core.errors import ExportError
 
 
 def model() -> torch.nn.Module:

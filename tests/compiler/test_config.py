@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from tensorsmith.compiler.config import CompileConfig, parse_input_flag
-from tensorsmith.compiler.errors import ConfigError
+from tensorsmith.core.errors import ConfigError
 
 TOML = """
 source = "pkg.module:build"
@@ -121,3 +121,14 @@ def test_distinct_default_sizes_for_unconfigured_dynamic_dims() -> None:
     sizes = config.example_sizes()
     assert sizes["batch"] != sizes["sequence"]
     assert min(sizes.values()) >= 2
+
+
+def test_a_malformed_budget_fails_with_the_config_before_any_work() -> None:
+    with pytest.raises(ConfigError, match=r"field 'budget': budget 'cosine>>1' is not METRIC>=VALUE"):
+        CompileConfig.create({"source": "m.onnx", "budget": "cosine>>1"})
+    with pytest.raises(ConfigError, match="lower max-abs is better"):
+        CompileConfig.create({"source": "m.onnx", "budget": "max-abs>=0.1"})
+    config = CompileConfig.create({"source": "m.onnx", "precision": "auto", "calibration": "c.npz",
+                                   "budget": "sqnr-db>=30"})  # fmt: skip
+    budget = config.accuracy_budget()
+    assert budget is not None and str(budget) == "sqnr-db>=30"

@@ -144,7 +144,7 @@ def test_two_compiles_into_one_out_one_wins_the_other_fails_clearly(
 
 
 def test_a_temporary_directory_still_being_written_is_not_removed(tmp_path: Path) -> None:
-    from tensorsmith.compiler.artifact import remove_stale_staging, staged_artifact
+    from tensorsmith.compiler.artifact.staging import remove_stale_staging, staged_artifact
 
     out = tmp_path / "out"
     with staged_artifact(out) as staging:
@@ -160,7 +160,7 @@ def test_a_temporary_directory_still_being_written_is_not_removed(tmp_path: Path
 def test_compile_and_build_exclude_each_other_builds_share(
     previous: tuple[Path, Path, dict[str, bytes], np.ndarray],
 ) -> None:
-    from tensorsmith.compiler.artifact import artifact_lock
+    from tensorsmith.compiler.artifact.staging import artifact_lock
     from tests.conftest import run_cli
 
     out, new_source, before, reference = previous

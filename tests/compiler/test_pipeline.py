@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tensorsmith.compiler import CompileConfig, compile
-from tensorsmith.compiler.errors import ConfigError, ExportError, TensorsmithError
+from tensorsmith.core.errors import ConfigError, ExportError, TensorsmithError
 from tensorsmith.runtime import load
 from tests.conftest import max_relative_error, small_mlp_onnx
 

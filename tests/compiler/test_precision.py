@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorsmith.compiler.cpu_recipe import MIN_GAIN
-from tensorsmith.compiler.errors import ConfigError
-from tensorsmith.compiler.metrics import Budget
+from tensorsmith.compiler.variants.cpu_choice import MIN_GAIN
+from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.metrics import Budget
 from tensorsmith.runtime import load
 from tensorsmith.runtime.device import Device
 from tensorsmith.samples import prepare

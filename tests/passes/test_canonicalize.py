@@ -5,7 +5,7 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tensorsmith.compiler.errors import PassError
+from tensorsmith.core.errors import PassError
 from tensorsmith.passes import Canonicalize, PassReport, run_passes
 
 

@@ -10,7 +10,8 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tensorsmith.compiler.build import Profile, build_engine
+from tensorsmith.compiler.engines.builder import build_engine
+from tensorsmith.compiler.engines.profiles import Profile
 from tensorsmith.passes import run_passes
 from tensorsmith.passes.embeddings import QuantizeEmbeddings
 

@@ -7,8 +7,9 @@ import onnx
 import pytest
 import torch
 
-from tensorsmith.compiler.build import Profile, build_engine
-from tensorsmith.compiler.metrics import mean_cosine
+from tensorsmith.compiler.engines.builder import build_engine
+from tensorsmith.compiler.engines.profiles import Profile
+from tensorsmith.core.metrics import mean_cosine
 from tensorsmith.passes.fp16 import ConvertToFp16
 from tests.passes.graphs import apply, ops, run_onnx
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tensorsmith.calibration import CalibrationData, Observer
-from tensorsmith.compiler.metrics import mean_cosine
+from tensorsmith.core.metrics import mean_cosine
 from tensorsmith.passes.outlier_neurons import SplitOutlierNeurons, find_mlps, outlier_units
 from tensorsmith.runtime.specs import TensorSpec
 from tests.passes.graphs import GraphBuilder, apply, ops, run_onnx

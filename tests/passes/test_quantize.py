@@ -10,9 +10,10 @@ import torch
 
 from tensorsmith.calibration import CalibrationData, calibrate
 from tensorsmith.calibration.table import float32_hex
-from tensorsmith.compiler.build import Profile, build_engine
-from tensorsmith.compiler.errors import BuildError, PassError
-from tensorsmith.compiler.metrics import mean_cosine
+from tensorsmith.compiler.engines.builder import build_engine
+from tensorsmith.compiler.engines.profiles import Profile
+from tensorsmith.core.errors import BuildError, PassError
+from tensorsmith.core.metrics import mean_cosine
 from tensorsmith.passes.quantize import InsertQDQ, quantize_weights
 from tensorsmith.runtime.specs import TensorSpec
 from tests.passes.graphs import apply, ops, run_onnx

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tensorsmith.calibration import CalibrationData, Observer, calibrate
-from tensorsmith.compiler.metrics import mean_cosine
+from tensorsmith.core.metrics import mean_cosine
 from tensorsmith.passes.quantize import InsertQDQ
 from tensorsmith.passes.smooth import SmoothActivations, smoothable_activations
 from tensorsmith.runtime.specs import TensorSpec

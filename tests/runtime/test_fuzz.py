@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from bench.fuzz import compile_fuzz_artifact, fuzz
 from tensorsmith.compiler import CompileConfig
-from tensorsmith.compiler.errors import ConfigError
+from tensorsmith.core.errors import ConfigError
 from tensorsmith.runtime import ArtifactError, TensorSpec
 from tensorsmith.runtime.manifest import Manifest, read_manifest
 from tensorsmith.runtime.specs import check_feeds

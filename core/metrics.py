@@ -14,10 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tensorsmith.compiler.errors import ConfigError
-from tensorsmith.compiler.verify import relative_error
+from tensorsmith.core.errors import ConfigError
 
 Outputs = Sequence[np.ndarray]
+
+
+def relative_error(reference: np.ndarray, actual: np.ndarray) -> float:
+    """max |actual - reference| / max |reference|: the error relative to the output's scale."""
+    reference = np.asarray(reference, dtype=np.float64)
+    actual = np.asarray(actual, dtype=np.float64)
+    scale = float(np.max(np.abs(reference))) if reference.size else 0.0
+    difference = float(np.max(np.abs(actual - reference))) if reference.size else 0.0
+    return difference / scale if scale > 0 else difference
 
 
 def _per_sample(array: np.ndarray) -> np.ndarray:
@@ -111,7 +119,7 @@ class Budget:
         if name in METRICS:
             function, higher = METRICS[name]
         elif ":" in name:
-            from tensorsmith.compiler.export import import_factory
+            from tensorsmith.core.importing import import_factory
 
             function, higher = import_factory(name), comparison == ">="
         else:

@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tensorsmith.compiler.errors import ConfigError
-from tensorsmith.compiler.ir import ai_onnx_opset, io_records, load_onnx
+from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
 from tensorsmith.runtime.manifest import read_manifest
 
 

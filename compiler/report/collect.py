@@ -12,8 +12,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tensorsmith.compiler.artifact import replace_file
-from tensorsmith.compiler.metrics import budget_terms
+from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+from tensorsmith.core.files import replace_file
+from tensorsmith.core.metrics import budget_terms
 from tensorsmith.runtime.manifest import Manifest, read_manifest, resolve_inside
 
 logger = logging.getLogger(__name__)
@@ -53,31 +54,30 @@ def _fusion(manifest: Manifest) -> list[dict[str, Any]]:
     return rows
 
 
-def _sensitivity(plan: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
+def _sensitivity(plan: PrecisionPlan | None) -> dict[str, list[dict[str, Any]]]:
     """Per precision (its variants share one search), the layers with a measured sensitivity, most sensitive
     first."""
-    if not plan:
+    if plan is None:
         return {}
-    terms = budget_terms(str(plan.get("budget", "")))
+    terms = budget_terms(plan.budget or "")
     lower_is_better = terms is not None and terms[1] == "<="
     result = {}
-    for recipe in plan.get("recipes", {}).values():
-        measured = [layer for layer in recipe.get("layers", []) if layer.get("sensitivity") is not None]
-        measured.sort(key=lambda layer: layer["sensitivity"], reverse=lower_is_better)
-        if measured and recipe["precision"] not in result:
-            result[recipe["precision"]] = [
-                {"name": layer["name"], "module": layer["module"], "sensitivity": layer["sensitivity"]}
-                for layer in measured
+    for recipe in plan.recipes.values():
+        measured = [layer for layer in recipe.layers if layer.sensitivity is not None]
+        measured.sort(key=lambda layer: layer.sensitivity or 0.0, reverse=lower_is_better)
+        if measured and recipe.precision not in result:
+            result[recipe.precision] = [
+                {"name": layer.name, "module": layer.module, "sensitivity": layer.sensitivity} for layer in measured
             ]
     return result
 
 
-def _sensitive_tensors(plan: dict[str, Any] | None, sensitivity: dict[str, list[dict[str, Any]]]) -> list[str]:
+def _sensitive_tensors(plan: PrecisionPlan | None, sensitivity: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The activation tensors of the most sensitive layers (else of the first layers), for histogram plots."""
-    if not plan or not plan.get("recipes"):
+    if plan is None or not plan.recipes:
         return []
-    first = next(iter(plan["recipes"].values()))
-    inputs = {layer["name"]: layer.get("inputs", []) for layer in first.get("layers", [])}
+    first = next(iter(plan.recipes.values()))
+    inputs = {layer.name: layer.inputs for layer in first.layers}
     ranked = next(iter(sensitivity.values()), None)
     names = [layer["name"] for layer in ranked] if ranked else list(inputs)
     tensors = [tensor for name in names for tensor in inputs.get(name, [])]
@@ -108,22 +108,21 @@ def _histograms(directory: Path, calibration: dict[str, Any] | None, tensors: li
     return rows
 
 
-def _plan_table(plan: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
-    if not plan:
+def _plan_table(plan: PrecisionPlan | None) -> dict[str, list[dict[str, Any]]]:
+    if plan is None:
         return {}
-    columns = ("name", "module", "op", "precision", "sensitivity", "reason")
+    columns = {"name", "module", "op", "precision", "sensitivity", "reason"}
     return {
-        name: [{column: layer.get(column) for column in columns} for layer in recipe.get("layers", [])]
-        for name, recipe in plan.get("recipes", {}).items()
+        name: [layer.model_dump(include=columns) for layer in recipe.layers] for name, recipe in plan.recipes.items()
     }
 
 
-def _cpu_choice(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+def _cpu_choice(plan: PrecisionPlan | None) -> dict[str, Any] | None:
     """precision.json's account of the cpu target's recipe (which variant, how its graph was prepared, which
     ONNX Runtime settings), if the compile made that choice."""
-    for recipe in (plan or {}).get("recipes", {}).values():
-        if "cpu" in recipe:
-            return dict(recipe["cpu"])
+    for recipe in plan.recipes.values() if plan is not None else ():
+        if recipe.cpu is not None:
+            return recipe.cpu.model_dump(mode="json")
     return None
 
 
@@ -169,7 +168,7 @@ def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
     """The report's data (report.json), from the files of the artifact at `directory` (named `name`: a compile
     writes the report in a temporary directory before it is renamed)."""
     manifest = read_manifest(directory)
-    plan = _read_json(directory, "precision.json")
+    plan = PrecisionPlan.read(directory)
     calibration = _read_json(directory, "calibration.json")
     sensitivity = _sensitivity(plan)
     return {
@@ -184,7 +183,7 @@ def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
             {"method": calibration["method"], "samples": calibration["samples"]} if calibration is not None else None
         ),
         "histograms": _histograms(directory, calibration, _sensitive_tensors(plan, sensitivity)),
-        "budget": plan.get("budget") if plan else None,
+        "budget": plan.budget if plan is not None else None,
         "sensitivity": sensitivity,
         "plan": _plan_table(plan),
         "cpu": _cpu_choice(plan),
@@ -195,7 +194,7 @@ def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
 
 def write_report(directory: Path, name: str | None = None) -> dict[str, Any]:
     """Write report.json and report.html into the artifact at `directory` (each replaced atomically)."""
-    from tensorsmith.compiler.report_html import render_html
+    from tensorsmith.compiler.report.html import render_html
 
     report = collect_report(directory, name)
     replace_file(directory / REPORT_JSON, (json.dumps(report) + "\n").encode())  # compact: histograms are long

@@ -9,8 +9,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from tensorsmith.compiler.config import InputDecl
-from tensorsmith.compiler.errors import ConfigError, ExportError
+from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.runtime.manifest import TensorRecord
 
 logger = logging.getLogger(__name__)
@@ -58,7 +57,7 @@ def save_onnx(model: onnx.ModelProto, path: Path) -> None:
         onnx.save(model, str(path))
 
 
-def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
+def value_dims(value: onnx.ValueInfoProto) -> list[int | str]:
     dims: list[int | str] = []
     if not value.type.tensor_type.HasField("shape"):
         return dims
@@ -70,53 +69,14 @@ def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
     return dims
 
 
-def _record(value: onnx.ValueInfoProto) -> TensorRecord:
+def value_record(value: onnx.ValueInfoProto) -> TensorRecord:
     elem_type = value.type.tensor_type.elem_type
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name if elem_type else "unknown"
-    return TensorRecord(name=value.name, dtype=dtype, shape=_dims(value))
+    return TensorRecord(name=value.name, dtype=dtype, shape=value_dims(value))
 
 
 def io_records(model: onnx.ModelProto) -> tuple[list[TensorRecord], list[TensorRecord]]:
     """The graph's real inputs (initialisers excluded) and its outputs, as manifest records."""
     initializers = {init.name for init in model.graph.initializer}
-    inputs = [_record(v) for v in model.graph.input if v.name not in initializers]
-    return inputs, [_record(v) for v in model.graph.output]
-
-
-def apply_input_decls(model: onnx.ModelProto, decls: list[InputDecl], origin: str) -> None:
-    """Set the declared dims (a name makes a dim dynamic) on an ONNX source's inputs; check names and dtypes.
-
-    Shapes recorded downstream (value_info, outputs) were inferred from the old input shapes, so they are
-    cleared and inferred again by the canonicalize pass.
-    """
-    graph_inputs = {value.name: value for value in model.graph.input}
-    for decl in decls:
-        value = graph_inputs.get(decl.name)
-        if value is None:
-            raise ConfigError(
-                f"{origin} has no input '{decl.name}'",
-                hint=f"its inputs are {[r.name for r in io_records(model)[0]]}",
-            )
-        actual = _record(value).dtype
-        if actual != decl.dtype:
-            raise ConfigError(
-                f"input '{decl.name}' of {origin} is {actual}, declared {decl.dtype}",
-                hint=f"declare it as {decl.name}:{actual}:…",
-            )
-        shape = value.type.tensor_type.shape
-        if shape.dim and len(shape.dim) != len(decl.dims):
-            raise ConfigError(
-                f"input '{decl.name}' of {origin} has rank {len(shape.dim)}, declared {decl.describe()}",
-                hint=f"its shape is {_dims(value)}",
-            )
-        del shape.dim[:]
-        for dim in decl.dims:
-            entry = shape.dim.add()
-            if isinstance(dim, int):
-                entry.dim_value = dim
-            else:
-                entry.dim_param = dim
-    if decls:
-        del model.graph.value_info[:]
-        for output in model.graph.output:
-            output.type.tensor_type.ClearField("shape")
+    inputs = [value_record(v) for v in model.graph.input if v.name not in initializers]
+    return inputs, [value_record(v) for v in model.graph.output]

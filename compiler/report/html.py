@@ -6,8 +6,8 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Any
 
-from tensorsmith.compiler import report_plots
-from tensorsmith.compiler.metrics import budget_terms
+from tensorsmith.compiler.report import plots as report_plots
+from tensorsmith.core.metrics import budget_terms
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }

@@ -25,16 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from tensorsmith.compiler.errors import ConfigError
+from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.files import current_umask, replace_file
 from tensorsmith.runtime.manifest import MANIFEST_NAME, Manifest
 
 logger = logging.getLogger(__name__)
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
 
 
 def _check_replaceable(out: Path, marker: str) -> None:
@@ -168,7 +163,7 @@ def staged_artifact(out: Path, marker: str = MANIFEST_NAME) -> Iterator[Path]:
         remove_stale_staging(out)
         _check_replaceable(out, marker)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the published artifact gets normal ones
+        staging.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the published artifact gets normal ones
         owner = _own(staging)
         try:
             yield staging
@@ -185,15 +180,6 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
     """Write manifest.json through a temporary file and a rename: readers see the old one or the new one."""
     text = json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n"
     replace_file(directory / MANIFEST_NAME, text.encode())
-
-
-def replace_file(path: Path, data: bytes) -> None:
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as stream:
-        stream.write(data)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.chmod(stream.name, 0o666 & ~_umask())
-    os.replace(stream.name, path)
 
 
 @contextlib.contextmanager

@@ -16,21 +16,20 @@ floored at (row max − 80) so that masked keys keep ONNX Runtime's Softmax on i
 from __future__ import annotations
 
 import logging
-import statistics
 import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from tensorsmith.compiler.metrics import Budget, accuracy
-from tensorsmith.compiler.module_paths import attach_module_paths, module_paths_recorded
-from tensorsmith.compiler.verify import run_onnx
+from tensorsmith.compiler.variants.rewrite import rewrite, variant_path
+from tensorsmith.core.ir import load_onnx
+from tensorsmith.core.metrics import Budget, accuracy
+from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
+from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import GraphPass, PassReport, run_passes
 from tensorsmith.passes.outlier_neurons import SplitOutlierNeurons
 from tensorsmith.passes.smooth import SmoothActivations, smoothable_activations
@@ -39,7 +38,6 @@ from tensorsmith.runtime.manifest import VariantRecord, sha256_of
 
 logger = logging.getLogger(__name__)
 
-LATENCY_RUNS = 7
 DYNAMIC_NAME = "cpu-int8-dynamic"
 NORMALIZATIONS = frozenset({"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization"})
 
@@ -102,7 +100,7 @@ def build_dynamic_variant(
 ) -> DynamicVariant | None:
     """The largest prefix of `order` (weight MatMuls, least sensitive first) whose dynamic quantization meets
     `budget`, written to variants/cpu-int8-dynamic.onnx; None if not even one layer fits."""
-    path = directory / "variants" / f"{DYNAMIC_NAME}.onnx"
+    path = variant_path(directory, DYNAMIC_NAME)
     evaluations = 0
     best: tuple[int, float] | None = None
 
@@ -150,8 +148,6 @@ def _with_int8_embeddings(
     path: Path, evaluation: dict[str, np.ndarray], reference: list[np.ndarray], budget: Budget, value: float
 ) -> float:
     """Store the variant's vocabulary tables in int8 (passes/embeddings.py) if it still meets the budget."""
-    from tensorsmith.compiler.ir import load_onnx
-    from tensorsmith.compiler.variants import rewrite
     from tensorsmith.passes.embeddings import QuantizeEmbeddings
 
     trial = path.with_name(f".{path.name}.embeddings")
@@ -165,60 +161,3 @@ def _with_int8_embeddings(
         return value
     trial.replace(path)
     return smaller
-
-
-# ONNX Runtime graph optimizers worth switching off for a variant, tried one set at a time. Its CPU
-# SkipLayerNormalization kernel took 3-4x the time of the Adds + LayerNormalization it replaces on MiniLM
-# (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32: docs/benchmarks.md), so whether to fuse is measured.
-SESSION_CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("SkipLayerNormFusion",))
-MIN_GAIN = 0.05  # a non-default session must be this much faster than the defaults to be chosen
-MAX_TUNED_BYTES = 2 << 30  # timing holds one session per candidate at once: not for models above 2 GiB
-
-
-def cpu_session(
-    path: Path, disabled_optimizers: tuple[str, ...] | list[str] = (), threads: int = 0, profile: Path | None = None
-) -> Any:
-    """An ONNX Runtime CPU session for timing (and, with `profile`, ONNX Runtime's profiler writing files with
-    that prefix). Its threads stop spinning after each run: idle spinning threads of one session otherwise take
-    the cores from the next one measured (it doubled every figure on 2 cores)."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.force_spinning_stop", "1")
-    if profile is not None:
-        options.enable_profiling = True
-        options.profile_file_prefix = str(profile)
-    return onnxruntime.InferenceSession(
-        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled_optimizers)
-    )
-
-
-def latency_ms(sessions: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, float]:
-    """Median CPU latency of each session over a few runs, interleaved (after one warm-up each)."""
-    for session in sessions.values():
-        session.run(None, feeds)
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(LATENCY_RUNS):
-        for name, session in sessions.items():
-            started = time.perf_counter()
-            session.run(None, feeds)
-            times[name].append((time.perf_counter() - started) * 1e3)
-    return {name: round(statistics.median(values), 3) for name, values in times.items()}
-
-
-def session_label(disabled_optimizers: tuple[str, ...] | list[str]) -> str:
-    return "defaults" if not disabled_optimizers else "without " + ", ".join(disabled_optimizers)
-
-
-def tune_session(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[str], dict[str, float]]:
-    """The ONNX Runtime optimizers to disable for the variant at `path` (the fastest of SESSION_CANDIDATES, if
-    it beats the defaults by MIN_GAIN), with every candidate's latency."""
-    sessions = {session_label(disabled): cpu_session(path, disabled) for disabled in SESSION_CANDIDATES}
-    measured = latency_ms(sessions, feeds)
-    default = measured[session_label(())]
-    best = min(SESSION_CANDIDATES, key=lambda disabled: measured[session_label(disabled)])
-    if measured[session_label(best)] > default * (1 - MIN_GAIN):
-        best = ()
-    return list(best), measured

@@ -7,11 +7,9 @@ is tried and the manifest records which one ran and why. torch is imported only 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import io
 import logging
-import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -22,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from tensorsmith.compiler.checkpoint import load_checkpoint
 from tensorsmith.compiler.config import CompileConfig, InputDecl
-from tensorsmith.compiler.errors import ConfigError, ExportError
-from tensorsmith.compiler.ir import load_onnx
+from tensorsmith.compiler.frontend.checkpoint import load_checkpoint
+from tensorsmith.compiler.frontend.source import Source
+from tensorsmith.core.errors import ConfigError, ExportError
+from tensorsmith.core.importing import first_line, import_factory
 
 if TYPE_CHECKING:
     import torch
@@ -45,37 +44,6 @@ class ExportedModel:
     reference: Reference | None = None
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-def import_factory(spec: str) -> Callable[[], Any]:
-    """Import `pkg.module:function`. The working directory is importable, as with `python -m` and uvicorn."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ConfigError(
-            f"source {spec!r} is not a factory 'pkg.module:function', an .onnx or a .pt2 file",
-            hint="e.g. tensorsmith compile mypkg.models:build_encoder --input x:float32:batch,16",
-        )
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # the user's module may raise anything while importing
-        raise ConfigError(
-            f"cannot import '{module_name}' for source {spec!r}: {_first_line(err)}",
-            hint="is the package installed, or is the working directory the one that holds it?",
-        ) from err
-    factory = getattr(module, attribute, None)
-    if not callable(factory):
-        raise ConfigError(
-            f"'{module_name}' has no callable '{attribute}' (source {spec!r})",
-            hint=f"define def {attribute}() -> torch.nn.Module in {module_name}",
-        )
-    return factory
-
-
 def _build_module(config: CompileConfig) -> torch.nn.Module:
     import torch
 
@@ -83,7 +51,7 @@ def _build_module(config: CompileConfig) -> torch.nn.Module:
     try:
         module = factory()
     except Exception as err:
-        raise ExportError(f"factory {config.source} raised {_first_line(err)}") from err
+        raise ExportError(f"factory {config.source} raised {first_line(err)}") from err
     if not isinstance(module, torch.nn.Module):
         raise ExportError(
             f"factory {config.source} returned a {type(module).__name__}, not a torch.nn.Module",
@@ -228,7 +196,7 @@ def _export_torch(module: Any, config: CompileConfig, feeds: dict[str, np.ndarra
             model = _export_dynamo(module, config, feeds, output_names)
             return ExportedModel(model, "dynamo", None, reference)
         except Exception as err:  # the exporter raises many types; the reason goes into the manifest
-            errors.append(f"dynamo: {_first_line(err)}")
+            errors.append(f"dynamo: {first_line(err)}")
             logger.warning("dynamo exporter failed (%s)", errors[-1])
             logger.debug("dynamo exporter traceback", exc_info=True)
     if config.exporter in ("auto", "torchscript") and not _is_exported_program(module):
@@ -239,7 +207,7 @@ def _export_torch(module: Any, config: CompileConfig, feeds: dict[str, np.ndarra
                 logger.warning("exported with the TorchScript exporter instead")
             return ExportedModel(model, "torchscript", fallback, reference)
         except Exception as err:
-            errors.append(f"torchscript: {_first_line(err)}")
+            errors.append(f"torchscript: {first_line(err)}")
     raise ExportError(
         f"could not export {config.source} to ONNX: {'; '.join(errors)}",
         hint="run with -v for the exporter's traceback; check the declared inputs match forward()'s arguments",
@@ -262,15 +230,16 @@ def _load_exported_program(config: CompileConfig) -> Any:
         return torch.export.load(str(path))
     except Exception as err:
         raise ExportError(
-            f"{path} is not a loadable ExportedProgram: {_first_line(err)}",
+            f"{path} is not a loadable ExportedProgram: {first_line(err)}",
             hint="save it with torch.export.save(torch.export.export(model, args), 'model.pt2')",
         ) from err
 
 
-def export_source(config: CompileConfig, feeds: dict[str, np.ndarray]) -> ExportedModel:
-    """Export `config.source` to ONNX with `feeds` as example inputs (ONNX sources are loaded as they are)."""
-    if config.source_kind == "onnx":
-        return ExportedModel(load_onnx(config.resolve(config.source)), "none")
+def export_source(source: Source, feeds: dict[str, np.ndarray]) -> ExportedModel:
+    """Export the source to ONNX with `feeds` as example inputs (ONNX sources were loaded by `open_source`)."""
+    config = source.config
+    if source.onnx_model is not None:
+        return ExportedModel(source.onnx_model, "none")
     if not config.inputs:
         raise ConfigError(
             f"source {config.source} needs its inputs declared",

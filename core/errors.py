@@ -1,4 +1,5 @@
-"""The compiler's errors: one family with the runtime's (`TensorsmithError`), each carrying a hint."""
+"""The errors of the compiler, passes and calibration: one family with the runtime's (`TensorsmithError`), each
+carrying a hint."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tensorsmith.compiler.errors import ExportError
+from tensorsmith.core.errors import ExportError
 
 if TYPE_CHECKING:
     import torch

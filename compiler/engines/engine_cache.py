@@ -15,22 +15,18 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tensorsmith.compiler.build import BuildOptions, Profile
+from tensorsmith.compiler.config import BuildConfig
+from tensorsmith.compiler.engines.profiles import Profile
 
 logger = logging.getLogger(__name__)
 
 ENV_VARIABLE = "TENSORSMITH_ENGINE_CACHE"
 
 
-def cache_key(
-    onnx_sha256: str, target: str, builder: str, version: str, profile: Profile, options: BuildOptions
-) -> str:
-    settings = {key: value for key, value in asdict(options).items() if key not in ("timing_cache_dir", "cache_dir")}
+def cache_key(onnx_sha256: str, target: str, builder: str, version: str, profile: Profile, options: BuildConfig) -> str:
+    settings = options.cache_settings()
     described = json.dumps(
         [onnx_sha256, target, builder, version, profile.as_record(), settings], sort_keys=True, default=str
     )

@@ -7,9 +7,14 @@ import ast
 
 import onnx
 
-from tensorsmith.calibration.layers import MODULE_KEY, module_path_from_name
-
+MODULE_KEY = "tensorsmith.module"  # the node metadata_props key that carries a node's module path
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # written by torch's dynamo exporter
+
+
+def module_path_from_name(name: str) -> str:
+    """TorchScript-style node names carry the module path: '/layers.0/attention/query/MatMul' → its module."""
+    parts = [part for part in name.split("/") if part]
+    return ".".join(parts[:-1])
 
 
 def module_paths(model: onnx.ModelProto) -> dict[str, str]:

@@ -15,16 +15,19 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from tensorsmith.compiler.config import DimRange
-from tensorsmith.compiler.engine_cache import cache_key, configured_cache
-from tensorsmith.compiler.errors import BuildError
-from tensorsmith.runtime.manifest import TensorRecord, sha256_of
+from tensorsmith.compiler.config import BuildConfig
+from tensorsmith.compiler.engines.engine_cache import cache_key, configured_cache
+from tensorsmith.compiler.engines.profiles import Profile
+from tensorsmith.compiler.engines.timing_cache import TimingCache
+from tensorsmith.compiler.targets import Builder, get_target
+from tensorsmith.core.errors import BuildError
+from tensorsmith.runtime.manifest import sha256_of
 
 if TYPE_CHECKING:
     # The TensorRT API as tensorrt-stubs types it (scripts/tensorrt-stubs.sh puts the stubs on MYPYPATH for
@@ -34,77 +37,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Builder = Literal["tensorrt-rtx", "tensorrt"]
-BUILDER_MODULES: dict[str, str] = {"tensorrt-rtx": "tensorrt_rtx", "tensorrt": "tensorrt"}
-# Architectures TensorRT for RTX builds for, by target name → its ComputeCapability member.
-RTX_ARCHITECTURES = {
-    "sm_75": "SM75",
-    "sm_80": "SM80",
-    "sm_86": "SM86",
-    "sm_89": "SM89",
-    "sm_120": "SM120",
-    "sm_121": "SM121",
-}
-DEFAULT_MAX_SIZE = 64  # a dynamic dim's max when the config gives none
-# A dim named "batch" without a configured max gets the architecture's default: data-centre parts (more
-# memory, serving larger batches) get larger profiles than client GPUs.
-BATCH_DIM = "batch"
-DEFAULT_MAX_BATCH = {"sm_75": 32, "sm_80": 128, "sm_90": 256, "sm_100": 256}
+BUILDER_MODULES: dict[Builder, str] = {"tensorrt-rtx": "tensorrt_rtx", "tensorrt": "tensorrt"}
 PARSER_ERRORS_SHOWN = 5
-HardwareCompatibility = Literal["none", "ampere+", "same-compute-capability"]
 HARDWARE_COMPATIBILITY = {
     "none": "NONE",
     "ampere+": "AMPERE_PLUS",
     "same-compute-capability": "SAME_COMPUTE_CAPABILITY",
 }
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """Builder settings beyond the profile (all optional; TensorRT's defaults otherwise)."""
-
-    optimization_level: int | None = None  # 0–5: higher searches more tactics, builds slower
-    workspace_bytes: int | None = None
-    hardware_compatibility: HardwareCompatibility = "none"
-    detailed_profiling: bool = True  # layer names and precisions visible to the engine inspector
-    timing_cache_dir: Path | None = None  # data-centre TensorRT only: TensorRT for RTX makes the cache a no-op
-    cache_dir: Path | None = (
-        None  # built engines by content (compiler/engine_cache.py); None: $TENSORSMITH_ENGINE_CACHE
-    )
-
-
-@dataclass
-class Profile:
-    """One optimization profile: (min, opt, max) shapes per input."""
-
-    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
-
-    def as_record(self) -> dict[str, object]:
-        return {name: {"min": s[0], "opt": s[1], "max": s[2]} for name, s in self.shapes.items()}
-
-
-def profile_for(inputs: Sequence[TensorRecord], dims: Mapping[str, DimRange], target: str | None = None) -> Profile:
-    """Min/opt/max shapes from the declared dims: `[dims.NAME] min/opt/max`, else 1 / max / 64 (for `batch`,
-    the target architecture's default max, DEFAULT_MAX_BATCH)."""
-    shapes = {}
-    for record in inputs:
-        low: list[int] = []
-        best: list[int] = []
-        high: list[int] = []
-        for dim in record.shape:
-            if isinstance(dim, int):
-                sizes = (dim, dim, dim)
-            else:
-                limits = dims.get(dim, DimRange())
-                default = (
-                    DEFAULT_MAX_BATCH.get(target or "", DEFAULT_MAX_SIZE) if dim == BATCH_DIM else DEFAULT_MAX_SIZE
-                )
-                maximum = limits.max or max(limits.opt or 1, default)
-                sizes = (limits.min, limits.opt or maximum, maximum)
-            for bound, size in zip((low, best, high), sizes, strict=True):
-                bound.append(size)
-        shapes[record.name] = (tuple(low), tuple(best), tuple(high))
-    return Profile(shapes)
 
 
 @dataclass
@@ -182,20 +121,22 @@ def build_engine(
     target: str,
     profile: Profile,
     builder: Builder = "tensorrt-rtx",
-    options: BuildOptions = BuildOptions(),
+    options: BuildConfig | None = None,
     onnx_sha256: str | None = None,
 ) -> BuiltEngine:
     """Build a serialized engine for `target` (e.g. "sm_86") from the ONNX graph at `onnx_path`, or take it
     from the engine cache when one is configured (`onnx_sha256`: the file's, if the caller has it already)."""
+    options = options or BuildConfig()
     trt = import_builder(builder)
-    if builder == "tensorrt-rtx" and target not in RTX_ARCHITECTURES:
+    builders = get_target(target).builders
+    if builder not in builders:
         raise BuildError(
-            f"tensorrt-rtx does not build for {target}",
-            hint=f"it builds for {sorted(RTX_ARCHITECTURES)}; build {target} with tensorrt on a {target} GPU",
+            f"{builder} does not build for {target}",
+            hint=f"{target} is built by {' or '.join(builders)}" if builders else f"{target} runs on ONNX Runtime",
         )
     started = time.perf_counter()
     version = str(trt.__version__)
-    engines = configured_cache(options.cache_dir)
+    engines = configured_cache(options.engine_cache_dir)
     if engines is None:
         with native_stdout_to_stderr():
             return _build(trt, onnx_path, target, profile, builder, options)
@@ -220,7 +161,7 @@ def build_engine(
 
 
 def _build(
-    trt: ModuleType, onnx_path: Path, target: str, profile: Profile, builder: Builder, options: BuildOptions
+    trt: ModuleType, onnx_path: Path, target: str, profile: Profile, builder: Builder, options: BuildConfig
 ) -> BuiltEngine:
     started = time.perf_counter()
     messages: list[tuple[Any, str]] = []
@@ -237,7 +178,7 @@ def _build(
     if builder == "tensorrt-rtx":
         rtx_config: Any = config  # TensorRT for RTX's own settings: not in data-centre TensorRT's API
         rtx_config.num_compute_capabilities = 1
-        rtx_config.set_compute_capability(getattr(trt.ComputeCapability, RTX_ARCHITECTURES[target]), 0)
+        rtx_config.set_compute_capability(getattr(trt.ComputeCapability, str(get_target(target).rtx_capability)), 0)
     if options.optimization_level is not None:
         config.builder_optimization_level = options.optimization_level
     if options.workspace_bytes is not None:
@@ -247,7 +188,8 @@ def _build(
     )
     if options.detailed_profiling:
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    cache = _TimingCache(trt, config, builder, target, options.timing_cache_dir)
+    timing_dir = options.timing_cache_dir.expanduser() if options.timing_cache_dir else None
+    cache = TimingCache(trt, config, builder, target, timing_dir)
     optimization_profile = network_builder.create_optimization_profile()
     for index in range(network.num_inputs):
         name = network.get_input(index).name
@@ -276,36 +218,3 @@ def _build(
         warnings=[message for severity, message in messages if severity == trt.ILogger.WARNING],
         timing_cache=timing,
     )
-
-
-class _TimingCache:
-    """A timing cache per (target, builder, version) under `directory`, loaded before a build and saved after;
-    TensorRT for RTX makes timing caches no-ops, so it is used with data-centre TensorRT only."""
-
-    def __init__(
-        self, trt: ModuleType, config: trt_api.IBuilderConfig, builder: Builder, target: str, directory: Path | None
-    ) -> None:
-        self.config = config
-        self.path = None
-        self.reason = ""
-        if builder == "tensorrt-rtx":
-            self.reason = "not used: TensorRT for RTX makes timing caches no-ops"
-        elif directory is None:
-            self.reason = "not used: no timing_cache_dir"
-        else:
-            directory.mkdir(parents=True, exist_ok=True)
-            self.path = directory / f"{target}-{builder}-{trt.__version__}.cache"
-            data = self.path.read_bytes() if self.path.is_file() else b""
-            self.cache = config.create_timing_cache(data)
-            config.set_timing_cache(self.cache, ignore_mismatch=False)
-            self.before = len(self.cache.queryKeys())
-
-    def save(self) -> dict[str, int | str]:
-        if self.path is None:
-            return {"status": self.reason}
-        cache = self.config.get_timing_cache()
-        data = bytes(cache.serialize())
-        self.path.write_bytes(data)
-        after = len(cache.queryKeys())
-        logger.info("timing cache %s: %d entries reused, %d new", self.path.name, self.before, after - self.before)
-        return {"path": str(self.path), "entries_reused": self.before, "entries_added": after - self.before}

@@ -17,8 +17,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tensorsmith.compiler.artifact import staged_artifact
-from tensorsmith.compiler.errors import ConfigError
+from tensorsmith.compiler.artifact.staging import staged_artifact
+from tensorsmith.compiler.targets import get_target
+from tensorsmith.core.errors import ConfigError
 from tensorsmith.runtime.manifest import Manifest, TargetRecord, TensorRecord, read_manifest, verified_file
 
 logger = logging.getLogger(__name__)
@@ -100,11 +101,12 @@ def export_triton(
     instances: int = 1,
 ) -> TritonModel:
     """Write REPO/NAME (config.pbtxt and version 1's model file) for `target` of `artifact`, atomically."""
+    runs_on_onnxruntime = not get_target(target).builders  # the target table: cpu, not an engine
     manifest = read_manifest(artifact)
     record = _target(manifest, artifact, target)
     name = name or artifact.resolve().name
     warnings = []
-    if target == "cpu":
+    if runs_on_onnxruntime:
         variant = manifest.variant(record.variant)
         source = verified_file(artifact, variant.path, variant.sha256)
         model_file, platform, kind = "model.onnx", "onnxruntime_onnx", "KIND_CPU"

@@ -1,0 +1,1 @@
+"""The artifact directory: staged and swapped into place (staging), inspected, exported to Triton."""

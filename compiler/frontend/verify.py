@@ -1,0 +1,23 @@
+"""Compare a compiled graph's outputs with the source model's, on ONNX Runtime (CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tensorsmith.core.metrics import relative_error
+
+
+def compare_outputs(
+    names: Sequence[str], reference: Sequence[np.ndarray], actual: Sequence[np.ndarray]
+) -> dict[str, float]:
+    """Per-output relative error (see `relative_error`); shapes must agree."""
+    if len(reference) != len(actual):
+        raise ValueError(f"the source has {len(reference)} outputs, the compiled graph {len(actual)}")
+    errors = {}
+    for name, expected, got in zip(names, reference, actual, strict=True):
+        if np.shape(expected) != np.shape(got):
+            raise ValueError(f"output '{name}' has shape {np.shape(got)}, the source gives {np.shape(expected)}")
+        errors[name] = relative_error(expected, got)
+    return errors

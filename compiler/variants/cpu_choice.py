@@ -1,0 +1,122 @@
+"""The cpu target's variant and ONNX Runtime session: under a budget, the static Q/DQ variant or ONNX Runtime's
+dynamic quantization, whichever runs faster here (cpu_dynamic.py); for every cpu variant, the ONNX Runtime
+optimizers that measure slower on it are recorded in the manifest and switched off by the runtime."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tensorsmith.calibration.layers import Layer
+from tensorsmith.compiler.variants.cpu_dynamic import build_dynamic_variant
+from tensorsmith.compiler.variants.precision_plan import CpuChoice, SessionChoice
+from tensorsmith.compiler.variants.quantized import Evaluation, flops_fraction
+from tensorsmith.core.ir import save_onnx
+from tensorsmith.core.metrics import Budget
+from tensorsmith.core.sessions import cpu_session, latency_ms
+from tensorsmith.passes import PassReport
+from tensorsmith.runtime.manifest import VariantRecord
+
+logger = logging.getLogger(__name__)
+
+# ONNX Runtime graph optimizers worth switching off for a variant, tried one set at a time. Its CPU
+# SkipLayerNormalization kernel took 3-4x the time of the Adds + LayerNormalization it replaces on MiniLM
+# (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32: docs/benchmarks.md), so whether to fuse is measured.
+SESSION_CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("SkipLayerNormFusion",))
+MIN_GAIN = 0.05  # a non-default session must be this much faster than the defaults to be chosen
+MAX_TUNED_BYTES = 2 << 30  # timing holds one session per candidate at once: not for models above 2 GiB
+TIMING_BATCH = 8
+
+
+def session_label(disabled_optimizers: tuple[str, ...] | list[str]) -> str:
+    return "defaults" if not disabled_optimizers else "without " + ", ".join(disabled_optimizers)
+
+
+def tune_session(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[str], dict[str, float]]:
+    """The ONNX Runtime optimizers to disable for the variant at `path` (the fastest of SESSION_CANDIDATES, if
+    it beats the defaults by MIN_GAIN), with every candidate's latency."""
+    sessions = {session_label(disabled): cpu_session(path, disabled) for disabled in SESSION_CANDIDATES}
+    measured = latency_ms(sessions, feeds)
+    default = measured[session_label(())]
+    best = min(SESSION_CANDIDATES, key=lambda disabled: measured[session_label(disabled)])
+    if measured[session_label(best)] > default * (1 - MIN_GAIN):
+        best = ()
+    return list(best), measured
+
+
+def tuned(variant: VariantRecord, directory: Path, feeds: dict[str, np.ndarray]) -> VariantRecord:
+    """`variant` with the ONNX Runtime optimizers that run it slower on this CPU recorded (unchanged for a model
+    too large to hold two sessions)."""
+    path = directory / variant.path
+    if path.stat().st_size > MAX_TUNED_BYTES:
+        logger.info("cpu: ONNX Runtime's defaults kept for %s: too large to hold two sessions for timing", path.name)
+        return variant
+    disabled, latency = tune_session(path, feeds)
+    logger.info("cpu: %s ms per run by ONNX Runtime session setting; optimizers switched off: %s",
+                latency, disabled or "none")  # fmt: skip
+    return variant.model_copy(update={"onnxruntime_disabled_optimizers": disabled})
+
+
+@dataclass(frozen=True)
+class CpuOutcome:
+    static: VariantRecord  # the static Q/DQ variant's record (session-tuned if it was chosen)
+    chosen: VariantRecord  # what the cpu target runs: `static`, or the dynamic variant
+    plan: CpuChoice
+
+
+def choose_cpu_variant(
+    source: tuple[onnx.ModelProto, list[PassReport]],
+    layers: list[Layer],
+    order: list[str],
+    static: VariantRecord,
+    evaluation: Evaluation,
+    budget: Budget,
+    directory: Path,
+) -> CpuOutcome:
+    """Build the dynamic-quantization variant within the budget (weight MatMuls, in the search's order) from
+    `source` (cpu_dynamic.dynamic_source: the graph and what preparing it did); keep it for cpu if ONNX Runtime
+    runs it faster than the static Q/DQ variant. Then choose ONNX Runtime's session settings for the winner."""
+    model, prepared = source
+    weights = {initializer.name for initializer in model.graph.initializer}
+    # The outlier branches' MatMuls are new nodes, not in `order`: they stay in fp32.
+    weight_matmuls = {n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights}
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-cpu-", dir=directory) as scratch:
+        path = Path(scratch) / "source.onnx"
+        save_onnx(model, path)
+        dynamic = build_dynamic_variant(
+            path, [name for name in order if name in weight_matmuls], evaluation.feeds, evaluation.reference, budget,
+            directory,
+        )  # fmt: skip
+    batch = {name: array[:TIMING_BATCH] for name, array in evaluation.feeds.items()}
+    chosen, reason, latency = static, "no layer fits the budget with dynamic quantization", {}
+    if dynamic is not None:
+        fraction = flops_fraction(layers, set(dynamic.quantized))
+        candidate = dynamic.record.model_copy(
+            update={
+                "accuracy": {**dynamic.record.accuracy, "quantized_flops_fraction": fraction},
+                "evaluated_on": evaluation.described,
+            }
+        )
+        sessions = {record.name: cpu_session(directory / record.path) for record in (static, candidate)}
+        latency = latency_ms(sessions, batch)
+        del sessions
+        reason = "fastest within budget"
+        if latency[candidate.name] < latency[static.name]:
+            chosen = candidate
+        else:
+            (directory / candidate.path).unlink()
+    disabled, by_session = tune_session(directory / chosen.path, batch)
+    chosen = chosen.model_copy(update={"onnxruntime_disabled_optimizers": disabled})
+    plan = CpuChoice(
+        variant=chosen.name,
+        reason=reason,
+        latency_ms_batch8=latency,
+        dynamic_preparation={report.name: {**report.counts, **report.details} for report in prepared},
+        onnxruntime_session=SessionChoice(disabled_optimizers=disabled, latency_ms_batch8=by_session),
+    )
+    return CpuOutcome(chosen if chosen.name == static.name else static, chosen, plan)

@@ -1,0 +1,83 @@
+"""precision.json: the per-layer plan and what it was measured on, one model written and read by this class."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from tensorsmith.compiler.targets import Request
+from tensorsmith.core.errors import ArtifactError
+from tensorsmith.core.files import replace_file
+
+PRECISION_PLAN = "precision.json"
+
+
+class LayerChoice(BaseModel):
+    name: str
+    module: str
+    op: str
+    inputs: list[str] = Field(default_factory=list, description="the activation tensors it quantizes")
+    flops: int
+    precision: str
+    sensitivity: float | None = Field(None, description="the budget's metric with only this layer quantized")
+    reason: str
+
+
+class SessionChoice(BaseModel):
+    disabled_optimizers: list[str] = Field(default_factory=list)
+    latency_ms_batch8: dict[str, float] = Field(default_factory=dict, description="per ONNX Runtime setting")
+
+
+class CpuChoice(BaseModel):
+    """The cpu target's recipe: which variant ONNX Runtime runs fastest within the budget, and how."""
+
+    variant: str
+    reason: str
+    latency_ms_batch8: dict[str, float] = Field(default_factory=dict, description="per variant, ORT defaults")
+    dynamic_preparation: dict[str, dict[str, object]] = Field(
+        default_factory=dict, description="what preparing the dynamic variant's graph did, per pass"
+    )
+    onnxruntime_session: SessionChoice = Field(default_factory=SessionChoice)
+
+
+class RecipePlan(BaseModel):
+    """One quantized variant's plan."""
+
+    precision: str
+    float_regions: str
+    met: bool
+    achieved: float | None = None
+    quantized_flops_fraction: float
+    evaluations: int
+    embeddings: str
+    verify_retries: int = 0
+    layers: list[LayerChoice] = Field(default_factory=list)
+    targets: list[str] = Field(default_factory=list)
+    cpu: CpuChoice | None = None
+
+
+class PrecisionPlan(BaseModel):
+    """What `--precision` asked for and, for quantized variants, each layer's precision and why."""
+
+    precision: Request = Field(description="the --precision request; `tensorsmith build` gives new targets its recipe")
+    evaluated_on: str = ""
+    budget: str | None = None
+    sensitivity_samples: int | None = None
+    recipes: dict[str, RecipePlan] = Field(default_factory=dict, description="variant name → its plan")
+
+    def write(self, directory: Path) -> None:
+        text = json.dumps(self.model_dump(mode="json", exclude_none=True), indent=2) + "\n"
+        replace_file(directory / PRECISION_PLAN, text.encode())
+
+    @classmethod
+    def read(cls, directory: Path) -> PrecisionPlan | None:
+        """The artifact's plan; None for an artifact written before every compile wrote one."""
+        path = directory / PRECISION_PLAN
+        if not path.is_file():
+            return None
+        try:
+            return cls.model_validate_json(path.read_text())
+        except (OSError, ValidationError) as err:
+            raise ArtifactError(f"{path} is not a precision plan: {err}", hint="recompile the artifact") from err

@@ -1,0 +1,176 @@
+"""One quantized variant: the layers a search chose (or every one the policy allows), Q/DQ inserted, verified
+against fp32 on held-out data; under a budget, the costliest layers are given back until the variant holds."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tensorsmith.calibration.data import Feeds
+from tensorsmith.calibration.layers import Layer
+from tensorsmith.calibration.search import PrecisionSearch
+from tensorsmith.compiler.targets import Recipe
+from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
+from tensorsmith.compiler.variants.rewrite import variant_path, write_quantized
+from tensorsmith.core.metrics import Budget, accuracy
+from tensorsmith.core.progress import Reporter
+from tensorsmith.core.sessions import run_onnx
+from tensorsmith.passes import PassReport
+from tensorsmith.passes.quantize import Precision
+from tensorsmith.runtime.manifest import VariantRecord, sha256_of
+
+logger = logging.getLogger(__name__)
+
+MAX_VERIFY_RETRIES = 4
+
+
+@dataclass(frozen=True)
+class Search:
+    """Which candidates to quantize, cheapest first (`order`), and how many of them (`chosen`)."""
+
+    order: list[str]
+    chosen: list[str]
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    evaluations: int = 0
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What a variant is measured on: held-out feeds, fp32's outputs on them, and the budget (if any)."""
+
+    feeds: Feeds
+    reference: list[np.ndarray]
+    budget: Budget | None
+    described: str  # the data, in words (precision.json, the manifest)
+
+
+@dataclass(frozen=True)
+class QuantizedVariant:
+    record: VariantRecord
+    report: PassReport  # the Q/DQ pass's, for the manifest
+    plan: RecipePlan
+
+
+def search_layers(
+    model: onnx.ModelProto,
+    precision: Precision,
+    scales: dict[str, float],
+    layers: list[Layer],
+    evaluation: Evaluation,
+    samples: int,
+    reporter: Reporter,
+) -> Search:
+    """Without a budget, every candidate; with one, the cheapest-first order and the largest set that holds."""
+    candidates = [layer.name for layer in layers if layer.pinned is None]
+    budget = evaluation.budget
+    if budget is None:
+        return Search(candidates, candidates)
+    reporter.stage(f"{precision}: sensitivity of {len(candidates)} layers against {budget}")
+    sample = {name: array[:samples] for name, array in evaluation.feeds.items()}
+    flops = {layer.name: layer.flops for layer in layers}
+    result = PrecisionSearch(model, precision, scales, candidates, sample, budget, flops).search(reporter)
+    return Search(result.order, result.quantized, result.sensitivity, result.evaluations)
+
+
+def flops_fraction(layers: list[Layer], quantized: set[str]) -> float:
+    """The share of the layers' FLOPs that `quantized` covers."""
+    total = max(sum(layer.flops for layer in layers), 1)
+    return sum(layer.flops for layer in layers if layer.name in quantized) / total
+
+
+def build_quantized(
+    model: onnx.ModelProto,
+    recipe: Recipe,
+    scales: dict[str, float],
+    layers: list[Layer],
+    search: Search,
+    evaluation: Evaluation,
+    directory: Path,
+    reporter: Reporter,
+) -> QuantizedVariant:
+    """Write and verify the variant of `recipe`; under a budget, give back the costliest layers until it holds."""
+    assert recipe.quantized is not None
+    precision, name, budget = recipe.quantized, recipe.variant, evaluation.budget
+    pinned = [layer.name for layer in layers if layer.pinned == precision]
+    path = variant_path(directory, name)
+    reporter.stage(f"{name}: building and verifying the variant")
+    verifications = 0
+
+    def write_and_measure(nodes: list[str], embeddings: bool) -> tuple[PassReport, list[np.ndarray], float | None]:
+        nonlocal verifications
+        verifications += 1
+        report = write_quantized(model, precision, scales, [*pinned, *nodes], recipe.floats, path, embeddings)
+        outputs = run_onnx(path, evaluation.feeds)
+        return report, outputs, budget.measure(evaluation.reference, outputs) if budget is not None else None
+
+    # Under a budget the plan may store vocabulary tables in int8 too, if the verified variant still meets it;
+    # without one, the policy keeps embeddings in higher precision.
+    chosen, embeddings = search.chosen, budget is not None
+    report, outputs, achieved = write_and_measure(chosen, embeddings)
+    if budget is not None and achieved is not None and not budget.met(achieved):
+        embeddings = False
+        report, outputs, achieved = write_and_measure(chosen, embeddings)
+    retries = 0
+    while budget is not None and achieved is not None and not budget.met(achieved) and chosen:
+        if retries == MAX_VERIFY_RETRIES:
+            break
+        # The switched graph's estimate was optimistic: give back the costliest layers and verify again.
+        retries += 1
+        chosen = search.order[: len(chosen) - max(1, len(chosen) // 8)]
+        report, outputs, achieved = write_and_measure(chosen, embeddings)
+    measured = accuracy(evaluation.reference, outputs)
+
+    quantized = set(pinned) | set(chosen)
+    fraction = flops_fraction(layers, quantized)
+    plan = RecipePlan(
+        precision=precision,
+        float_regions=recipe.floats,
+        met=bool(budget is None or (achieved is not None and budget.met(achieved))),
+        achieved=achieved,
+        quantized_flops_fraction=round(fraction, 4),
+        evaluations=search.evaluations + verifications,
+        embeddings=_embeddings_policy(embeddings, budget),
+        verify_retries=retries,
+        layers=_layer_choices(layers, quantized, recipe, search, budget),
+    )
+    logger.info("%s variant: %s, %.0f%% of FLOPs quantized", name, measured, 100 * fraction)
+    record = VariantRecord(
+        name=name,
+        path=str(path.relative_to(directory)),
+        sha256=sha256_of(path),
+        precisions=[precision, recipe.floats],
+        accuracy={**measured, "quantized_flops_fraction": fraction},
+        evaluated_on=evaluation.described,
+    )
+    return QuantizedVariant(record, report, plan)
+
+
+def _embeddings_policy(embeddings: bool, budget: Budget | None) -> str:
+    if embeddings:
+        return "int8, weight-only, a scale per row (within the budget)"
+    return "higher precision (policy)" if budget is None else "higher precision (int8 tables missed the budget)"
+
+
+def _layer_choices(
+    layers: list[Layer], quantized: set[str], recipe: Recipe, search: Search, budget: Budget | None
+) -> list[LayerChoice]:
+    default_reason = (
+        "search" if budget is not None else f"--precision {recipe.quantized}: every layer the policy allows"
+    )
+    return [
+        LayerChoice(
+            name=layer.name,
+            module=layer.module,
+            op=layer.op,
+            inputs=list(layer.inputs),
+            flops=layer.flops,
+            precision=recipe.quantized if layer.name in quantized else (layer.pinned or recipe.floats),
+            sensitivity=search.sensitivity.get(layer.name),
+            reason=layer.reason or default_reason,
+        )
+        for layer in layers
+    ]

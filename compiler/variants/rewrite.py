@@ -1,0 +1,59 @@
+"""Write a variant file: passes run on a copy of a graph, the result saved (node module paths kept)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from tensorsmith.core.ir import save_onnx
+from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
+from tensorsmith.passes import GraphPass, PassReport, run_passes
+from tensorsmith.passes.quantize import InsertQDQ, Precision
+
+VARIANTS_DIR = "variants"
+
+
+def variant_path(directory: Path, name: str) -> Path:
+    return directory / VARIANTS_DIR / f"{name}.onnx"
+
+
+def rewritten(model: onnx.ModelProto, passes: list[GraphPass]) -> tuple[onnx.ModelProto, list[PassReport]]:
+    """`model` after `passes`, with the module paths its nodes carried (onnx-graphsurgeon drops node metadata)."""
+    graph = gs.import_onnx(model)
+    reports = run_passes(graph, passes)
+    result = gs.export_onnx(graph)
+    attach_module_paths(result, module_paths_recorded(model))
+    return result, reports
+
+
+def rewrite(model: onnx.ModelProto, passes: list[GraphPass], path: Path) -> list[PassReport]:
+    """Run `passes` on a copy of `model` and save the result at `path` (a variant file)."""
+    graph = gs.import_onnx(model)
+    reports = run_passes(graph, passes)
+    path.parent.mkdir(exist_ok=True)
+    save_onnx(gs.export_onnx(graph), path)
+    return reports
+
+
+def write_quantized(
+    model: onnx.ModelProto,
+    precision: Precision,
+    scales: dict[str, float],
+    nodes: list[str],
+    floats: str,
+    path: Path,
+    embeddings: bool = False,
+) -> PassReport:
+    """Q/DQ on `nodes`; with `embeddings`, vocabulary tables stored in int8 (weight-only); with fp16 floats,
+    everything left in float computes in fp16 (LayerNorm in fp32)."""
+    from tensorsmith.passes.embeddings import QuantizeEmbeddings
+    from tensorsmith.passes.fp16 import ConvertToFp16
+
+    passes: list[GraphPass] = [InsertQDQ(precision, scales, nodes=nodes)]
+    if embeddings:
+        passes.append(QuantizeEmbeddings(gather_first=floats == "fp32"))  # fp32 regions: the cpu, ONNX Runtime
+    if floats == "fp16":
+        passes.append(ConvertToFp16())
+    return rewrite(model, passes, path)[0]

@@ -1,0 +1,143 @@
+"""The variants stage: fused graph + variant plan → one verified variant file per recipe, and precision.json.
+
+A recipe is a precision and the targets that run it (compiler/targets.py decides). Float requests give the fp32
+reference and, where a target computes in fp16, variants/fp16.onnx. Quantized ones calibrate the fused graph
+once; under a budget, one search per precision chooses the layers; each recipe then yields one variant per kind
+of float region: GPUs compute the unquantized layers in fp16 (variant `int8`, `fp8`), the cpu in fp32
+(`cpu-int8`, and `cpu-int8-dynamic` when ONNX Runtime's dynamic quantization runs faster within the budget).
+Targets that share a variant share its file and engine input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tensorsmith.calibration.layers import activation_shapes, list_layers
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.frontend.feeds import example_feeds
+from tensorsmith.compiler.frontend.fused import FusedGraph
+from tensorsmith.compiler.variants.calibrated import calibrate_variants
+from tensorsmith.compiler.variants.cpu_choice import choose_cpu_variant, tuned
+from tensorsmith.compiler.variants.cpu_dynamic import dynamic_source
+from tensorsmith.compiler.variants.data import split_data
+from tensorsmith.compiler.variants.fp16 import build_fp16_variant
+from tensorsmith.compiler.variants.plan import VariantPlan
+from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+from tensorsmith.compiler.variants.quantized import Evaluation, build_quantized, search_layers
+from tensorsmith.core.progress import Reporter
+from tensorsmith.core.sessions import run_onnx
+from tensorsmith.passes import PassReport
+from tensorsmith.runtime.manifest import VariantRecord
+
+
+@dataclass(frozen=True)
+class Variants:
+    records: list[VariantRecord]  # the fp32 reference first
+    by_target: dict[str, VariantRecord]
+    reports: list[PassReport] = field(default_factory=list)  # smoothing and Q/DQ passes, for the manifest
+    unmet: list[str] = field(default_factory=list)  # recipes whose budget does not hold, with the figure
+
+
+def reference_variant(fused: FusedGraph) -> VariantRecord:
+    """The fused fp32 graph itself, as the variant every float target may run."""
+    return VariantRecord(
+        name="fp32",
+        precisions=["fp32"],
+        accuracy=fused.accuracy,
+        evaluated_on="against the source" if fused.accuracy else "",
+        **fused.record.model_dump(),
+    )
+
+
+def build_variants(
+    plan: VariantPlan, fused: FusedGraph, config: CompileConfig, directory: Path, reporter: Reporter
+) -> Variants:
+    """Write every variant the plan needs into `directory` (variants/, calibration files, precision.json)."""
+    if plan.quantized():
+        variants, precision_plan, tuned_names = _quantized_variants(plan, fused, config, directory, reporter)
+    else:
+        variants, tuned_names = _float_variants(plan, fused, config, directory, reporter), set()
+        precision_plan = PrecisionPlan(precision=plan.request)
+    precision_plan.write(directory)
+    cpu = variants.by_target.get("cpu")
+    if cpu is None or cpu.name in tuned_names:
+        return variants
+    reporter.stage("cpu: timing ONNX Runtime's session settings")
+    return _replaced(variants, tuned(cpu, directory, example_feeds(config)))
+
+
+def _replaced(variants: Variants, record: VariantRecord) -> Variants:
+    """`variants` with the record of the same name replaced by `record`."""
+    return Variants(
+        [record if r.name == record.name else r for r in variants.records],
+        {t: record if r.name == record.name else r for t, r in variants.by_target.items()},
+        variants.reports,
+        variants.unmet,
+    )
+
+
+def _float_variants(
+    plan: VariantPlan, fused: FusedGraph, config: CompileConfig, directory: Path, reporter: Reporter
+) -> Variants:
+    reference = reference_variant(fused)
+    records, by_target = [reference], {}
+    for recipe, targets in plan.recipes().items():
+        record = reference
+        if recipe.floats == "fp16":
+            reporter.stage("building the fp16 variant")
+            feeds = example_feeds(config, seed=1, size_offset=1)  # the verification inputs
+            record = build_fp16_variant(fused.model, fused.path, feeds, directory)
+            records.append(record)
+        by_target.update(dict.fromkeys(targets, record))
+    return Variants(records, by_target)
+
+
+def _quantized_variants(
+    plan: VariantPlan, fused: FusedGraph, config: CompileConfig, directory: Path, reporter: Reporter
+) -> tuple[Variants, PrecisionPlan, set[str]]:
+    """Calibrate once, search once per precision, then write and verify one variant per recipe."""
+    split = split_data(config, fused.inputs)
+    budget = config.accuracy_budget()
+    by_precision = plan.quantized()
+    calibrated = calibrate_variants(fused.model, config, split.calibration, set(by_precision), directory, reporter)
+    model = calibrated.model
+    one_sample = {name: array[:1] for name, array in split.evaluation.items()}
+    layers = list_layers(model, activation_shapes(calibrated.observer.run(one_sample)), config.overrides)
+    evaluation = Evaluation(split.evaluation, run_onnx(fused.path, split.evaluation), budget, split.evaluated_on)
+
+    records, by_target = [reference_variant(fused)], {}
+    reports = [calibrated.smoothing] if calibrated.smoothing is not None else []
+    unmet, recipes, tuned_names = [], {}, set()
+    for precision, shared in by_precision.items():
+        scales = calibrated.scales(precision)
+        search = search_layers(model, precision, scales, layers, evaluation, config.sensitivity_samples, reporter)
+        for recipe, targets in shared.items():
+            variant = build_quantized(model, recipe, scales, layers, search, evaluation, directory, reporter)
+            record, recipe_plan = variant.record, variant.plan.model_copy(update={"targets": targets})
+            reports.append(variant.report)
+            by_target.update(dict.fromkeys(targets, record))
+            if budget is not None and not recipe_plan.met:
+                unmet.append(f"{record.name}: {budget.metric} {recipe_plan.achieved:.6f} (budget {budget})")
+            if budget is not None and precision == "int8" and "cpu" in targets:
+                reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
+                alpha = config.smoothing_alpha if config.smoothing else None
+                source = dynamic_source(fused.model, calibrated.channel_amax, alpha)
+                outcome = choose_cpu_variant(source, layers, search.order, record, evaluation, budget, directory)
+                tuned_names.add(outcome.chosen.name)
+                record = outcome.static
+                if outcome.chosen is not outcome.static:
+                    records.append(record)
+                    record = outcome.chosen
+                by_target["cpu"] = outcome.chosen
+                recipe_plan = recipe_plan.model_copy(update={"cpu": outcome.plan})
+            records.append(record)
+            recipes[variant.record.name] = recipe_plan
+    precision_plan = PrecisionPlan(
+        precision=plan.request,
+        evaluated_on=split.evaluated_on,
+        budget=str(budget) if budget is not None else None,
+        sensitivity_samples=config.sensitivity_samples if budget is not None else None,
+        recipes=recipes,
+    )
+    return Variants(records, by_target, reports, unmet), precision_plan, tuned_names

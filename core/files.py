@@ -1,0 +1,23 @@
+"""Files written whole or not at all: a temporary file beside the target, fsynced, then renamed over it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def current_umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically: readers see the old file or the new one, never a part."""
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as stream:
+        stream.write(data)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.chmod(stream.name, 0o666 & ~current_umask())
+    os.replace(stream.name, path)

@@ -1,0 +1,61 @@
+"""ONNX Runtime CPU sessions for the compiler's own work: running a graph for its outputs, and timing variants.
+
+Every session the compiler opens logs at error severity only (ONNX Runtime's optimizer warnings are not the
+user's business); onnxruntime is imported inside the functions, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ERROR_SEVERITY = 3  # ONNX Runtime's log severities: 0 verbose … 3 error, 4 fatal
+LATENCY_RUNS = 7
+
+
+def run_onnx(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Outputs of the ONNX file at `path` on ONNX Runtime's CPU provider, in graph order."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = ERROR_SEVERITY
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = {value.name for value in session.get_inputs()}
+    return list(session.run(None, {name: array for name, array in feeds.items() if name in names}))
+
+
+def cpu_session(
+    path: Path, disabled_optimizers: tuple[str, ...] | list[str] = (), threads: int = 0, profile: Path | None = None
+) -> Any:
+    """An ONNX Runtime CPU session for timing (and, with `profile`, ONNX Runtime's profiler writing files with
+    that prefix). Its threads stop spinning after each run: idle spinning threads of one session otherwise take
+    the cores from the next one measured (it doubled every figure on 2 cores)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = ERROR_SEVERITY
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    if profile is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile)
+    return onnxruntime.InferenceSession(
+        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled_optimizers)
+    )
+
+
+def latency_ms(sessions: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, float]:
+    """Median CPU latency of each session over a few runs, interleaved (after one warm-up each)."""
+    for session in sessions.values():
+        session.run(None, feeds)
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(LATENCY_RUNS):
+        for name, session in sessions.items():
+            started = time.perf_counter()
+            session.run(None, feeds)
+            times[name].append((time.perf_counter() - started) * 1e3)
+    return {name: round(statistics.median(values), 3) for name, values in times.items()}

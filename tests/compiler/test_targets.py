@@ -1,0 +1,65 @@
+"""The target table: one row per architecture decides precisions, recipes, builders and batch limits."""
+
+import dataclasses
+
+import pytest
+
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.targets import RTX_TARGETS, TARGETS, Recipe, Target, check_precision, get_target
+from tensorsmith.core.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("target", "request_", "variant"),
+    [
+        ("cpu", "fp32", "fp32"),
+        ("cpu", "int8", "cpu-int8"),
+        ("cpu", "auto", "cpu-int8"),
+        ("sm_75", "fp32", "fp16"),  # no fp32 GEMM on Turing with TensorRT for RTX
+        ("sm_75", "auto", "int8"),
+        ("sm_86", "fp32", "fp32"),
+        ("sm_86", "fp16", "fp16"),
+        ("sm_86", "auto", "int8"),
+        ("sm_89", "auto", "fp8"),
+        ("sm_90", "int8", "int8"),
+        ("sm_120", "fp8", "fp8"),
+    ],
+)
+def test_each_request_gives_each_target_one_recipe(target: str, request_: str, variant: str) -> None:
+    assert get_target(target).recipe(request_).variant == variant  # type: ignore[arg-type]
+
+
+def test_recipes_name_their_variants() -> None:
+    assert Recipe(None, "fp16").variant == "fp16"
+    assert Recipe("int8", "fp16").variant == "int8"
+    assert Recipe("int8", "fp32").variant == "cpu-int8"
+
+
+def test_builders_follow_the_row() -> None:
+    assert get_target("cpu").builders == ()
+    assert get_target("sm_86").builders == ("tensorrt-rtx", "tensorrt")
+    assert get_target("sm_90").builders == ("tensorrt",)
+    assert get_target("sm_90").on_device_builder == "tensorrt"
+    assert RTX_TARGETS == ("sm_75", "sm_80", "sm_86", "sm_89", "sm_120", "sm_121")
+    assert {name: TARGETS[name].max_batch for name in ("sm_75", "sm_86", "sm_80", "sm_90")} == {
+        "sm_75": 32, "sm_86": 64, "sm_80": 128, "sm_90": 256,
+    }  # fmt: skip
+
+
+def test_a_precision_a_target_cannot_run_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigError, match=r"target sm_86 .* cannot run fp8") as caught:
+        check_precision("fp8", ["sm_89", "sm_86"])
+    assert "sm_89" in (caught.value.hint or "")
+    check_precision("fp32", ["sm_75"])  # served by the fp16 variant
+    check_precision("auto", list(TARGETS))
+
+
+def test_a_new_row_is_all_a_new_target_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row added to the table is accepted by the config and gets its recipe and builders from the row alone."""
+    row = dataclasses.replace(TARGETS["sm_89"], name="sm_99", gpus="a future part", rtx_capability=None)
+    monkeypatch.setitem(TARGETS, "sm_99", row)
+    config = CompileConfig.create({"source": "m.onnx", "targets": ["sm_99"], "precision": "fp16"})
+    assert config.targets == ["sm_99"]
+    assert isinstance(get_target("sm_99"), Target)
+    assert get_target("sm_99").recipe("auto").variant == "fp8"
+    assert get_target("sm_99").builders == ("tensorrt",)

@@ -1,0 +1,88 @@
+"""The variants stage on its own: a real fused graph, the plan the target table gives, real variant files
+measured on ONNX Runtime, and precision.json read back typed."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
+from tensorsmith.compiler.frontend.source import open_source
+from tensorsmith.compiler.targets import Recipe
+from tensorsmith.compiler.variants.plan import plan_variants
+from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+from tensorsmith.compiler.variants.stage import build_variants
+from tensorsmith.core.progress import LogReporter
+from tensorsmith.runtime.manifest import sha256_of
+
+FACTORY = "tests.compiler.test_frontend:build_layernorm_mlp"
+INPUTS = [{"name": "x", "dtype": "float32", "dims": ["batch", 8]}]
+
+
+def fused_for(config: CompileConfig, directory: Path) -> FusedGraph:
+    return fused_graph(open_source(config), directory, LogReporter())
+
+
+def test_the_plan_groups_targets_by_recipe() -> None:
+    config = CompileConfig.create({"source": "m.onnx", "precision": "auto", "calibration": "c.npz",
+                                   "targets": ["cpu", "sm_75", "sm_86", "sm_89", "sm_120"]})  # fmt: skip
+    plan = plan_variants(config)
+    assert plan.recipes() == {
+        Recipe("int8", "fp32"): ["cpu"],
+        Recipe("int8", "fp16"): ["sm_75", "sm_86"],
+        Recipe("fp8", "fp16"): ["sm_89", "sm_120"],
+    }
+    assert list(plan.quantized()) == ["int8", "fp8"]
+
+
+def test_float_variants_fp32_for_cpu_and_fp16_where_the_table_says(tmp_path: Path) -> None:
+    config = CompileConfig.create({"source": FACTORY, "inputs": INPUTS, "targets": ["cpu", "sm_75", "sm_86"]})
+    fused = fused_for(config, tmp_path)
+    variants = build_variants(plan_variants(config), fused, config, tmp_path, LogReporter())
+    assert [record.name for record in variants.records] == ["fp32", "fp16"]
+    assert {target: record.name for target, record in variants.by_target.items()} == {
+        "cpu": "fp32", "sm_75": "fp16", "sm_86": "fp32",
+    }  # fmt: skip
+    fp16 = variants.records[1]
+    assert fp16.sha256 == sha256_of(tmp_path / fp16.path) and fp16.accuracy["cosine"] > 0.999
+    assert variants.records[0].sha256 == fused.record.sha256  # the reference is the fused graph itself
+    plan = PrecisionPlan.read(tmp_path)
+    assert plan is not None and plan.precision == "fp32" and plan.recipes == {}
+
+
+@pytest.fixture
+def calibration(tmp_path: Path) -> Path:
+    path = tmp_path / "calibration.npz"
+    np.savez(path, x=np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32))
+    return path
+
+
+def test_int8_variants_one_calibration_two_recipes(tmp_path: Path, calibration: Path) -> None:
+    config = CompileConfig.create({"source": FACTORY, "inputs": INPUTS, "targets": ["cpu", "sm_86"],
+                                   "precision": "int8", "calibration": str(calibration)})  # fmt: skip
+    fused = fused_for(config, tmp_path)
+    variants = build_variants(plan_variants(config), fused, config, tmp_path, LogReporter())
+    assert [record.name for record in variants.records] == ["fp32", "cpu-int8", "int8"]
+    assert variants.by_target["sm_86"].name == "int8" and variants.unmet == []
+    for record in variants.records[1:]:
+        assert (tmp_path / record.path).is_file() and record.precisions[0] == "int8"
+        assert record.accuracy["cosine"] > 0.99
+    assert (tmp_path / "calibration.json").is_file() and (tmp_path / "calibration" / "int8.cache").is_file()
+    assert [report.name for report in variants.reports].count("insert_qdq") == 2
+    plan = PrecisionPlan.read(tmp_path)
+    assert plan is not None and set(plan.recipes) == {"cpu-int8", "int8"}
+    assert plan.recipes["int8"].targets == ["sm_86"] and plan.recipes["int8"].float_regions == "fp16"
+    assert {layer.precision for layer in plan.recipes["int8"].layers} <= {"int8", "fp16", "fp32"}
+
+
+def test_a_budget_records_the_search_and_the_cpu_choice(tmp_path: Path, calibration: Path) -> None:
+    config = CompileConfig.create({"source": FACTORY, "inputs": INPUTS, "targets": ["cpu"], "precision": "auto",
+                                   "budget": "cosine>=0.99", "calibration": str(calibration)})  # fmt: skip
+    fused = fused_for(config, tmp_path)
+    variants = build_variants(plan_variants(config), fused, config, tmp_path, LogReporter())
+    plan = PrecisionPlan.read(tmp_path)
+    assert plan is not None and plan.budget == "cosine>=0.99" and plan.sensitivity_samples == 16
+    recipe = plan.recipes["cpu-int8"]
+    assert recipe.met and recipe.cpu is not None and recipe.cpu.variant == variants.by_target["cpu"].name
+    assert all(layer.sensitivity is not None for layer in recipe.layers if layer.reason == "search")
