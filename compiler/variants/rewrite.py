@@ -19,21 +19,26 @@ def variant_path(directory: Path, name: str) -> Path:
     return directory / VARIANTS_DIR / f"{name}.onnx"
 
 
-def rewritten(model: onnx.ModelProto, passes: list[GraphPass]) -> tuple[onnx.ModelProto, list[PassReport]]:
-    """`model` after `passes`, with the module paths its nodes carried (onnx-graphsurgeon drops node metadata)."""
+def _run(model: onnx.ModelProto, passes: list[GraphPass]) -> tuple[onnx.ModelProto, list[PassReport]]:
     graph = gs.import_onnx(model)
     reports = run_passes(graph, passes)
-    result = gs.export_onnx(graph)
+    return gs.export_onnx(graph), reports
+
+
+def rewritten(model: onnx.ModelProto, passes: list[GraphPass]) -> tuple[onnx.ModelProto, list[PassReport]]:
+    """`model` after `passes`, in memory, with the module paths its nodes carried (onnx-graphsurgeon drops node
+    metadata): a graph that later variants start from."""
+    result, reports = _run(model, passes)
     attach_module_paths(result, module_paths_recorded(model))
     return result, reports
 
 
 def rewrite(model: onnx.ModelProto, passes: list[GraphPass], path: Path) -> list[PassReport]:
-    """Run `passes` on a copy of `model` and save the result at `path` (a variant file)."""
-    graph = gs.import_onnx(model)
-    reports = run_passes(graph, passes)
+    """Run `passes` on a copy of `model` and save the result at `path`: a variant file. Variant files carry no
+    module paths (precision.json names each layer's module), so their bytes depend on the graph alone."""
+    result, reports = _run(model, passes)
     path.parent.mkdir(exist_ok=True)
-    save_onnx(gs.export_onnx(graph), path)
+    save_onnx(result, path)
     return reports
 
 

@@ -125,14 +125,12 @@ def _quantized_variants(
                 source = dynamic_source(fused.model, calibrated.channel_amax, alpha)
                 outcome = choose_cpu_variant(source, layers, search.order, record, evaluation, budget, directory)
                 tuned_names.add(outcome.chosen.name)
-                record = outcome.static
-                if outcome.chosen is not outcome.static:
-                    records.append(record)
-                    record = outcome.chosen
+                records += [outcome.static] if outcome.chosen is outcome.static else [outcome.static, outcome.chosen]
                 by_target["cpu"] = outcome.chosen
                 recipe_plan = recipe_plan.model_copy(update={"cpu": outcome.plan})
-            records.append(record)
-            recipes[variant.record.name] = recipe_plan
+            else:
+                records.append(record)
+            recipes[record.name] = recipe_plan
     precision_plan = PrecisionPlan(
         precision=plan.request,
         evaluated_on=split.evaluated_on,
