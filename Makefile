@@ -30,7 +30,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	PYTHON=$(BIN)/python bash scripts/tensorrt-stubs.sh   # the builder is checked against tensorrt-stubs
-	MYPYPATH=.typings $(BIN)/mypy compiler passes calibration runtime cli samples
+	MYPYPATH=.typings $(BIN)/mypy core compiler passes calibration runtime cli samples
 
 # The report tests render report.html in headless Chromium (Debian's package; nothing downloaded by a test tool).
 browser:
