@@ -229,17 +229,34 @@ class CompileConfig(_Strict):
         try:
             config = cls.model_validate({**raw, "base_dir": base_dir or Path.cwd()})
         except ValidationError as err:
-            first = err.errors()[0]
+            errors = err.errors()
+            # An unknown key explains the other errors (a misspelt `source` is also a missing one): name it first.
+            first = next((error for error in errors if error["type"] == "extra_forbidden"), errors[0])
             field = ".".join(str(part) for part in first["loc"])
-            message = first["msg"].removeprefix("Value error, ")
             more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+            if first["type"] == "extra_forbidden":
+                kind = "table" if isinstance(first.get("input"), dict) else "key"
+                raise ConfigError(
+                    f"{origin}: unknown {kind} '{field}'{more}",
+                    hint=f"known keys there: {', '.join(_known_keys(first['loc']))}",
+                ) from err
+            message = first["msg"].removeprefix("Value error, ")
             where = f"field '{field}': " if field else ""
-            got = f" (got {first.get('input')!r})" if field else ""
+            value = first.get("input")
+            got = f" (got {value!r})" if field and isinstance(value, str | int | float) else ""
             raise ConfigError(
                 f"{origin}: {where}{message}{more}{got}",
                 hint="see the CompileConfig fields in compiler/config.py or samples/*/tensorsmith.toml",
             ) from err
         return config
+
+
+def _known_keys(location: tuple[int | str, ...]) -> list[str]:
+    """The keys allowed where an unknown one was found (`location`: pydantic's path to it)."""
+    tables: dict[object, type[BaseModel]] = {"build": BuildConfig, "inputs": InputDecl, "dims": DimRange,
+                                             "overrides": Override}  # fmt: skip
+    model = tables.get(location[0], CompileConfig) if len(location) > 1 else CompileConfig
+    return [name for name in model.model_fields if name != "base_dir"]
 
 
 def parse_input_flag(text: str) -> dict[str, object]:

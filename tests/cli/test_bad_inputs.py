@@ -82,6 +82,11 @@ def config_unknown_key(tmp: Path) -> list[str]:
     return [str(tmp / "tensorsmith.toml")]
 
 
+def config_unknown_table(tmp: Path) -> list[str]:
+    (tmp / "tensorsmith.toml").write_text('[model]\nsource = "x.onnx"\nbogus_key = 3\n')
+    return [str(tmp / "tensorsmith.toml")]
+
+
 def config_wrong_type(tmp: Path) -> list[str]:
     (tmp / "tensorsmith.toml").write_text(f'source = "{FACTORY}"\nopset = "twenty"\n')
     return [str(tmp / "tensorsmith.toml")]
@@ -155,7 +160,8 @@ CASES: dict[str, tuple[Case, str]] = {
     "corrupt onnx": (corrupt_onnx, "corrupt.onnx"),
     "unknown op": (unknown_op, "FrobnicateAll"),
     "unknown opset": (unknown_opset, "opset 99"),
-    "config unknown key": (config_unknown_key, "colour"),
+    "config unknown key": (config_unknown_key, "unknown key 'colour'"),
+    "config unknown table": (config_unknown_table, "unknown table 'model'"),
     "config wrong type": (config_wrong_type, "opset"),
     "factory does not import": (factory_does_not_import, "tests.no_such_module"),
     "checkpoint keys": (checkpoint_missing_and_unexpected_keys, "missing keys: 2.bias"),

@@ -45,7 +45,6 @@ def test_overrides_replace_toml_keys(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "field", "message"),
     [
-        ('colour = "red"\n', "colour", "Extra inputs are not permitted"),
         ("opset = 9\n", "opset", "greater than or equal to 13"),
         ('opset = "twenty"\n', "opset", "valid integer"),
         ("verify = 3\n", "verify", "valid boolean"),
@@ -132,3 +131,13 @@ def test_a_malformed_budget_fails_with_the_config_before_any_work() -> None:
                                    "budget": "sqnr-db>=30"})  # fmt: skip
     budget = config.accuracy_budget()
     assert budget is not None and str(budget) == "sqnr-db>=30"
+
+
+def test_an_unknown_key_is_named_with_the_keys_known_there(tmp_path: Path) -> None:
+    path = write(tmp_path, 'colour = "red"\n' + TOML)
+    with pytest.raises(ConfigError, match=rf"{path}: unknown key 'colour'") as caught:
+        CompileConfig.from_toml(path)
+    assert "source, checkpoint" in (caught.value.hint or "")
+    with pytest.raises(ConfigError, match=r"unknown key 'build.buildr'") as caught:
+        CompileConfig.create({"source": "m.onnx", "build": {"buildr": "auto"}})
+    assert "builder" in (caught.value.hint or "") and "base_dir" not in str(caught.value)
