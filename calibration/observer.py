@@ -19,6 +19,7 @@ from tensorsmith.calibration.statistics import TensorStatistics
 from tensorsmith.core.errors import CalibrationError
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.progress import LogReporter, Reporter
+from tensorsmith.core.sessions import ERROR_SEVERITY, onnxruntime_reason
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +40,17 @@ class Observer:
         available = set(onnxruntime.get_available_providers())
         chosen = list(providers or [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available])
         options = onnxruntime.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = ERROR_SEVERITY
         with tempfile.TemporaryDirectory(prefix="tensorsmith-observe-") as scratch:
             path = Path(scratch) / "observed.onnx"  # a file: models over 2 GB need external data
             save_onnx(observed, path)
             try:
                 self.session = onnxruntime.InferenceSession(str(path), options, providers=chosen)
             except Exception as err:  # onnxruntime's own exception types
-                raise CalibrationError(f"ONNX Runtime cannot run the graph to calibrate it: {err}") from err
+                raise CalibrationError(
+                    f"ONNX Runtime cannot run the graph to calibrate it: {onnxruntime_reason(err)}",
+                    hint="check the source runs on ONNX Runtime: tensorsmith compile it with --precision fp32",
+                ) from err
         self.input_names = {value.name for value in self.session.get_inputs()}
         self.samples = 0  # counted by pass 1
 

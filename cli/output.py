@@ -37,6 +37,9 @@ def setup_logging(verbose: int) -> None:
     # The exporters and Polygraphy are chatty at INFO; keep them to warnings unless -vv.
     for name in ("torch", "onnxscript", "polygraphy", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.ERROR if verbose < 2 else logging.DEBUG)
+    # Python warnings from the libraries (torch, onnx, numpy) reach the terminal only with -v.
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").setLevel(logging.WARNING if verbose else logging.ERROR)
 
 
 class RichReporter:
@@ -96,13 +99,21 @@ def handle_errors(command: F) -> F:
             if verbose:
                 stderr.print_exception()
             hint = getattr(err, "hint", None)
-            message = getattr(err, "message", str(err))
+            message = _one_line(getattr(err, "message", str(err)), verbose)
             if kwargs.get("as_json"):
                 emit_json({"ok": False, "error": message, "hint": hint, "type": type(err).__name__})
             click.echo(f"error: {message}" + (f" (hint: {hint})" if hint else ""), err=True)
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _one_line(message: str, verbose: bool) -> str:
+    """An error is one line: a library message of several lines keeps its first (the rest with -v)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else message
+    return lines[0] + ("" if verbose else " (more with -v)")
 
 
 @contextlib.contextmanager

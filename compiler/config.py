@@ -27,7 +27,8 @@ class _Strict(BaseModel):
 
 
 class InputDecl(_Strict):
-    """One model input. A dim given as a name (e.g. "batch") is dynamic."""
+    """One model input. A dim given as a name (e.g. "batch", or any string an exporter wrote) is dynamic; so is
+    `-1`, `?` or an empty name, which becomes NAME_dimAXIS (e.g. `x_dim2`)."""
 
     name: str = Field(description="the forward() argument / ONNX graph input name")
     dtype: DType = Field(description="numpy dtype name")
@@ -36,15 +37,14 @@ class InputDecl(_Strict):
         None, description="[low, high) of example values used for export and verification (e.g. token ids)"
     )
 
-    @field_validator("dims")
-    @classmethod
-    def _dims_valid(cls, dims: list[int | str]) -> list[int | str]:
-        for dim in dims:
-            if isinstance(dim, int) and dim < 1:
-                raise ValueError(f"static dim {dim} must be >= 1")
-            if isinstance(dim, str) and not dim.isidentifier():
-                raise ValueError(f"dynamic dim name {dim!r} must be an identifier, like 'batch'")
-        return dims
+    @model_validator(mode="after")
+    def _dims_named(self) -> InputDecl:
+        for axis, dim in enumerate(self.dims):
+            if dim in (-1, "-1", "?") or (isinstance(dim, str) and not dim.strip()):
+                self.dims[axis] = f"{self.name}_dim{axis}"
+            elif isinstance(dim, int) and dim < 1:
+                raise ValueError(f"static dim {dim} of input '{self.name}' must be >= 1 (-1 makes it dynamic)")
+        return self
 
     def describe(self) -> str:
         return f"{self.name}:{self.dtype}:{','.join(str(d) for d in self.dims)}"
@@ -266,4 +266,5 @@ def parse_input_flag(text: str) -> dict[str, object]:
         raise ConfigError(f"--input {text!r} is not NAME:DTYPE:DIMS", hint="e.g. --input input_ids:int64:batch,128")
     name, dtype, dims_text = parts
     dims: list[int | str] = [int(d) if d.strip().isdigit() else d.strip() for d in dims_text.split(",")]
+    # any other text is a dynamic dim's name (`batch-size`, `N?`), or unnamed (`-1`, `?`)
     return {"name": name, "dtype": dtype, "dims": dims}

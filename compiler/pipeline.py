@@ -15,7 +15,7 @@ from tensorsmith.compiler.artifact.staging import staged_artifact, write_manifes
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.engines.records import build_engines
 from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
-from tensorsmith.compiler.frontend.source import open_source
+from tensorsmith.compiler.frontend.source import Source, open_source
 from tensorsmith.compiler.report.collect import write_report
 from tensorsmith.compiler.variants.data import check_data
 from tensorsmith.compiler.variants.plan import plan_variants
@@ -53,7 +53,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         variants = build_variants(plan, fused, config, staging, timed)
         targets = build_engines(config.build, config.targets, variants.by_target, fused.inputs, config.dims,
                                 staging, timed)  # fmt: skip
-        manifest = _manifest(config, fused, variants, targets, timed.finish())
+        manifest = _manifest(source, fused, variants, targets, timed.finish())
         write_manifest(staging, manifest)
         timed.stage(f"writing the report and {out}")
         write_report(staging, out.resolve().name)
@@ -61,7 +61,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
 
 
 def _manifest(
-    config: CompileConfig,
+    source: Source,
     fused: FusedGraph,
     variants: Variants,
     targets: list[TargetRecord],
@@ -73,7 +73,9 @@ def _manifest(
         model=fused.record,
         inputs=fused.inputs,
         outputs=fused.outputs,
-        dims={name: limits.model_dump() for name, limits in config.dims.items()},
+        dims={name: limits.model_dump() for name, limits in source.config.dims.items()},
+        dim_names=source.dim_names,
+        default_dims=source.default_dims,
         steps=[StepRecord(name=name, seconds=seconds) for name, seconds in steps],
         passes=[PassRecord(**vars(report)) for report in [*fused.reports, *variants.reports]],
         variants=variants.records,

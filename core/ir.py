@@ -58,11 +58,12 @@ def save_onnx(model: onnx.ModelProto, path: Path) -> None:
 
 
 def value_dims(value: onnx.ValueInfoProto) -> list[int | str]:
+    """Sizes and dim names as written; a dim with neither (or written as -1 or 0) is named NAME_dimAXIS."""
     dims: list[int | str] = []
     if not value.type.tensor_type.HasField("shape"):
         return dims
     for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-        if dim.HasField("dim_value"):
+        if dim.HasField("dim_value") and dim.dim_value > 0:
             dims.append(int(dim.dim_value))
         else:
             dims.append(dim.dim_param or f"{value.name}_dim{axis}")

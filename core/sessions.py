@@ -6,6 +6,7 @@ user's business); onnxruntime is imported inside the functions, so importing thi
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from pathlib import Path
@@ -13,19 +14,43 @@ from typing import Any
 
 import numpy as np
 
+from tensorsmith.core.errors import ExportError
+
 ERROR_SEVERITY = 3  # ONNX Runtime's log severities: 0 verbose … 3 error, 4 fatal
 LATENCY_RUNS = 7
+_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*")
+
+
+def onnxruntime_reason(err: BaseException) -> str:
+    """ONNX Runtime's error as one line, without its `[ONNXRuntimeError] : 10 : INVALID_GRAPH :` prefix (the
+    rest names the node or input)."""
+    text = str(err).strip()
+    return _STATUS_PREFIX.sub("", text.splitlines()[0]) if text else type(err).__name__
+
+
+def quiet_onnxruntime() -> Any:
+    """onnxruntime, with its process-wide default logger at error severity too: sessions that other libraries
+    open for the compiler (onnxruntime.quantization's) log through it."""
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(ERROR_SEVERITY)
+    return onnxruntime
 
 
 def run_onnx(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Outputs of the ONNX file at `path` on ONNX Runtime's CPU provider, in graph order."""
-    import onnxruntime
-
+    onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = ERROR_SEVERITY
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    names = {value.name for value in session.get_inputs()}
-    return list(session.run(None, {name: array for name, array in feeds.items() if name in names}))
+    try:
+        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        names = {value.name for value in session.get_inputs()}
+        return list(session.run(None, {name: array for name, array in feeds.items() if name in names}))
+    except Exception as err:  # onnxruntime's own exception types (Fail, InvalidGraph, NotImplemented, ...)
+        raise ExportError(
+            f"ONNX Runtime cannot run {path}: {onnxruntime_reason(err)}",
+            hint="every op must be one ONNX Runtime implements; `tensorsmith inspect FILE` lists them",
+        ) from err
 
 
 def cpu_session(
@@ -34,8 +59,7 @@ def cpu_session(
     """An ONNX Runtime CPU session for timing (and, with `profile`, ONNX Runtime's profiler writing files with
     that prefix). Its threads stop spinning after each run: idle spinning threads of one session otherwise take
     the cores from the next one measured (it doubled every figure on 2 cores)."""
-    import onnxruntime
-
+    onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = ERROR_SEVERITY
     options.intra_op_num_threads = threads

@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tensorsmith.runtime.errors import ArtifactError
 from tensorsmith.runtime.specs import TensorSpec
 
-SCHEMA_VERSION = 1
+# 2 added source.warnings, dim_names and default_dims (all optional); version 1 manifests still read.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 
 
@@ -37,6 +39,7 @@ class SourceRecord(_Record):
     exporter: Literal["dynamo", "torchscript", "none"] = "none"
     fallback_reason: str | None = Field(None, description="why the dynamo exporter was not used, if it was not")
     opset: int
+    warnings: list[str] = Field(default_factory=list, description="torch's and onnx's warnings during the export")
 
 
 class PassRecord(_Record):
@@ -92,6 +95,12 @@ class Manifest(_Record):
     outputs: list[TensorRecord]
     dims: dict[str, dict[str, int | None]] = Field(
         default_factory=dict, description="min/opt/max of the named dynamic dims, for engine profiles"
+    )
+    dim_names: dict[str, str] = Field(
+        default_factory=dict, description="a dynamic dim's name here → as the source wrote it, where they differ"
+    )
+    default_dims: list[str] = Field(
+        default_factory=list, description="dynamic dims without a declared range: engines used the default"
     )
     steps: list[StepRecord] = Field(default_factory=list, description="the pipeline's stages and their times")
     passes: list[PassRecord] = Field(default_factory=list)
@@ -172,9 +181,10 @@ def read_manifest(directory: Path) -> Manifest:
     except (OSError, json.JSONDecodeError) as err:
         raise ArtifactError(f"{path} is not valid JSON: {err}", hint="recompile the artifact") from err
     version = raw.get("schema_version") if isinstance(raw, dict) else None
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
+        readable = " and ".join(str(v) for v in READABLE_VERSIONS)
         raise ArtifactError(
-            f"{path} has schema_version {version!r}; this tensorsmith reads version {SCHEMA_VERSION}",
+            f"{path} has schema_version {version!r}; this tensorsmith reads versions {readable}",
             hint="recompile the artifact with this tensorsmith, or install the version that wrote it",
         )
     try:

@@ -14,6 +14,7 @@ from tensorsmith.runtime.specs import Limits, TensorSpec
 
 logger = logging.getLogger(__name__)
 
+WARNING_SEVERITY, ERROR_SEVERITY = 2, 3  # ONNX Runtime's log severities
 PREFERRED_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
 
@@ -43,13 +44,16 @@ class OnnxRuntimeBackend(Backend):
                 "onnxruntime is not installed", hint="pip install 'tensorsmith[cpu]' (or [gpu] for CUDA)"
             ) from err
         chosen = list(providers) if providers else available_providers()
+        options = onnxruntime.SessionOptions()
+        # ONNX Runtime's optimizer notes (e.g. a node it could not eliminate) are for debugging, not a service log.
+        options.log_severity_level = WARNING_SEVERITY if logger.isEnabledFor(logging.DEBUG) else ERROR_SEVERITY
         try:
             self._session = onnxruntime.InferenceSession(
-                str(model_path), providers=chosen, disabled_optimizers=list(disabled_optimizers)
+                str(model_path), options, providers=chosen, disabled_optimizers=list(disabled_optimizers)
             )
         except Exception as err:  # onnxruntime raises its own untyped exceptions (Fail, InvalidGraph, ...)
             raise RuntimeLoadError(
-                f"ONNX Runtime could not load {model_path}: {err}",
+                f"ONNX Runtime could not load {model_path}: {_one_line(err)}",
                 hint="check the file with `tensorsmith inspect`; recompile the artifact if it is damaged",
             ) from err
         # ONNX Runtime quietly drops a provider that fails to initialise; report the one actually in use.
@@ -65,5 +69,11 @@ class OnnxRuntimeBackend(Backend):
         try:
             values = self._session.run(self._output_names, feeds)
         except Exception as err:  # onnxruntime's own untyped errors (a kernel failing on these values)
-            raise InferenceError(f"ONNX Runtime failed running {self.name}: {err}") from err
+            raise InferenceError(f"ONNX Runtime failed running {self.name}: {_one_line(err)}") from err
         return dict(zip(self._output_names, values, strict=True))
+
+
+def _one_line(err: BaseException) -> str:
+    """ONNX Runtime's message without its status prefix, first line only (the node or input it names is there)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text.split(" : ", 3)[-1] if text.startswith("[ONNXRuntimeError]") else text

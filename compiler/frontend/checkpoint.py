@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import pickle
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _LIST_LIMIT = 8  # names shown in an error before "... and N more"
+SAVE_TENSORS = "save a state_dict, torch.save(model.state_dict(), path), or use safetensors"
+
+
+def _unpickler_reason(err: Exception) -> str:
+    """The weights-only unpickler's own reason (e.g. "Unsupported global: GLOBAL builtins.print"), without the
+    advice around it."""
+    text = str(err)
+    _, _, after = text.partition("WeightsUnpickler error:")
+    reason = next((line.strip() for line in after.splitlines() if line.strip()), "")
+    return reason or "not a weights-only pickle"
 
 
 def _names(keys: list[str]) -> str:
@@ -36,12 +48,19 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError, ValueError) as err:
             raise ExportError(f"checkpoint {path} is not a valid safetensors file: {err}") from err
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for a bad file
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's note on the pickle protocol: the refusal below says enough
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        # torch's message suggests weights_only=False; a security refusal never relays that advice.
         raise ExportError(
-            f"checkpoint {path} could not be loaded with weights_only=True: {str(err).splitlines()[0]}",
-            hint="tensorsmith loads tensors only, never arbitrary pickled objects; save a state_dict "
-            "(torch.save(model.state_dict(), path)) or use safetensors",
+            f"checkpoint {path} holds pickled objects other than tensors ({_unpickler_reason(err)}); tensorsmith "
+            "loads tensors only and refuses to unpickle anything else",
+            hint=SAVE_TENSORS,
+        ) from err
+    except Exception as err:  # RuntimeError, EOFError, OSError... for a truncated or foreign file
+        raise ExportError(
+            f"checkpoint {path} is not a readable torch checkpoint ({type(err).__name__})", hint=SAVE_TENSORS
         ) from err
     if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
         loaded = loaded["state_dict"]  # the common {"state_dict": ..., "epoch": ...} training checkpoint

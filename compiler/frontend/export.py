@@ -13,7 +13,7 @@ import logging
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ class ExportedModel:
     fallback_reason: str | None = None
     # Computes the source model's outputs for feeds, to verify the compiled graph against (None for ONNX).
     reference: Reference | None = None
+    warnings: list[str] = field(default_factory=list)  # torch's and onnx's, during the export (for the manifest)
 
 
 def _build_module(config: CompileConfig) -> torch.nn.Module:
@@ -85,10 +86,14 @@ def _torch_reference(module: Callable[..., Any], names: list[str]) -> Reference:
     return run
 
 
+MAX_WARNINGS = 50  # kept in the manifest; the rest are counted
+
+
 @contextlib.contextmanager
-def _quiet_exporter() -> Iterator[None]:
+def _quiet_exporter(kept: list[str]) -> Iterator[None]:
     """The exporters print progress to stdout and raise many warnings about torch internals: keep both out of
-    the user's terminal and --json output, and pass them to the debug log."""
+    the user's terminal and --json output. The warnings go to `kept` (one line each, once) and the -v log; the
+    printed output to the debug log."""
     captured = io.StringIO()
     # torch configures its own loggers when imported; quiet the exporter's unless we are debugging.
     exporter_logger = logging.getLogger("torch.onnx")
@@ -101,8 +106,12 @@ def _quiet_exporter() -> Iterator[None]:
             yield
     finally:
         exporter_logger.setLevel(level)
-    for warning in caught:
-        logger.debug("exporter warning: %s", warning.message)
+    lines = dict.fromkeys(f"{w.category.__name__}: {first_line(str(w.message))}" for w in caught)
+    for line in lines:
+        logger.info("exporter warning: %s", line)
+    kept += list(lines)[:MAX_WARNINGS]
+    if len(lines) > MAX_WARNINGS:
+        kept.append(f"… and {len(lines) - MAX_WARNINGS} more")
     if captured.getvalue().strip():
         logger.debug("exporter output:\n%s", captured.getvalue().rstrip())
 
@@ -126,14 +135,18 @@ def _dynamic_shapes(config: CompileConfig) -> dict[str, dict[int, Any]]:
 
 
 def _export_dynamo(
-    module: torch.nn.Module | Any, config: CompileConfig, feeds: dict[str, np.ndarray], output_names: list[str] | None
+    module: torch.nn.Module | Any,
+    config: CompileConfig,
+    feeds: dict[str, np.ndarray],
+    output_names: list[str] | None,
+    warned: list[str],
 ) -> onnx.ModelProto:
     import torch
 
     names = [decl.name for decl in config.inputs]
     args = tuple(torch.from_numpy(feeds[name]) for name in names)
     is_program = isinstance(module, torch.export.ExportedProgram)
-    with _quiet_exporter():
+    with _quiet_exporter(warned):
         program = torch.onnx.export(
             module,
             args,
@@ -151,7 +164,11 @@ def _export_dynamo(
 
 
 def _export_torchscript(
-    module: torch.nn.Module, config: CompileConfig, feeds: dict[str, np.ndarray], output_names: list[str] | None
+    module: torch.nn.Module,
+    config: CompileConfig,
+    feeds: dict[str, np.ndarray],
+    output_names: list[str] | None,
+    warned: list[str],
 ) -> onnx.ModelProto:
     import torch
 
@@ -159,7 +176,7 @@ def _export_torchscript(
     dynamic_axes = {
         decl.name: {axis: dim for axis, dim in enumerate(decl.dims) if isinstance(dim, str)} for decl in config.inputs
     }
-    with tempfile.TemporaryDirectory(prefix="tensorsmith-export-") as scratch, _quiet_exporter():
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-export-") as scratch, _quiet_exporter(warned):
         # A file, not a buffer: over 2 GB the exporter writes the weights beside it as external data.
         path = Path(scratch) / "model.onnx"
         torch.onnx.export(
@@ -192,20 +209,22 @@ def _export_torch(module: Any, config: CompileConfig, feeds: dict[str, np.ndarra
     reference = _torch_reference(module, [decl.name for decl in config.inputs])
     errors: list[str] = []
     if config.exporter in ("auto", "dynamo"):
+        warned: list[str] = []
         try:
-            model = _export_dynamo(module, config, feeds, output_names)
-            return ExportedModel(model, "dynamo", None, reference)
+            model = _export_dynamo(module, config, feeds, output_names, warned)
+            return ExportedModel(model, "dynamo", None, reference, warned)
         except Exception as err:  # the exporter raises many types; the reason goes into the manifest
             errors.append(f"dynamo: {first_line(err)}")
             logger.warning("dynamo exporter failed (%s)", errors[-1])
             logger.debug("dynamo exporter traceback", exc_info=True)
     if config.exporter in ("auto", "torchscript") and not _is_exported_program(module):
+        warned = []
         try:
-            model = _export_torchscript(module, config, feeds, output_names)
+            model = _export_torchscript(module, config, feeds, output_names, warned)
             fallback = errors[0] if errors else None
             if fallback:
                 logger.warning("exported with the TorchScript exporter instead")
-            return ExportedModel(model, "torchscript", fallback, reference)
+            return ExportedModel(model, "torchscript", fallback, reference, warned)
         except Exception as err:
             errors.append(f"torchscript: {first_line(err)}")
     raise ExportError(

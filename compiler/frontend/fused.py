@@ -93,6 +93,7 @@ def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecor
             exporter=exported.exporter,
             fallback_reason=exported.fallback_reason,
             opset=ai_onnx_opset(exported.model),
+            warnings=exported.warnings,
         )
     path = config.resolve(config.source)
     return SourceRecord(
@@ -102,6 +103,7 @@ def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecor
         exporter=exported.exporter,
         fallback_reason=exported.fallback_reason,
         opset=ai_onnx_opset(exported.model),
+        warnings=exported.warnings,
     )
 
 

@@ -1,48 +1,68 @@
-"""The source, opened before any work: an ONNX file is loaded and its inputs declared once, up front, so that
+"""The source, opened before any work: an ONNX file is loaded and its inputs declared once, up front (the
+file's own, with `--input` flags replacing any they name), and every dynamic dim gets its identifier, so that
 every later stage (and the checks before them) reads one config."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import get_args
 
 import onnx
 
-from tensorsmith.compiler.config import CompileConfig, InputDecl
+from tensorsmith.compiler.config import CompileConfig, DType, InputDecl
+from tensorsmith.compiler.frontend.dims import declare_dims
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import io_records, load_onnx, value_dims, value_record
+from tensorsmith.runtime.manifest import TensorRecord
 
 
 @dataclass(frozen=True)
 class Source:
-    config: CompileConfig  # with an ONNX source's inputs declared
+    config: CompileConfig  # inputs declared, dynamic dims named by identifiers
     onnx_model: onnx.ModelProto | None = None  # an ONNX source, loaded, with the declared dims applied
+    dim_names: dict[str, str] = field(default_factory=dict)  # identifier → the dim as the source wrote it
+    default_dims: list[str] = field(default_factory=list)  # dynamic dims left to the default range
 
 
 def open_source(config: CompileConfig) -> Source:
-    """Load an ONNX source and declare its inputs (the flags', applied to the graph; else the file's own);
-    PyTorch sources are exported later, by the export stage."""
+    """Declare the inputs and name their dims; load an ONNX source and set them on its graph. PyTorch sources
+    are exported later, by the export stage."""
     if config.source_kind != "onnx":
-        return Source(config)
+        declared = declare_dims(config)
+        return Source(declared.config, None, declared.names, declared.defaults)
     origin = str(config.resolve(config.source))
     model = load_onnx(config.resolve(config.source))
-    if config.inputs:
-        apply_input_decls(model, config.inputs, origin)
-        return Source(config, model)
-    decls = []
-    for record in io_records(model)[0]:
-        if record.dtype == "unknown":
-            raise ConfigError(f"input '{record.name}' of {origin} has no dtype", hint="declare it with --input")
-        decls.append(InputDecl(name=record.name, dtype=record.dtype, dims=record.shape))
-    return Source(config.model_copy(update={"inputs": decls}), model)
+    flags = {decl.name: decl for decl in config.inputs}
+    records = io_records(model)[0]
+    unknown = [name for name in flags if name not in {record.name for record in records}]
+    if unknown:
+        raise ConfigError(
+            f"{origin} has no input '{unknown[0]}'", hint=f"its inputs are {[record.name for record in records]}"
+        )
+    decls = [flags.get(record.name) or _file_decl(record, origin) for record in records]
+    declared = declare_dims(config.model_copy(update={"inputs": decls}))
+    apply_input_decls(model, declared.config.inputs, origin)
+    return Source(declared.config, model, declared.names, declared.defaults)
+
+
+def _file_decl(record: TensorRecord, origin: str) -> InputDecl:
+    if record.dtype not in get_args(DType):
+        hint = "declare it with --input NAME:DTYPE:DIMS" if record.dtype == "unknown" else (
+            f"tensorsmith compiles inputs of {', '.join(get_args(DType))}; cast it in the model")  # fmt: skip
+        raise ConfigError(f"input '{record.name}' of {origin} has dtype {record.dtype}", hint=hint)
+    if not record.shape:
+        raise ConfigError(f"input '{record.name}' of {origin} has no shape", hint="declare it with --input")
+    return InputDecl(name=record.name, dtype=record.dtype, dims=record.shape)  # type: ignore[arg-type]
 
 
 def apply_input_decls(model: onnx.ModelProto, decls: list[InputDecl], origin: str) -> None:
-    """Set the declared dims (a name makes a dim dynamic) on an ONNX source's inputs; check names and dtypes.
+    """Set the declared dims (a name makes a dim dynamic) on an ONNX source's inputs; check names, dtypes, ranks.
 
-    Shapes recorded downstream (value_info, outputs) were inferred from the old input shapes, so they are
-    cleared and inferred again by the canonicalize pass.
+    Shapes recorded downstream (value_info, outputs) were inferred from the old input shapes, so where these
+    change they are cleared and inferred again by the canonicalize pass.
     """
     graph_inputs = {value.name: value for value in model.graph.input}
+    changed = False
     for decl in decls:
         value = graph_inputs.get(decl.name)
         if value is None:
@@ -62,6 +82,7 @@ def apply_input_decls(model: onnx.ModelProto, decls: list[InputDecl], origin: st
                 f"input '{decl.name}' of {origin} has rank {len(shape.dim)}, declared {decl.describe()}",
                 hint=f"its shape is {value_dims(value)}",
             )
+        before = [(dim.dim_value, dim.dim_param) for dim in shape.dim]
         del shape.dim[:]
         for dim in decl.dims:
             entry = shape.dim.add()
@@ -69,7 +90,8 @@ def apply_input_decls(model: onnx.ModelProto, decls: list[InputDecl], origin: st
                 entry.dim_value = dim
             else:
                 entry.dim_param = dim
-    if decls:
+        changed = changed or before != [(dim.dim_value, dim.dim_param) for dim in shape.dim]
+    if changed:
         del model.graph.value_info[:]
         for output in model.graph.output:
             output.type.tensor_type.ClearField("shape")

@@ -29,7 +29,7 @@ from tensorsmith.compiler.variants.rewrite import rewrite, variant_path
 from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.metrics import Budget, accuracy
 from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
-from tensorsmith.core.sessions import run_onnx
+from tensorsmith.core.sessions import quiet_onnxruntime, run_onnx
 from tensorsmith.passes import GraphPass, PassReport, run_passes
 from tensorsmith.passes.outlier_neurons import SplitOutlierNeurons
 from tensorsmith.passes.smooth import SmoothActivations, smoothable_activations
@@ -79,6 +79,7 @@ def _no_preprocessing_advice(record: logging.LogRecord) -> bool:
 def _quantize_dynamic(source: Path, output: Path, nodes: list[str]) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    quiet_onnxruntime()
     root = logging.getLogger()
     root.addFilter(_no_preprocessing_advice)
     try:

@@ -79,5 +79,11 @@ class PrecisionPlan(BaseModel):
             return None
         try:
             return cls.model_validate_json(path.read_text())
-        except (OSError, ValidationError) as err:
-            raise ArtifactError(f"{path} is not a precision plan: {err}", hint="recompile the artifact") from err
+        except OSError as err:
+            raise ArtifactError(f"{path} cannot be read: {err}", hint="recompile the artifact") from err
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise ArtifactError(
+                f"{path} is not a precision plan: field '{field}': {first['msg']}", hint="recompile the artifact"
+            ) from err

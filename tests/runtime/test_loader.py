@@ -115,7 +115,7 @@ def test_an_unknown_schema_version_is_a_clear_error(artifact: Path, tmp_path: Pa
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["schema_version"] = 99
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactError, match="schema_version 99; this tensorsmith reads version 1"):
+    with pytest.raises(ArtifactError, match="schema_version 99; this tensorsmith reads versions 1 and 2"):
         load(copy)
 
 
