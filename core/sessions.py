@@ -1,6 +1,6 @@
 """ONNX Runtime CPU sessions for the compiler's own work: running a graph for its outputs, and timing variants.
 
-Every session the compiler opens logs at error severity only (ONNX Runtime's optimizer warnings are not the
+Every session the compiler opens logs fatal messages only (ONNX Runtime's optimizer warnings are not the
 user's business); onnxruntime is imported inside the functions, so importing this module stays cheap.
 """
 
@@ -16,9 +16,12 @@ import numpy as np
 
 from tensorsmith.core.errors import ExportError
 
-ERROR_SEVERITY = 3  # ONNX Runtime's log severities: 0 verbose … 3 error, 4 fatal
+# ONNX Runtime's log severities run 0 verbose … 3 error, 4 fatal. The compiler's sessions log fatal only: an
+# error comes back as an exception too, which the compiler words as one line (its log line would repeat it raw).
+QUIET_SEVERITY = 4
 LATENCY_RUNS = 7
-_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*")
+# ONNX Runtime's status prefix, and the path it names when a load fails (the caller names the model its own way)
+_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*(Load model from .* failed:)?\s*")
 
 
 def onnxruntime_reason(err: BaseException) -> str:
@@ -33,22 +36,23 @@ def quiet_onnxruntime() -> Any:
     open for the compiler (onnxruntime.quantization's) log through it."""
     import onnxruntime
 
-    onnxruntime.set_default_logger_severity(ERROR_SEVERITY)
+    onnxruntime.set_default_logger_severity(QUIET_SEVERITY)
     return onnxruntime
 
 
-def run_onnx(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Outputs of the ONNX file at `path` on ONNX Runtime's CPU provider, in graph order."""
+def run_onnx(path: Path, feeds: dict[str, np.ndarray], origin: str | None = None) -> list[np.ndarray]:
+    """Outputs of the ONNX file at `path` on ONNX Runtime's CPU provider, in graph order. An error names `origin`
+    (what the file was made from), else the path."""
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
-    options.log_severity_level = ERROR_SEVERITY
+    options.log_severity_level = QUIET_SEVERITY
     try:
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         names = {value.name for value in session.get_inputs()}
         return list(session.run(None, {name: array for name, array in feeds.items() if name in names}))
     except Exception as err:  # onnxruntime's own exception types (Fail, InvalidGraph, NotImplemented, ...)
         raise ExportError(
-            f"ONNX Runtime cannot run {path}: {onnxruntime_reason(err)}",
+            f"ONNX Runtime cannot run {origin or path}: {onnxruntime_reason(err)}",
             hint="every op must be one ONNX Runtime implements; `tensorsmith inspect FILE` lists them",
         ) from err
 
@@ -61,7 +65,7 @@ def cpu_session(
     the cores from the next one measured (it doubled every figure on 2 cores)."""
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
-    options.log_severity_level = ERROR_SEVERITY
+    options.log_severity_level = QUIET_SEVERITY
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.force_spinning_stop", "1")
     if profile is not None:

@@ -2,7 +2,9 @@
 
 - the target ai.onnx opset (onnx's version converter), so fusions can emit LayerNormalization (17) and Gelu (20);
 - constants folded (Polygraphy's `fold_constants`, which runs onnx-graphsurgeon's folding with shape inference
-  until nothing changes), dead nodes removed, nodes in topological order;
+  until nothing changes), dead nodes removed, nodes in topological order. A graph with control flow (If, Loop,
+  Scan) is folded by onnx-graphsurgeon directly, without inlining branches: inlining nested Ifs (Polygraphy
+  cannot switch it off) leaves an invalid graph (silero-vad's, for one);
 - shapes inferred on every tensor (Polygraphy's `infer_shapes`, which handles models over 2 GB).
 """
 
@@ -47,6 +49,11 @@ def upgrade_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
         ) from err
 
 
+def _has_subgraphs(model: onnx.ModelProto) -> bool:
+    graph_attributes = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    return any(attribute.type in graph_attributes for node in model.graph.node for attribute in node.attribute)
+
+
 @dataclass
 class Canonicalize:
     """Upgrade the opset, fold constants, clean up, and infer shapes."""
@@ -63,9 +70,13 @@ class Canonicalize:
         before = Counter(node.op_type for node in model.graph.node)
         opset_before = _opset(model)
         model = upgrade_opset(model, self.opset)
-        # onnx's own shape inference, not ORT's symbolic one: deterministic, and it does not need sympy to agree.
-        model = fold_constants(model, fold_shapes=True, error_ok=True, allow_onnxruntime_shape_inference=False)
-        graph = gs.import_onnx(model)
+        if _has_subgraphs(model):
+            graph = gs.import_onnx(infer_shapes(model, error_ok=True, allow_onnxruntime=False))
+            graph.fold_constants(fold_shapes=True, error_ok=True, flatten_subgraphs=False)
+        else:
+            # onnx's own shape inference, not ORT's symbolic one: deterministic, and it does not need sympy to agree.
+            model = fold_constants(model, fold_shapes=True, error_ok=True, allow_onnxruntime_shape_inference=False)
+            graph = gs.import_onnx(model)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         model = infer_shapes(gs.export_onnx(graph), error_ok=True, allow_onnxruntime=False)
         after = Counter(node.op_type for node in model.graph.node)

@@ -73,7 +73,7 @@ def _logger(trt: ModuleType, messages: list[tuple[Any, str]]) -> Any:
     class ForwardingLogger(trt.ILogger):  # type: ignore[name-defined]
         def log(self, severity: Any, message: str) -> None:
             if severity in (trt.ILogger.INTERNAL_ERROR, trt.ILogger.ERROR):
-                logger.error("TensorRT: %s", message)
+                logger.info("TensorRT: %s", message)  # worded once, by the BuildError that carries it
                 messages.append((severity, message))
             elif severity == trt.ILogger.WARNING:
                 # TensorRT warns about routine things (int64 bindings); kept in the engine record, logged at info.

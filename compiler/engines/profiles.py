@@ -5,14 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tensorsmith.compiler.config import DimRange
+from tensorsmith.compiler.config import BATCH_DIM, DEFAULT_MAX_SIZE, DimRange
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.runtime.manifest import TensorRecord
 
-DEFAULT_MAX_SIZE = 64  # a dynamic dim's max when the config gives none
-# A dim named "batch" without a configured max gets the architecture's default (the target table's max_batch):
-# data-centre parts (more memory, serving larger batches) get larger profiles than client GPUs.
-BATCH_DIM = "batch"
 
 
 @dataclass

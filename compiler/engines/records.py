@@ -87,7 +87,7 @@ def build_engines(
         try:
             records.append(build_engine_record(name, variant, inputs, dims, directory, builder, config))
         except BuildError as err:
-            logger.error("the %s engine failed: %s", name, err)
+            logger.info("the %s engine failed: %s", name, err)  # in its record; the compile's error names it
             records.append(
                 TargetRecord(name=name, variant=variant.name, builder=builder, status="failed", reason=str(err))
             )

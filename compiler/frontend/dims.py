@@ -12,14 +12,14 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
+from tensorsmith.compiler.config import BATCH_DIM, DEFAULT_MAX_SIZE, CompileConfig, DimRange, InputDecl
 from tensorsmith.core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 # What a dynamic dim without a declared range gets (docs/configuration.md): engines get profiles min 1, opt = max
 # = 64 (a dim named `batch`: the target's max batch); export and verification use small distinct sizes.
-DEFAULT_RANGE = "min 1, opt = max = 64 (a 'batch' dim: the target's max batch)"
+DEFAULT_RANGE = f"min 1, opt = max = {DEFAULT_MAX_SIZE}"
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,17 @@ def declare_dims(config: CompileConfig) -> DeclaredDims:
     for key, limits in config.dims.items():
         identifier = names.get(key) or (key if key in names.values() else None)
         if identifier is None:
-            known = ", ".join(repr(name) for name in names) or "none"
+            known = f"the dynamic dims are {', '.join(map(repr, names))}" if names else "the inputs have no dynamic dim"
             raise ConfigError(
-                f"[dims.{key}] names no dynamic dim of the inputs",
-                hint=f"the dynamic dims are {known}; a static dim needs no range",
+                f"[dims.{key}] names no dynamic dim of the inputs of {config.source}",
+                hint=f"{known}; a static dim needs no range",
             )
         dims[identifier] = limits
     defaults = [identifier for identifier in names.values() if identifier not in dims]
     if defaults:
-        logger.warning("no range declared for dynamic dim(s) %s: using %s; set [dims.NAME] min/opt/max to choose",
-                       ", ".join(defaults), DEFAULT_RANGE)  # fmt: skip
+        batch = f" ('{BATCH_DIM}': the target's max batch)" if BATCH_DIM in defaults else ""
+        logger.warning("no range declared for dynamic dim(s) %s: engines use %s%s; set [dims.NAME] min/opt/max "
+                       "to choose", ", ".join(defaults), DEFAULT_RANGE, batch)  # fmt: skip
     renamed = {identifier: written for written, identifier in names.items() if identifier != written}
     return DeclaredDims(config.model_copy(update={"inputs": inputs, "dims": dims}), renamed, defaults)
 

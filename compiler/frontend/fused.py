@@ -14,7 +14,7 @@ from tensorsmith.compiler.frontend.export import ExportedModel, export_source
 from tensorsmith.compiler.frontend.feeds import example_feeds
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
-from tensorsmith.core.errors import VerificationError
+from tensorsmith.core.errors import ExportError, VerificationError
 from tensorsmith.core.ir import ai_onnx_opset, io_records, save_onnx
 from tensorsmith.core.module_paths import attach_module_paths, module_paths
 from tensorsmith.core.progress import Reporter
@@ -117,7 +117,12 @@ def verify(
         reference = exported.reference(feeds)
     else:
         assert source_path is not None
-        reference = run_onnx(source_path, feeds)
+        try:
+            reference = run_onnx(source_path, feeds, origin=str(config.resolve(config.source)))
+        except ExportError as err:  # the source itself fails: most often a dynamic dim's example size it rejects
+            shapes = ", ".join(f"{name}{list(array.shape)}" for name, array in feeds.items())
+            raise ExportError(err.message, hint=f"it ran on example inputs {shapes}; set [dims.NAME] opt to "
+                              "sizes the model accepts, or [[inputs]] value_range for its values") from err  # fmt: skip
     try:
         errors = compare_outputs(names, reference, run_onnx(compiled, feeds))
     except ValueError as err:

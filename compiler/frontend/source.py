@@ -39,19 +39,24 @@ def open_source(config: CompileConfig) -> Source:
         raise ConfigError(
             f"{origin} has no input '{unknown[0]}'", hint=f"its inputs are {[record.name for record in records]}"
         )
-    decls = [flags.get(record.name) or _file_decl(record, origin) for record in records]
+    shaped = {value.name for value in model.graph.input if value.type.tensor_type.HasField("shape")}
+    decls = [flags.get(record.name) or _file_decl(record, record.name in shaped, origin) for record in records]
     declared = declare_dims(config.model_copy(update={"inputs": decls}))
     apply_input_decls(model, declared.config.inputs, origin)
     return Source(declared.config, model, declared.names, declared.defaults)
 
 
-def _file_decl(record: TensorRecord, origin: str) -> InputDecl:
+def _file_decl(record: TensorRecord, shaped: bool, origin: str) -> InputDecl:
+    """An input as the file declares it (a shape of no dims is a scalar; no shape at all is unknown rank)."""
     if record.dtype not in get_args(DType):
         hint = "declare it with --input NAME:DTYPE:DIMS" if record.dtype == "unknown" else (
             f"tensorsmith compiles inputs of {', '.join(get_args(DType))}; cast it in the model")  # fmt: skip
         raise ConfigError(f"input '{record.name}' of {origin} has dtype {record.dtype}", hint=hint)
-    if not record.shape:
-        raise ConfigError(f"input '{record.name}' of {origin} has no shape", hint="declare it with --input")
+    if not shaped:
+        raise ConfigError(
+            f"input '{record.name}' of {origin} has no shape (not even a rank)",
+            hint=f"declare it with --input {record.name}:{record.dtype}:DIMS",
+        )
     return InputDecl(name=record.name, dtype=record.dtype, dims=record.shape)  # type: ignore[arg-type]
 
 

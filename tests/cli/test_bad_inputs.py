@@ -14,6 +14,7 @@ import torch
 from onnx import TensorProto, helper
 from safetensors.torch import save_file
 
+from tensorsmith.compiler import pipeline
 from tests.conftest import run_cli, small_mlp_onnx
 
 MLP_INPUT = ["--input", "x:float32:batch,8"]
@@ -149,44 +150,110 @@ def unknown_target(tmp: Path) -> list[str]:
     return [str(small_mlp_onnx(tmp / "mlp.onnx")), *MLP_INPUT, "--target", "sm_99"]
 
 
+def float64_input_onnx(path: Path) -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["batch", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["batch", 8])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def input_dtype_unsupported(tmp: Path) -> list[str]:
+    return [str(float64_input_onnx(tmp / "f64.onnx"))]
+
+
+def input_not_in_file(tmp: Path) -> list[str]:
+    return [str(small_mlp_onnx(tmp / "mlp.onnx")), "--input", "images:float32:batch,8"]
+
+
+def input_wrong_rank(tmp: Path) -> list[str]:
+    return [str(small_mlp_onnx(tmp / "mlp.onnx")), "--input", "x:float32:batch"]
+
+
+def input_zero_dim(tmp: Path) -> list[str]:
+    return [str(small_mlp_onnx(tmp / "mlp.onnx")), "--input", "x:float32:0,8"]
+
+
+def dims_name_no_dim(tmp: Path) -> list[str]:
+    small_mlp_onnx(tmp / "mlp.onnx")
+    (tmp / "tensorsmith.toml").write_text('source = "mlp.onnx"\n[dims.batchsize]\nmax = 4\n')
+    return [str(tmp / "tensorsmith.toml")]
+
+
+def evaluation_wrong_names(tmp: Path) -> list[str]:
+    args = quantize(tmp, calibration(tmp / "c.npz", x=ok_batch()))
+    return [*args, "--eval-data", str(calibration(tmp / "e.npz", images=ok_batch()))]
+
+
+def calibration_wrong_rank(tmp: Path) -> list[str]:
+    return quantize(tmp, calibration(tmp / "c.npz", x=np.zeros((8, 8, 1), np.float32)))
+
+
+def precision_not_on_target(tmp: Path) -> list[str]:
+    args = quantize(tmp, calibration(tmp / "c.npz", x=ok_batch()))
+    return [*args[:-4], "--precision", "fp8", "--calibration", args[-1], "--target", "sm_86"]
+
+
+def op_onnxruntime_cannot_run(tmp: Path) -> list[str]:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    node = helper.make_node("Frobnicate", ["x"], ["y"], name="custom_node", domain="com.example")
+    graph = helper.make_graph([node], "g", [x], [y])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), str(tmp / "custom.onnx"))
+    return [str(tmp / "custom.onnx")]
+
+
 def malformed_budget(tmp: Path) -> list[str]:
     data = calibration(tmp / "c.npz", x=ok_batch())
     return [*quantize(tmp, data)[:-4], "--precision", "auto", "--calibration", str(data), "--budget", "cosine>>1"]
 
 
-CASES: dict[str, tuple[Case, str]] = {
-    "missing file": (missing_file, "nowhere.onnx"),
-    "truncated onnx": (truncated_onnx, "truncated.onnx"),
-    "corrupt onnx": (corrupt_onnx, "corrupt.onnx"),
-    "unknown op": (unknown_op, "FrobnicateAll"),
-    "unknown opset": (unknown_opset, "opset 99"),
-    "config unknown key": (config_unknown_key, "unknown key 'colour'"),
-    "config unknown table": (config_unknown_table, "unknown table 'model'"),
-    "config wrong type": (config_wrong_type, "opset"),
-    "factory does not import": (factory_does_not_import, "tests.no_such_module"),
-    "checkpoint keys": (checkpoint_missing_and_unexpected_keys, "missing keys: 2.bias"),
-    "checkpoint shapes": (checkpoint_shape_mismatch, "0.weight (5, 8) vs (16, 8)"),
-    "pickle with objects": (pickle_with_objects, "refuses to unpickle"),
-    "calibration names": (calibration_wrong_names, "images"),
-    "calibration dtype": (calibration_wrong_dtype, "array 'x' is float64"),
-    "calibration shape": (calibration_wrong_shape, "array 'x' has size 7 on axis 1"),
-    "calibration all nan": (calibration_all_nan, "array 'x' holds no finite value"),
-    "calibration no samples": (calibration_no_samples, "holds no samples"),
-    "calibration missing": (calibration_missing, "nowhere.npz"),
-    "unknown target": (unknown_target, "sm_99"),
-    "malformed budget": (malformed_budget, "cosine>>1"),
+BEFORE, AFTER = True, False  # fails before the export and the passes start / can only fail during them
+CASES: dict[str, tuple[Case, str, bool]] = {
+    "missing file": (missing_file, "nowhere.onnx", BEFORE),
+    "truncated onnx": (truncated_onnx, "truncated.onnx", BEFORE),
+    "corrupt onnx": (corrupt_onnx, "corrupt.onnx", BEFORE),
+    "unknown op": (unknown_op, "uses op 'FrobnicateAll'", BEFORE),
+    "op onnxruntime cannot run": (op_onnxruntime_cannot_run, "com.example:Frobnicate", AFTER),
+    "unknown opset": (unknown_opset, "opset 99", BEFORE),
+    "config unknown key": (config_unknown_key, "unknown key 'colour'", BEFORE),
+    "config unknown table": (config_unknown_table, "unknown table 'model'", BEFORE),
+    "config wrong type": (config_wrong_type, "opset", BEFORE),
+    "factory does not import": (factory_does_not_import, "tests.no_such_module", AFTER),
+    "checkpoint keys": (checkpoint_missing_and_unexpected_keys, "missing keys: 2.bias", AFTER),
+    "checkpoint shapes": (checkpoint_shape_mismatch, "0.weight (5, 8) vs (16, 8)", AFTER),
+    "pickle with objects": (pickle_with_objects, "refuses to unpickle", AFTER),
+    "input dtype unsupported": (input_dtype_unsupported, "input 'x' of", BEFORE),
+    "input not in the file": (input_not_in_file, "has no input 'images'", BEFORE),
+    "input wrong rank": (input_wrong_rank, "has rank 2, declared x:float32:batch", BEFORE),
+    "input zero dim": (input_zero_dim, "static dim 0 of input 'x'", BEFORE),
+    "dims name no dim": (dims_name_no_dim, "[dims.batchsize] names no dynamic dim", BEFORE),
+    "calibration names": (calibration_wrong_names, "images", BEFORE),
+    "calibration dtype": (calibration_wrong_dtype, "array 'x' is float64", BEFORE),
+    "calibration shape": (calibration_wrong_shape, "array 'x' has size 7 on axis 1", BEFORE),
+    "calibration rank": (calibration_wrong_rank, "array 'x'", BEFORE),
+    "calibration all nan": (calibration_all_nan, "array 'x' holds no finite value", BEFORE),
+    "calibration no samples": (calibration_no_samples, "holds no samples", BEFORE),
+    "calibration missing": (calibration_missing, "nowhere.npz", BEFORE),
+    "evaluation names": (evaluation_wrong_names, "images", BEFORE),
+    "unknown target": (unknown_target, "sm_99", BEFORE),
+    "precision not on target": (precision_not_on_target, "fp8", BEFORE),
+    "malformed budget": (malformed_budget, "cosine>>1", BEFORE),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_clear_line_and_nothing_is_written(
-    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    make, expected = CASES[case]
+    make, expected, before = CASES[case]
     scratch = tmp_path / "inputs"
     scratch.mkdir()
     arguments = make(scratch)
     out = tmp_path / "artifacts" / "out"
+    if before:  # the export (or an ONNX source's passes) must not start: it is where the slow work begins
+        monkeypatch.setattr(pipeline, "fused_graph", _no_export)
     result = run_cli("compile", *arguments, "-o", out)
     assert result.exit_code == 1, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -196,3 +263,8 @@ def test_bad_input_is_one_clear_line_and_nothing_is_written(
     assert not out.exists()
     assert not (tmp_path / "artifacts").exists() or not any((tmp_path / "artifacts").iterdir())
     assert "arbitrary code ran" not in capsys.readouterr().out + result.stdout
+    assert "weights_only=False" not in result.stderr and "pydantic" not in result.stderr
+
+
+def _no_export(*args: object) -> None:
+    raise AssertionError("the export started before the bad input was found")
