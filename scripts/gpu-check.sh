@@ -8,6 +8,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || { echo "NOT VERIFIED: no GPU"; exit 1; }
 make samples >/dev/null || exit 1
+# Device detection through the CUDA driver alone (ctypes), before pynvml or cuda-python are installed.
+expected="sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')"
+probed=$(.venv/bin/python -c "from tensorsmith.runtime.device import _from_cuda_driver; print(_from_cuda_driver()[0])")
+[ "$probed" = "$expected" ] && echo "VERIFIED: CUDA driver probe says $probed" || echo "NOT VERIFIED: probe $probed, nvidia-smi $expected"
 .venv/bin/pip install -q cuda-python pynvml || echo "NOT VERIFIED: cuda-python/pynvml did not install"
 out=build/gpu-check
 .venv/bin/tensorsmith compile samples/tiny_bert/tensorsmith.toml -o "$out" || exit 1

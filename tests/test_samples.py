@@ -3,6 +3,10 @@ graph builds with TensorRT for RTX for SM86."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -111,7 +115,13 @@ def test_minilm_from_torchscript_opset_14_fuses_to_standard_ops(tmp_path: Path) 
         input_names=names, output_names=["token_embeddings", "sentence_embedding"],
         dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names},
     )  # fmt: skip
-    compiled = run_cli_json("compile", old, "-o", tmp_path / "out")
+    # As a user runs it, in its own process: stderr holds tensorsmith's own lines only (no ONNX Runtime optimizer
+    # notes, no library warnings), and stdout the JSON.
+    command = [str(Path(sys.executable).with_name("tensorsmith")), "compile", str(old), "-o", str(tmp_path / "out")]
+    process = subprocess.run([*command, "--json"], capture_output=True, text=True, check=True)
+    ours = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (INFO|WARNING) tensorsmith[.\w]*: ")
+    assert process.stderr.strip() and all(ours.match(line) for line in process.stderr.splitlines()), process.stderr
+    compiled = json.loads(process.stdout)
     fuse = next(record for record in compiled["passes"] if record["name"] == "fuse")
     assert fuse["counts"]["layernorm.matched"] == 13
     assert fuse["counts"]["gelu_erf.matched"] == 6

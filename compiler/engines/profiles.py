@@ -10,7 +10,6 @@ from tensorsmith.compiler.targets import get_target
 from tensorsmith.runtime.manifest import TensorRecord
 
 
-
 @dataclass
 class Profile:
     """One optimization profile: (min, opt, max) shapes per input."""

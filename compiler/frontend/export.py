@@ -106,7 +106,7 @@ def _quiet_exporter(kept: list[str]) -> Iterator[None]:
             yield
     finally:
         exporter_logger.setLevel(level)
-    lines = dict.fromkeys(f"{w.category.__name__}: {first_line(str(w.message))}" for w in caught)
+    lines = dict.fromkeys(f"{w.category.__name__}: {(str(w.message).strip().splitlines() or [''])[0]}" for w in caught)
     for line in lines:
         logger.info("exporter warning: %s", line)
     kept += list(lines)[:MAX_WARNINGS]

@@ -57,7 +57,7 @@ def _file_decl(record: TensorRecord, shaped: bool, origin: str) -> InputDecl:
             f"input '{record.name}' of {origin} has no shape (not even a rank)",
             hint=f"declare it with --input {record.name}:{record.dtype}:DIMS",
         )
-    return InputDecl(name=record.name, dtype=record.dtype, dims=record.shape)  # type: ignore[arg-type]
+    return InputDecl(name=record.name, dtype=record.dtype, dims=record.shape)
 
 
 def apply_input_decls(model: onnx.ModelProto, decls: list[InputDecl], origin: str) -> None:

