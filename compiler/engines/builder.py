@@ -14,6 +14,7 @@ import importlib
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tensorsmith.compiler.config import BuildConfig
 from tensorsmith.compiler.engines.engine_cache import cache_key, configured_cache
+from tensorsmith.compiler.engines.isolated import run_isolated
 from tensorsmith.compiler.engines.profiles import Profile
 from tensorsmith.compiler.engines.timing_cache import TimingCache
 from tensorsmith.compiler.targets import Builder, get_target
@@ -138,8 +140,7 @@ def build_engine(
     version = str(trt.__version__)
     engines = configured_cache(options.engine_cache_dir)
     if engines is None:
-        with native_stdout_to_stderr():
-            return _build(trt, onnx_path, target, profile, builder, options)
+        return _build_isolated(builder, onnx_path, target, profile, options)
     key = cache_key(onnx_sha256 or sha256_of(onnx_path), target, builder, version, profile, options)
     cached = engines.get(key)
     if cached is not None:
@@ -154,10 +155,31 @@ def build_engine(
             timing_cache={"status": "not needed: the engine came from the engine cache"},
             cache="hit",
         )
-    with native_stdout_to_stderr():
-        built = _build(trt, onnx_path, target, profile, builder, options)
+    built = _build_isolated(builder, onnx_path, target, profile, options)
     engines.put(key, built.plan)
     return dataclasses.replace(built, cache="miss")
+
+
+def _build_isolated(
+    builder: Builder, onnx_path: Path, target: str, profile: Profile, options: BuildConfig
+) -> BuiltEngine:
+    """`_build` in a child process (compiler/engines/isolated.py): a crash in TensorRT fails this target only."""
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-engine-") as scratch:
+        plan_path = Path(scratch) / "engine.plan"
+        arguments = (builder, onnx_path, target, profile, options, plan_path)
+        built = run_isolated(_build_to_file, arguments, f"building {onnx_path.name} for {target}")
+        return dataclasses.replace(built, plan=plan_path.read_bytes())
+
+
+def _build_to_file(
+    builder: Builder, onnx_path: Path, target: str, profile: Profile, options: BuildConfig, plan_path: Path
+) -> BuiltEngine:
+    """In the child: build, write the plan to `plan_path` (a pipe takes no large pickles), return the rest."""
+    trt = import_builder(builder)
+    with native_stdout_to_stderr():
+        built = _build(trt, onnx_path, target, profile, builder, options)
+    plan_path.write_bytes(built.plan)
+    return dataclasses.replace(built, plan=b"")
 
 
 def _build(

@@ -158,3 +158,20 @@ def test_paddle_dim_names_are_kept_beside_their_identifiers(tmp_path: Path) -> N
     assert manifest.dim_names == {f"p2o_DynamicDimension_{i}": f"p2o.DynamicDimension.{i}" for i in range(3)}
     assert manifest.dims["p2o_DynamicDimension_1"] == {"min": 32, "opt": 64, "max": 64}
     assert manifest.default_dims == []
+
+
+def test_a_crash_inside_tensorrt_fails_that_target_not_the_compile(tmp_path: Path) -> None:
+    """TensorRT for RTX dies with SIGSEGV building silero-vad's If-less export (a torch file, not in the corpus
+    above); the build runs in a child process, so the compile records the target as failed, naming the signal,
+    and publishes the artifact with its CPU variant."""
+    source = importlib.metadata.distribution("silero-vad").locate_file("silero_vad/data/silero_vad_op18_ifless.onnx")
+    config = CompileConfig.create({
+        "source": str(source), "targets": ["cpu", "sm_86"],
+        "inputs": [{"name": "sr", "dtype": "int64", "dims": [], "value_range": [16000, 16001]}],
+        "dims": {"batch": {"max": 4}, "sequence": {"opt": 512, "max": 512}},
+    })  # fmt: skip
+    manifest = compile(config, tmp_path / "out").manifest
+    engine = next(target for target in manifest.targets if target.name == "sm_86")
+    assert engine.status == "failed" and "TensorRT crashed" in engine.reason and "SIGSEGV" in engine.reason
+    with load(tmp_path / "out") as model:
+        assert model.backend.startswith("onnxruntime")
