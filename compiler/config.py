@@ -14,7 +14,7 @@ from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.metrics import Budget
 
 DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
-SourceKind = Literal["factory", "exported_program", "onnx"]
+SourceKind = Literal["factory", "exported_program", "onnx", "huggingface"]
 
 DEFAULT_OPSET = 20
 # Sizes used for a dynamic dim when exporting and verifying, unless `[dims.NAME] opt` says otherwise. Distinct
@@ -111,7 +111,10 @@ class BuildConfig(_Strict):
 class CompileConfig(_Strict):
     """What to compile and how. Relative paths are resolved against `base_dir` (the TOML file's folder)."""
 
-    source: str = Field(description="a factory 'pkg.module:function', a .pt2 ExportedProgram, or an .onnx file")
+    source: str = Field(
+        description="a factory 'pkg.module:function', a .pt2 ExportedProgram, an .onnx file, or a Hugging Face "
+        "model directory (config.json and safetensors)"
+    )
     checkpoint: Path | None = Field(None, description=".safetensors, or .pt/.pth (loaded with weights_only=True)")
     inputs: list[InputDecl] = Field(default_factory=list, description="required for PyTorch sources")
     outputs: list[str] = Field(default_factory=list, description="names for the model outputs, in order")
@@ -194,6 +197,9 @@ class CompileConfig(_Strict):
 
     @property
     def source_kind(self) -> SourceKind:
+        resolved = self.resolve(self.source)
+        if resolved.is_dir() and (resolved / "config.json").is_file():
+            return "huggingface"  # a save_pretrained directory
         if self.source.endswith(".onnx"):
             return "onnx"
         if self.source.endswith(".pt2"):

@@ -15,6 +15,7 @@ from tensorsmith.compiler.artifact.staging import staged_artifact, write_manifes
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.engines.records import build_engines
 from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
+from tensorsmith.compiler.frontend.huggingface import copy_tokenizer
 from tensorsmith.compiler.frontend.source import Source, open_source
 from tensorsmith.compiler.report.collect import write_report
 from tensorsmith.compiler.variants.data import check_data
@@ -23,7 +24,7 @@ from tensorsmith.compiler.variants.stage import Variants, build_variants
 from tensorsmith.compiler.version import __version__
 from tensorsmith.core.progress import LogReporter, Reporter, TimedReporter
 from tensorsmith.core.sessions import quiet_onnxruntime
-from tensorsmith.runtime.manifest import Manifest, PassRecord, StepRecord, TargetRecord
+from tensorsmith.runtime.manifest import FileRecord, Manifest, PassRecord, StepRecord, TargetRecord
 
 
 @dataclass
@@ -55,7 +56,8 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         variants = build_variants(plan, fused, config, staging, timed)
         targets = build_engines(config.build, config.targets, variants.by_target, fused.inputs, config.dims,
                                 staging, timed)  # fmt: skip
-        manifest = _manifest(source, fused, variants, targets, timed.finish())
+        tokenizer = copy_tokenizer(source.huggingface, staging) if source.huggingface else []
+        manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer)
         write_manifest(staging, manifest)
         timed.stage(f"writing the report and {out}")
         write_report(staging, out.resolve().name)
@@ -68,6 +70,7 @@ def _manifest(
     variants: Variants,
     targets: list[TargetRecord],
     steps: list[tuple[str, float]],
+    tokenizer: list[FileRecord],
 ) -> Manifest:
     return Manifest(
         tensorsmith_version=__version__,
@@ -78,6 +81,7 @@ def _manifest(
         dims={name: limits.model_dump() for name, limits in source.config.dims.items()},
         dim_names=source.dim_names,
         default_dims=source.default_dims,
+        tokenizer=tokenizer,
         steps=[StepRecord(name=name, seconds=seconds) for name, seconds in steps],
         passes=[PassRecord(**vars(report)) for report in [*fused.reports, *variants.reports]],
         variants=variants.records,

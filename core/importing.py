@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ from tensorsmith.core.errors import ConfigError
 
 def first_line(err: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
-    text = str(err).strip()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()  # torch colours some of its messages
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 

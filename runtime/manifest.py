@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tensorsmith.runtime.errors import ArtifactError
 from tensorsmith.runtime.specs import TensorSpec
 
-# 2 added source.warnings, dim_names and default_dims (all optional); version 1 manifests still read.
+# 2 added source.warnings, dim_names, default_dims and tokenizer (all optional), and the source kind
+# "huggingface"; version 1 manifests still read.
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
@@ -32,7 +33,7 @@ class TensorRecord(_Record):
 
 
 class SourceRecord(_Record):
-    kind: Literal["factory", "exported_program", "onnx"]
+    kind: Literal["factory", "exported_program", "onnx", "huggingface"]
     path: str = Field(description="factory 'pkg.module:function', or the file's path as given")
     sha256: str | None = Field(None, description="of the source file; of the checkpoint for a factory")
     checkpoint: str | None = None
@@ -101,6 +102,9 @@ class Manifest(_Record):
     )
     default_dims: list[str] = Field(
         default_factory=list, description="dynamic dims without a declared range: engines used the default"
+    )
+    tokenizer: list[FileRecord] = Field(
+        default_factory=list, description="the source directory's tokenizer files, copied (tokenizer/…)"
     )
     steps: list[StepRecord] = Field(default_factory=list, description="the pipeline's stages and their times")
     passes: list[PassRecord] = Field(default_factory=list)

@@ -22,6 +22,7 @@ import onnx
 
 from tensorsmith.compiler.config import CompileConfig, InputDecl
 from tensorsmith.compiler.frontend.checkpoint import load_checkpoint
+from tensorsmith.compiler.frontend.huggingface import build_module
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line, import_factory
@@ -264,6 +265,9 @@ def export_source(source: Source, feeds: dict[str, np.ndarray]) -> ExportedModel
             f"source {config.source} needs its inputs declared",
             hint="add [[inputs]] to tensorsmith.toml or pass --input NAME:DTYPE:DIMS for each forward() argument",
         )
+    if source.huggingface is not None:
+        module = build_module(source.huggingface, [decl.name for decl in config.inputs])
+        return _export_torch(module, config, feeds)
     if config.source_kind == "exported_program":
         program = _load_exported_program(config)
         exported = _export_torch(program, config, feeds)

@@ -3,6 +3,7 @@ source on ONNX Runtime."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,12 +100,18 @@ def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecor
     return SourceRecord(
         kind=config.source_kind,
         path=str(path),
-        sha256=sha256_of(path),
+        sha256=_directory_digest(path) if path.is_dir() else sha256_of(path),
         exporter=exported.exporter,
         fallback_reason=exported.fallback_reason,
         opset=ai_onnx_opset(exported.model),
         warnings=exported.warnings,
     )
+
+
+def _directory_digest(path: Path) -> str:
+    """A model directory's: over its config and weights files' own sha256s, in name order."""
+    files = [path / "config.json", *sorted(path.glob("*.safetensors"))]
+    return hashlib.sha256("".join(f"{f.name}:{sha256_of(f)}\n" for f in files).encode()).hexdigest()
 
 
 def verify(

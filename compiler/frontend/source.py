@@ -11,6 +11,7 @@ import onnx
 
 from tensorsmith.compiler.config import CompileConfig, DType, InputDecl
 from tensorsmith.compiler.frontend.dims import declare_dims
+from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, declare_model_inputs, read_model_directory
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import io_records, load_onnx, value_dims, value_record
 from tensorsmith.runtime.manifest import TensorRecord
@@ -20,6 +21,7 @@ from tensorsmith.runtime.manifest import TensorRecord
 class Source:
     config: CompileConfig  # inputs declared, dynamic dims named by identifiers
     onnx_model: onnx.ModelProto | None = None  # an ONNX source, loaded, with the declared dims applied
+    huggingface: HuggingFaceModel | None = None  # a model directory, read (its module is built by the export)
     dim_names: dict[str, str] = field(default_factory=dict)  # identifier → the dim as the source wrote it
     default_dims: list[str] = field(default_factory=list)  # dynamic dims left to the default range
 
@@ -27,9 +29,13 @@ class Source:
 def open_source(config: CompileConfig) -> Source:
     """Declare the inputs and name their dims; load an ONNX source and set them on its graph. PyTorch sources
     are exported later, by the export stage."""
+    if config.source_kind == "huggingface":
+        model = read_model_directory(config.resolve(config.source))
+        declared = declare_dims(declare_model_inputs(config, model))
+        return Source(declared.config, None, model, declared.names, declared.defaults)
     if config.source_kind != "onnx":
         declared = declare_dims(config)
-        return Source(declared.config, None, declared.names, declared.defaults)
+        return Source(declared.config, None, None, declared.names, declared.defaults)
     origin = str(config.resolve(config.source))
     model = load_onnx(config.resolve(config.source))
     flags = {decl.name: decl for decl in config.inputs}
@@ -43,7 +49,7 @@ def open_source(config: CompileConfig) -> Source:
     decls = [flags.get(record.name) or _file_decl(record, record.name in shaped, origin) for record in records]
     declared = declare_dims(config.model_copy(update={"inputs": decls}))
     apply_input_decls(model, declared.config.inputs, origin)
-    return Source(declared.config, model, declared.names, declared.defaults)
+    return Source(declared.config, model, None, declared.names, declared.defaults)
 
 
 def _file_decl(record: TensorRecord, shaped: bool, origin: str) -> InputDecl:

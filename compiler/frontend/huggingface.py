@@ -1,0 +1,166 @@
+"""A Hugging Face model directory as a source: `config.json` and safetensors weights, as `save_pretrained` writes
+them, optionally with tokenizer files. transformers builds the module from the local files only (nothing is
+downloaded); the architecture in the config decides the task, and so the inputs and outputs:
+
+- an encoder (`BertModel`, any `*Model`): feature extraction, `last_hidden_state` from `input_ids`,
+  `attention_mask` (and `token_type_ids` where the model takes them);
+- any other head (`*ForSequenceClassification`, `*ForMaskedLM`, …): its `logits`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
+from tensorsmith.core.errors import ConfigError, ExportError
+from tensorsmith.runtime.manifest import FileRecord, sha256_of
+
+if TYPE_CHECKING:
+    import torch
+
+CONFIG_FILE = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
+TOKENIZER_DIRECTORY = "tokenizer"
+MAX_SEQUENCE = 2048  # the default max of the sequence dim: the config's positions, capped here
+
+
+@dataclass(frozen=True)
+class HuggingFaceModel:
+    directory: Path
+    architecture: str  # e.g. "BertModel", from config.json's `architectures`
+    config: dict[str, Any]  # config.json
+
+    @property
+    def output(self) -> str:
+        return "last_hidden_state" if self.architecture.endswith("Model") else "logits"
+
+    @property
+    def max_sequence(self) -> int:
+        return min(int(self.config.get("max_position_embeddings") or MAX_SEQUENCE), MAX_SEQUENCE)
+
+    def weights(self) -> list[Path]:
+        return sorted(self.directory.glob("*.safetensors"))
+
+    def tokenizer_files(self) -> list[Path]:
+        return [self.directory / name for name in TOKENIZER_FILES if (self.directory / name).is_file()]
+
+
+def is_model_directory(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG_FILE).is_file()
+
+
+def read_model_directory(path: Path) -> HuggingFaceModel:
+    """The directory's config and architecture, checked before any work: weights present and safetensors."""
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(
+            f"{path / CONFIG_FILE} is not readable JSON: {err}", hint="re-save it with save_pretrained"
+        ) from err
+    architectures = config.get("architectures") or []
+    if not architectures:
+        raise ConfigError(
+            f"{path / CONFIG_FILE} names no architecture",
+            hint='add "architectures": ["BertModel"] (the class save_pretrained was called on)',
+        )
+    model = HuggingFaceModel(path, str(architectures[0]), config)
+    if not model.weights():
+        pickled = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+        raise ConfigError(
+            f"{path} has no .safetensors weights" + (f" (only {', '.join(pickled)})" if pickled else ""),
+            hint="re-save the model with save_pretrained(dir, safe_serialization=True); pickled weights are not read",
+        )
+    return model
+
+
+def declare_model_inputs(config: CompileConfig, model: HuggingFaceModel) -> CompileConfig:
+    """The inputs, output name and dims ranges the task implies, where the config does not give its own."""
+    update: dict[str, object] = {}
+    if not config.inputs:
+        vocabulary = int(model.config.get("vocab_size") or 2)
+        inputs = [InputDecl(name="input_ids", dtype="int64", dims=["batch", "sequence"], value_range=(0, vocabulary)),
+                  InputDecl(name="attention_mask", dtype="int64", dims=["batch", "sequence"])]  # fmt: skip
+        if "token_type_ids" in _forward_parameters(model):
+            inputs.append(InputDecl(name="token_type_ids", dtype="int64", dims=["batch", "sequence"]))
+        update["inputs"] = inputs
+    if not config.outputs:
+        update["outputs"] = [model.output]
+    if "sequence" not in config.dims and not config.inputs:
+        update["dims"] = {**config.dims, "sequence": DimRange(max=model.max_sequence)}
+    return config.model_copy(update=update)
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as err:
+        raise ExportError(
+            "compiling a Hugging Face model directory needs transformers", hint="pip install 'tensorsmith[hf]'"
+        ) from err
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    return transformers
+
+
+def _model_class(model: HuggingFaceModel) -> Any:
+    transformers = _transformers()
+    cls = getattr(transformers, model.architecture, None)
+    if cls is None:
+        raise ExportError(
+            f"transformers {transformers.__version__} has no class {model.architecture} "
+            f"(from {model.directory / CONFIG_FILE})",
+            hint="upgrade transformers, or compile a factory that builds the model",
+        )
+    return cls
+
+
+def _forward_parameters(model: HuggingFaceModel) -> list[str]:
+    return list(inspect.signature(_model_class(model).forward).parameters)
+
+
+def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
+    """The model, loaded from the directory's safetensors only, returning its task's one output tensor."""
+    import torch
+
+    try:
+        loaded = _model_class(model).from_pretrained(
+            str(model.directory), local_files_only=True, use_safetensors=True, attn_implementation="eager"
+        )
+    except Exception as err:  # transformers raises OSError, ValueError, RuntimeError for a broken directory
+        raise ExportError(f"transformers could not load {model.directory}: {str(err).strip().splitlines()[0]}") from err
+
+    class TaskOutput(torch.nn.Module):
+        """Keyword arguments to the model (its forward's order differs between families), one output back. Named
+        parameters, not *args: torch.export's dynamic shapes follow the signature."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = loaded
+
+        def forward(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+        ) -> torch.Tensor:
+            given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            return self.model(**{name: given[name] for name in inputs}, return_dict=True)[model.output]
+
+    return TaskOutput().eval()
+
+
+def copy_tokenizer(model: HuggingFaceModel, directory: Path) -> list[FileRecord]:
+    """Copy the tokenizer files into the artifact being written, for the runtime (and `generate`) to use."""
+    files = model.tokenizer_files()
+    if not files:
+        return []
+    (directory / TOKENIZER_DIRECTORY).mkdir()
+    records = []
+    for file in files:
+        target = directory / TOKENIZER_DIRECTORY / file.name
+        shutil.copyfile(file, target)
+        records.append(FileRecord(path=f"{TOKENIZER_DIRECTORY}/{file.name}", sha256=sha256_of(target)))
+    return records
