@@ -65,7 +65,7 @@ class InputDecl(_Strict):
 class DimRange(_Strict):
     """Sizes of one dynamic dim: `opt` is also the size used for export and verification."""
 
-    min: int = Field(1, ge=1)
+    min: int = Field(1, ge=0, description="0 only for a dim that may be empty, like a decoder's past length")
     opt: int | None = Field(None, ge=1)
     max: int | None = Field(None, ge=1)
 
@@ -119,6 +119,9 @@ class CompileConfig(_Strict):
     inputs: list[InputDecl] = Field(default_factory=list, description="required for PyTorch sources")
     outputs: list[str] = Field(default_factory=list, description="names for the model outputs, in order")
     dims: dict[str, DimRange] = Field(default_factory=dict, description="sizes of the named dynamic dims")
+    dim_sums: dict[str, list[str]] = Field(
+        default_factory=dict, description="a dim that is the sum of others, for example feeds (total = past + sequence)"
+    )
     opset: int = Field(DEFAULT_OPSET, ge=13, le=23, description="ai.onnx opset of the compiled graph")
     exporter: Literal["auto", "dynamo", "torchscript"] = Field(
         "auto", description="auto: dynamo, then TorchScript if dynamo fails"
@@ -220,7 +223,11 @@ class CompileConfig(_Strict):
                     configured = self.dims.get(dim)
                     default = next(fallback, 4)
                     sizes[dim] = configured.opt if configured and configured.opt else default
-        return sizes
+        return self.with_sums(sizes)
+
+    def with_sums(self, sizes: dict[str, int]) -> dict[str, int]:
+        """`sizes` with each `dim_sums` dim set to the sum of its parts."""
+        return {**sizes, **{dim: sum(sizes[part] for part in parts) for dim, parts in self.dim_sums.items()}}
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: object) -> CompileConfig:

@@ -14,6 +14,7 @@ from pathlib import Path
 from tensorsmith.compiler.artifact.staging import staged_artifact, write_manifest
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.engines.records import build_engines
+from tensorsmith.compiler.frontend.decoder import generation_record
 from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
 from tensorsmith.compiler.frontend.huggingface import copy_tokenizer
 from tensorsmith.compiler.frontend.source import Source, open_source
@@ -82,6 +83,9 @@ def _manifest(
         dim_names=source.dim_names,
         default_dims=source.default_dims,
         tokenizer=tokenizer,
+        generation=generation_record(source.huggingface, source.config)
+        if source.huggingface and source.huggingface.is_decoder
+        else None,
         steps=[StepRecord(name=name, seconds=seconds) for name, seconds in steps],
         passes=[PassRecord(**vars(report)) for report in [*fused.reports, *variants.reports]],
         variants=variants.records,

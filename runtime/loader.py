@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -61,6 +61,49 @@ class Model:
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Run once. Raises ValueError naming any input whose name, dtype, rank or static dims are wrong."""
         return self._backend.run(feeds)
+
+    def generate(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray | None = None,
+        max_new_tokens: int = 20,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        num_beams: int = 1,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        seed: int | None = None,
+        streamer: Any = None,
+    ) -> np.ndarray:
+        """A decoder artifact's sequences, prompt included, as transformers' `generate` returns them: prefill,
+        then one token per step with the KV cache kept here. A batch of prompts is left padded (`attention_mask`
+        zeros first). `eos_token_id` defaults to the checkpoint's; rows that finish are padded."""
+        from tensorsmith.runtime.generation import Generator, Sampling
+
+        layout = self.manifest.generation
+        if layout is None:
+            raise ValueError(f"{self.directory} is not a decoder artifact (its manifest has no generation record)")
+        past = next(spec for spec in self.inputs if spec.name.startswith("past_key_values."))
+        eos = (
+            layout.eos_token_id
+            if eos_token_id is None
+            else [eos_token_id]
+            if isinstance(eos_token_id, int)
+            else eos_token_id
+        )
+        pad = (
+            pad_token_id
+            if pad_token_id is not None
+            else layout.pad_token_id
+            if layout.pad_token_id is not None
+            else (eos or [0])[0]
+        )
+        return Generator(self.run, layout, past.dtype).generate(
+            input_ids, attention_mask, max_new_tokens, Sampling(do_sample, temperature, top_k, top_p), num_beams,
+            list(eos), pad, seed, streamer,
+        )  # fmt: skip
 
     def close(self) -> None:
         self._backend.close()

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tensorsmith.runtime.errors import ArtifactError
 from tensorsmith.runtime.specs import TensorSpec
 
-# 2 added source.warnings, dim_names, default_dims and tokenizer (all optional), and the source kind
+# 2 added source.warnings, dim_names, default_dims, tokenizer and generation (all optional), and the source kind
 # "huggingface"; version 1 manifests still read.
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -87,6 +87,18 @@ class TargetRecord(_Record):
     engine: EngineRecord | None = None
 
 
+class GenerationRecord(_Record):
+    """A decoder's KV cache layout, for the runtime's generate(): past_key_values.N.key|value in,
+    present.N.key|value out, [batch, kv_heads, length, head_dim] each."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    max_sequence_length: int = Field(description="prompt and new tokens together, at most")
+    eos_token_id: list[int] = Field(default_factory=list)
+    pad_token_id: int | None = None
+
+
 class Manifest(_Record):
     schema_version: int = SCHEMA_VERSION
     tensorsmith_version: str
@@ -106,6 +118,7 @@ class Manifest(_Record):
     tokenizer: list[FileRecord] = Field(
         default_factory=list, description="the source directory's tokenizer files, copied (tokenizer/…)"
     )
+    generation: GenerationRecord | None = Field(None, description="a decoder's KV cache, for generate()")
     steps: list[StepRecord] = Field(default_factory=list, description="the pipeline's stages and their times")
     passes: list[PassRecord] = Field(default_factory=list)
     variants: list[VariantRecord] = Field(default_factory=list)

@@ -81,7 +81,8 @@ def _check_limit(name: str, axis: int, size: int, dim: str, limit: Mapping[str, 
                  spec: TensorSpec) -> None:  # fmt: skip
     if limit is None:
         return
-    low, high = limit.get("min") or 1, limit.get("max")
+    minimum = limit.get("min")
+    low, high = 1 if minimum is None else minimum, limit.get("max")  # a min of 0: a dim that may be empty
     if size < low or (high is not None and size > high):
         raise ValueError(
             f"input '{name}' has size {size} on axis {axis} ('{dim}'), outside the artifact's range "

@@ -135,6 +135,19 @@ def _dynamic_shapes(config: CompileConfig) -> dict[str, dict[int, Any]]:
     return shapes
 
 
+def _shapes_for_signature(module: Any, shapes: list[dict[int, Any]]) -> tuple[Any, ...]:
+    """torch.export takes dynamic shapes shaped like forward's signature: the inputs a `*args` parameter takes
+    (a decoder's past tensors) as one tuple in its place."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return tuple(shapes)
+    for index, parameter in enumerate(parameters):
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return (*shapes[:index], tuple(shapes[index:]))
+    return tuple(shapes)
+
+
 def _export_dynamo(
     module: torch.nn.Module | Any,
     config: CompileConfig,
@@ -156,7 +169,9 @@ def _export_dynamo(
             input_names=names,
             output_names=output_names,
             # An ExportedProgram carries its own dynamic shapes.
-            dynamic_shapes=None if is_program else tuple(_dynamic_shapes(config).values()),
+            dynamic_shapes=None
+            if is_program
+            else _shapes_for_signature(module, list(_dynamic_shapes(config).values())),
             verbose=False,
         )
     if program is None:  # only None when f= is given; keeps the type checker honest

@@ -30,6 +30,7 @@ def example_feeds(config: CompileConfig, seed: int = 0, size_offset: int = 0) ->
     for dim, size in config.example_sizes().items():
         limit = config.dims[dim].max if dim in config.dims else None
         sizes[dim] = min(size + size_offset, limit) if limit else size + size_offset
+    sizes = config.with_sums(sizes)
     feeds = {}
     for decl in config.inputs:
         shape = tuple(dim if isinstance(dim, int) else sizes[dim] for dim in decl.dims)

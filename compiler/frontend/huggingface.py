@@ -2,6 +2,7 @@
 them, optionally with tokenizer files. transformers builds the module from the local files only (nothing is
 downloaded); the architecture in the config decides the task, and so the inputs and outputs:
 
+- a decoder (`*ForCausalLM`, `*LMHeadModel`): text generation, with a KV cache (compiler/frontend/decoder.py);
 - an encoder (`BertModel`, any `*Model`): feature extraction, `last_hidden_state` from `input_ids`,
   `attention_mask` (and `token_type_ids` where the model takes them);
 - any other head (`*ForSequenceClassification`, `*ForMaskedLM`, …): its `logits`.
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
+from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module, kv_layout
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.runtime.manifest import FileRecord, sha256_of
 
@@ -43,6 +45,14 @@ class HuggingFaceModel:
     @property
     def max_sequence(self) -> int:
         return min(int(self.config.get("max_position_embeddings") or MAX_SEQUENCE), MAX_SEQUENCE)
+
+    @property
+    def is_decoder(self) -> bool:
+        return is_decoder(self.architecture)
+
+    def generation_config(self) -> dict[str, Any]:
+        path = self.directory / "generation_config.json"
+        return dict(json.loads(path.read_text())) if path.is_file() else {}
 
     def weights(self) -> list[Path]:
         return sorted(self.directory.glob("*.safetensors"))
@@ -81,6 +91,8 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
 
 def declare_model_inputs(config: CompileConfig, model: HuggingFaceModel) -> CompileConfig:
     """The inputs, output name and dims ranges the task implies, where the config does not give its own."""
+    if model.is_decoder:
+        return declare_decoder(config, model).model_copy(update={"dim_sums": config.dim_sums or DIM_SUMS})
     update: dict[str, object] = {}
     if not config.inputs:
         vocabulary = int(model.config.get("vocab_size") or 2)
@@ -128,12 +140,18 @@ def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
     """The model, loaded from the directory's safetensors only, returning its task's one output tensor."""
     import torch
 
+    # Mixtral-style experts: transformers' default grouped_mm kernel has no ONNX export; batched_mm gathers each
+    # token's top-k experts' weights and exports to standard ops.
+    experts = {"experts_implementation": "batched_mm"} if "num_local_experts" in model.config else {}
     try:
         loaded = _model_class(model).from_pretrained(
-            str(model.directory), local_files_only=True, use_safetensors=True, attn_implementation="eager"
+            str(model.directory), local_files_only=True, use_safetensors=True, attn_implementation="eager", **experts
         )
     except Exception as err:  # transformers raises OSError, ValueError, RuntimeError for a broken directory
         raise ExportError(f"transformers could not load {model.directory}: {str(err).strip().splitlines()[0]}") from err
+
+    if model.is_decoder:
+        return kv_cache_module(loaded, kv_layout(model.config)[0])
 
     class TaskOutput(torch.nn.Module):
         """Keyword arguments to the model (its forward's order differs between families), one output back. Named

@@ -1,0 +1,118 @@
+"""Decoders (`*ForCausalLM`) with a KV cache: one graph for prefill (past length 0) and decode (one new token).
+
+The graph's inputs and outputs are those Optimum and ONNX Runtime GenAI use:
+
+    input_ids [batch, sequence], attention_mask [batch, total], position_ids [batch, sequence],
+    past_key_values.N.key|value [batch, kv_heads, past, head_dim]
+    → logits [batch, sequence, vocab], present.N.key|value [batch, kv_heads, total, head_dim]
+
+with total = past + sequence. transformers 5 keeps the cache in a `DynamicCache` of layers; the wrapper fills
+one from the flat past tensors, with plain `DynamicLayer`s (not the sliding-window ones `DynamicCache(config=…)`
+makes, which crop the cache): a sliding window is applied by the mask the model builds from its config, so the
+presents are always past + sequence long and a window is honoured past its length.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
+from tensorsmith.runtime.manifest import GenerationRecord
+
+if TYPE_CHECKING:
+    import torch
+
+    from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
+
+MAX_BATCH = 8  # the default [dims.batch] max of a decoder (engines: at most the target's max_batch)
+# total = past + sequence: example feeds (export, verification) keep the mask as long as the cache plus the tokens.
+DIM_SUMS = {"total": ["past", "sequence"]}
+
+
+def is_decoder(architecture: str) -> bool:
+    return architecture.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def kv_layout(config: dict[str, Any]) -> tuple[int, int, int]:
+    """(layers, kv heads, head dim) from config.json, for the families' own key names."""
+    layers = config.get("num_hidden_layers") or config.get("n_layer")
+    heads = config.get("num_attention_heads") or config.get("n_head")
+    hidden = config.get("hidden_size") or config.get("n_embd")
+    if not (layers and heads and hidden):
+        raise ValueError("config.json gives no num_hidden_layers/num_attention_heads/hidden_size (or n_layer, …)")
+    kv_heads = config.get("num_key_value_heads") or heads
+    return int(layers), int(kv_heads), int(config.get("head_dim") or hidden // heads)
+
+
+def past_names(layers: int) -> list[str]:
+    return [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+
+
+def present_names(layers: int) -> list[str]:
+    return [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+
+
+def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileConfig:
+    layers, kv_heads, head_dim = kv_layout(model.config)
+    vocabulary = int(model.config.get("vocab_size") or 2)
+    tokens = ["batch", "sequence"]
+    inputs = [
+        InputDecl(name="input_ids", dtype="int64", dims=tokens, value_range=(0, vocabulary)),
+        InputDecl(name="attention_mask", dtype="int64", dims=["batch", "total"]),
+        InputDecl(name="position_ids", dtype="int64", dims=tokens, value_range=(0, 1)),  # fed as the positions
+        *(
+            InputDecl(name=name, dtype="float32", dims=["batch", kv_heads, "past", head_dim])
+            for name in past_names(layers)
+        ),
+    ]
+    longest = model.max_sequence
+    dims = {"batch": DimRange(max=MAX_BATCH), "sequence": DimRange(max=longest),
+            "past": DimRange(min=0, max=longest - 1), "total": DimRange(max=longest), **config.dims}  # fmt: skip
+    return config.model_copy(update={"inputs": config.inputs or inputs, "dims": dims,
+                                     "outputs": config.outputs or ["logits", *present_names(layers)]})  # fmt: skip
+
+
+def generation_record(model: HuggingFaceModel, config: CompileConfig) -> GenerationRecord:
+    layers, kv_heads, head_dim = kv_layout(model.config)
+    eos = model.generation_config().get("eos_token_id", model.config.get("eos_token_id"))
+    return GenerationRecord(
+        layers=layers,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_sequence_length=config.dims["total"].max or model.max_sequence,
+        eos_token_id=[eos] if isinstance(eos, int) else list(eos or []),
+        pad_token_id=model.config.get("pad_token_id"),
+    )
+
+
+def kv_cache_module(loaded: Any, layers: int) -> torch.nn.Module:
+    """`loaded` (a transformers causal LM) as forward(input_ids, attention_mask, position_ids, *past) →
+    (logits, *presents)."""
+    import torch
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class FlatKVCache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = loaded
+
+        def forward(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
+        ) -> tuple[torch.Tensor, ...]:
+            cache = DynamicCache()
+            for index in range(layers):
+                layer = DynamicLayer()
+                # the tensors as they are: DynamicLayer.update would concatenate onto an empty 1-D tensor
+                layer.keys, layer.values = past[2 * index], past[2 * index + 1]
+                layer.device, layer.is_initialized = past[2 * index].device, True
+                layer.dtype = past[2 * index].dtype  # type: ignore[attr-defined]  # read by transformers' layers
+                cache.layers.append(layer)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=cache, use_cache=True, return_dict=True)  # fmt: skip
+            presents: list[torch.Tensor] = []
+            for layer in out.cache.layers:
+                presents += [layer.keys, layer.values]
+            return (out.logits, *presents)
+
+    return FlatKVCache().eval()

@@ -1,0 +1,112 @@
+"""Decoders from Hugging Face directories (small seeded checkpoints saved here with transformers): compile with a
+KV cache, then `generate` gives exactly transformers' tokens (greedy with a left-padded batch, and 4 beams), and
+the logits match within 1e-4."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.runtime import load
+from tests.conftest import max_relative_error
+
+NEW_TOKENS = 32
+COMMON = {"vocab_size": 256, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+DECODER = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 256}  # fmt: skip
+
+
+def _families() -> dict[str, tuple[str, Callable[[], Any]]]:
+    import transformers as t
+
+    return {
+        "llama": ("LlamaForCausalLM", lambda: t.LlamaConfig(**DECODER, **COMMON)),
+        # a window of 8: the 12-token prompt and 32 new tokens run well past it
+        "mistral": ("MistralForCausalLM", lambda: t.MistralConfig(**DECODER, sliding_window=8, **COMMON)),
+        "gpt2": ("GPT2LMHeadModel", lambda: t.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=256, **COMMON)),
+        "mixtral": (
+            "MixtralForCausalLM",
+            lambda: t.MixtralConfig(
+                **DECODER, num_local_experts=4, num_experts_per_tok=2, sliding_window=None, **COMMON
+            ),
+        ),
+    }
+
+
+def save_checkpoint(family: str, directory: Path) -> Any:
+    """A seeded random checkpoint, weights scaled up so that greedy choices are not near-ties."""
+    import transformers
+
+    architecture, make_config = _families()[family]
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(make_config()).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0, 0.15)
+    model.save_pretrained(str(directory))
+    extra = {"experts_implementation": "batched_mm"} if family == "mixtral" else {}
+    return getattr(transformers, architecture).from_pretrained(str(directory), **extra).eval()
+
+
+def _prompts() -> tuple[np.ndarray, np.ndarray]:
+    prompt = np.random.default_rng(0).integers(3, 256, (2, 12)).astype(np.int64)
+    mask = np.ones_like(prompt)
+    mask[1, :4] = 0  # the second prompt is 8 tokens, left padded
+    return prompt, mask
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "mistral", "gpt2", "mixtral"])
+def test_generate_gives_transformers_tokens(family: str, tmp_path: Path) -> None:
+    reference = save_checkpoint(family, tmp_path / "checkpoint")
+    manifest = compile(CompileConfig.create({"source": str(tmp_path / "checkpoint")}), tmp_path / "out").manifest
+    assert manifest.generation is not None and manifest.generation.layers == 2
+    assert [r.name for r in manifest.inputs][:4] == ["input_ids", "attention_mask", "position_ids",
+                                                     "past_key_values.0.key"]  # fmt: skip
+    prompt, mask = _prompts()
+    ids, attention = torch.from_numpy(prompt), torch.from_numpy(mask)
+    with torch.no_grad():
+        greedy = reference.generate(input_ids=ids, attention_mask=attention, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                    min_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0).numpy()  # fmt: skip
+        with_eos = reference.generate(input_ids=ids, attention_mask=attention, do_sample=False,
+                                      max_new_tokens=NEW_TOKENS, pad_token_id=0).numpy()  # fmt: skip
+        beams = reference.generate(input_ids=ids[:1], do_sample=False, num_beams=4, max_new_tokens=NEW_TOKENS,
+                                   min_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0).numpy()  # fmt: skip
+        positions = np.clip(mask.cumsum(1) - 1, 0, None)
+        logits = reference(input_ids=ids, attention_mask=attention, position_ids=torch.from_numpy(positions)).logits
+    logits = logits.numpy()
+    with load(tmp_path / "out", backend="onnxruntime") as model:
+        assert np.array_equal(model.generate(prompt, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), greedy)
+        assert np.array_equal(model.generate(prompt, mask, max_new_tokens=NEW_TOKENS), with_eos)
+        assert np.array_equal(
+            model.generate(prompt[:1], max_new_tokens=NEW_TOKENS, num_beams=4, eos_token_id=[]), beams
+        )
+        empty = np.zeros((2, manifest.generation.kv_heads, 0, manifest.generation.head_dim), np.float32)
+        pasts = [spec.name for spec in model.inputs if spec.name.startswith("past_key_values.")]
+        feeds = {"input_ids": prompt, "attention_mask": mask, "position_ids": positions, **dict.fromkeys(pasts, empty)}
+        prefill = model.run(feeds)["logits"]
+    real = mask.astype(bool)  # padded positions' logits are not compared: nothing attends to them
+    assert max_relative_error(logits[real], prefill[real]) <= 1e-4
+
+
+def test_sampling_is_reproducible_with_a_seed_and_streams(tmp_path: Path) -> None:
+    save_checkpoint("llama", tmp_path / "checkpoint")
+    compile(CompileConfig.create({"source": str(tmp_path / "checkpoint")}), tmp_path / "out")
+    prompt, _ = _prompts()
+    streamed: list[np.ndarray] = []
+    with load(tmp_path / "out") as model:
+        first = model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=20, top_p=0.9, temperature=0.8,
+                               seed=7, eos_token_id=[], streamer=streamed.append)  # fmt: skip
+        second = model.generate(prompt, max_new_tokens=8, do_sample=True, top_k=20, top_p=0.9, temperature=0.8,
+                                seed=7, eos_token_id=[])  # fmt: skip
+        with pytest.raises(ValueError, match="leaves room for"):
+            model.generate(prompt, max_new_tokens=400)
+    assert np.array_equal(first, second) and first.shape == (2, 20)
+    assert np.array_equal(np.stack(streamed, 1), first[:, 12:])
