@@ -85,7 +85,7 @@ def compile_command(
     if source.endswith(".toml"):
         config = CompileConfig.from_toml(source, **overrides)
     else:
-        if source.endswith((".onnx", ".pt2")):
+        if source.endswith((".onnx", ".pt2")) or Path(source).is_dir():
             source = str(Path(source).resolve())
         if config_path is not None:
             config = CompileConfig.from_toml(config_path, source=source, **overrides)

@@ -71,6 +71,7 @@ def build_target(
             directory,
             chosen,
             options or BuildConfig(),
+            decoder=manifest.generation is not None,
         )
         with locked(directory):
             current = read_manifest(directory)

@@ -101,7 +101,10 @@ def get_target(name: str) -> Target:
 
 
 def check_precision(precision: str, target_names: list[str]) -> None:
-    """Refuse, before any work starts, a precision that one of the targets cannot run."""
+    """Refuse, before any work starts, a precision that one of the targets cannot run. fp16 is a request for the
+    GPU targets: the cpu target keeps fp32 beside them (refused only when no target runs fp16)."""
+    if precision == "fp16" and any(get_target(name).runs("fp16") for name in target_names):
+        return
     for name in target_names:
         target = get_target(name)
         if not target.runs(precision):

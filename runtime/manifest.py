@@ -75,6 +75,7 @@ class EngineRecord(FileRecord):
     builder_version: str
     compute_capability: str
     profiles: list[dict[str, object]] = Field(default_factory=list)
+    profile_names: list[str] = Field(default_factory=list, description="a decoder's: prefill, decode (in order)")
     cache: Literal["hit", "miss", "off"] = Field("off", description="hit: reused from the engine cache, not built")
 
 

@@ -56,12 +56,17 @@ class TensorRTBackend(Backend):
                 f"{flavour} could not deserialize {engine_path}",
                 hint="the engine was built for another GPU or TensorRT version; rebuild it with tensorsmith build",
             )
-        self._context = self._engine.create_execution_context()
         self._stream = _check(self._cudart.cudaStreamCreate(), "cudaStreamCreate")
         self._buffers: dict[str, tuple[int, int]] = {}  # name → (device pointer, bytes), grown on demand
-        self._lock = threading.Lock()  # one execution context: one call at a time
+        self._lock = threading.Lock()  # one call at a time: the buffers are shared
         self.name = f"tensorrt:{target}"
-        self._profile = {spec.name: self._engine.get_tensor_profile_shape(spec.name, 0) for spec in self.inputs}
+        # Each optimization profile (a decoder's prefill and decode) gets an execution context of its own, made
+        # when a call first needs it; a call runs on the first profile its shapes fit.
+        self._profiles = [
+            {spec.name: self._profile_bounds(spec.name, k) for spec in self.inputs}
+            for k in range(self._engine.num_optimization_profiles)
+        ]
+        self._contexts: dict[int, Any] = {}
 
     def _buffer(self, name: str, nbytes: int) -> int:
         pointer, size = self._buffers.get(name, (0, 0))
@@ -72,34 +77,53 @@ class TensorRTBackend(Backend):
             self._buffers[name] = (pointer, nbytes)
         return pointer
 
-    def _check_profile(self, name: str, shape: tuple[int, ...]) -> None:
-        low, _, high = (tuple(int(d) for d in bound) for bound in self._profile[name])
-        if any(s < lo or s > hi for s, lo, hi in zip(shape, low, high, strict=True)):
-            raise ValueError(f"input '{name}' has shape {list(shape)}, outside the engine's profile {low}..{high}")
+    def _profile_bounds(self, name: str, index: int) -> tuple[tuple[int, ...], ...]:
+        """(min, opt, max) of input `name` in optimization profile `index`."""
+        return tuple(tuple(int(d) for d in bound) for bound in self._engine.get_tensor_profile_shape(name, index))
+
+    def _context(self, shapes: dict[str, tuple[int, ...]]) -> Any:
+        """The execution context of the first profile that `shapes` fit, made on first use."""
+        for index, profile in enumerate(self._profiles):
+            fits = all(
+                all(lo <= s <= hi for s, lo, hi in zip(shape, profile[name][0], profile[name][2], strict=True))
+                for name, shape in shapes.items()
+            )
+            if fits:
+                if index not in self._contexts:
+                    context = self._engine.create_execution_context()
+                    if index:
+                        context.set_optimization_profile_async(index, self._stream)
+                    self._contexts[index] = context
+                return self._contexts[index]
+        ranges = "; ".join(
+            ", ".join(f"{name} {list(b[0])}..{list(b[2])}" for name, b in profile.items()) for profile in self._profiles
+        )
+        described = ", ".join(f"{name} {list(shape)}" for name, shape in shapes.items())
+        raise ValueError(f"inputs {described} fit none of the engine's profiles ({ranges})")
 
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         copy = self._cudart.cudaMemcpyKind
         with self._lock:
+            context = self._context({name: tuple(array.shape) for name, array in feeds.items()})
             for name, array in feeds.items():
-                self._check_profile(name, array.shape)
                 array = np.ascontiguousarray(array)
                 pointer = self._buffer(name, array.nbytes)
-                self._context.set_input_shape(name, array.shape)
+                context.set_input_shape(name, array.shape)
                 _check(
                     self._cudart.cudaMemcpyAsync(
                         pointer, array.ctypes.data, array.nbytes, copy.cudaMemcpyHostToDevice, self._stream
                     ),
                     "cudaMemcpyAsync",
                 )
-                self._context.set_tensor_address(name, pointer)
+                context.set_tensor_address(name, pointer)
             results = {}
             for spec in self.outputs:
-                shape = tuple(self._context.get_tensor_shape(spec.name))
+                shape = tuple(context.get_tensor_shape(spec.name))
                 result = np.empty(shape, dtype=np.dtype(spec.dtype))
                 pointer = self._buffer(spec.name, result.nbytes)
-                self._context.set_tensor_address(spec.name, pointer)
+                context.set_tensor_address(spec.name, pointer)
                 results[spec.name] = (result, pointer)
-            if not self._context.execute_async_v3(self._stream):
+            if not context.execute_async_v3(self._stream):
                 raise RuntimeLoadError("TensorRT failed to execute the engine")
             for result, pointer in results.values():
                 _check(

@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tensorsmith.compiler.config import BuildConfig
 from tensorsmith.compiler.engines.engine_cache import cache_key, configured_cache
 from tensorsmith.compiler.engines.isolated import run_isolated
-from tensorsmith.compiler.engines.profiles import Profile
+from tensorsmith.compiler.engines.profiles import Profile, as_profiles
 from tensorsmith.compiler.engines.timing_cache import TimingCache
 from tensorsmith.compiler.targets import Builder, get_target
 from tensorsmith.core.errors import BuildError
@@ -56,6 +56,7 @@ class BuiltEngine:
     compute_capability: str
     profiles: list[dict[str, object]]
     seconds: float
+    profile_names: list[str] = field(default_factory=list)  # a decoder's: prefill, decode
     warnings: list[str] = field(default_factory=list)
     timing_cache: dict[str, int | str] = field(default_factory=dict)  # entries before/after, or why none
     cache: Literal["hit", "miss", "off"] = "off"  # the engine cache (compiler/engine_cache.py)
@@ -121,7 +122,7 @@ def _parse(network: trt_api.INetworkDefinition, parser: trt_api.OnnxParser, onnx
 def build_engine(
     onnx_path: Path,
     target: str,
-    profile: Profile,
+    profile: Profile | Sequence[Profile],
     builder: Builder = "tensorrt-rtx",
     options: BuildConfig | None = None,
     onnx_sha256: str | None = None,
@@ -129,6 +130,7 @@ def build_engine(
     """Build a serialized engine for `target` (e.g. "sm_86") from the ONNX graph at `onnx_path`, or take it
     from the engine cache when one is configured (`onnx_sha256`: the file's, if the caller has it already)."""
     options = options or BuildConfig()
+    profiles = as_profiles(profile)
     trt = import_builder(builder)
     builders = get_target(target).builders
     if builder not in builders:
@@ -140,8 +142,8 @@ def build_engine(
     version = str(trt.__version__)
     engines = configured_cache(options.engine_cache_dir)
     if engines is None:
-        return _build_isolated(builder, onnx_path, target, profile, options)
-    key = cache_key(onnx_sha256 or sha256_of(onnx_path), target, builder, version, profile, options)
+        return _build_isolated(builder, onnx_path, target, profiles, options)
+    key = cache_key(onnx_sha256 or sha256_of(onnx_path), target, builder, version, profiles, options)
     cached = engines.get(key)
     if cached is not None:
         logger.info("engine cache hit for %s (%s): %s", target, onnx_path.name, key[:12])
@@ -150,40 +152,41 @@ def build_engine(
             builder=builder,
             builder_version=version,
             compute_capability=target,
-            profiles=[profile.as_record()],
+            profiles=[p.as_record() for p in profiles],
+            profile_names=[p.name for p in profiles if p.name],
             seconds=round(time.perf_counter() - started, 3),
             timing_cache={"status": "not needed: the engine came from the engine cache"},
             cache="hit",
         )
-    built = _build_isolated(builder, onnx_path, target, profile, options)
+    built = _build_isolated(builder, onnx_path, target, profiles, options)
     engines.put(key, built.plan)
     return dataclasses.replace(built, cache="miss")
 
 
 def _build_isolated(
-    builder: Builder, onnx_path: Path, target: str, profile: Profile, options: BuildConfig
+    builder: Builder, onnx_path: Path, target: str, profiles: list[Profile], options: BuildConfig
 ) -> BuiltEngine:
     """`_build` in a child process (compiler/engines/isolated.py): a crash in TensorRT fails this target only."""
     with tempfile.TemporaryDirectory(prefix="tensorsmith-engine-") as scratch:
         plan_path = Path(scratch) / "engine.plan"
-        arguments = (builder, onnx_path, target, profile, options, plan_path)
+        arguments = (builder, onnx_path, target, profiles, options, plan_path)
         built = run_isolated(_build_to_file, arguments, f"building {onnx_path.name} for {target}")
         return dataclasses.replace(built, plan=plan_path.read_bytes())
 
 
 def _build_to_file(
-    builder: Builder, onnx_path: Path, target: str, profile: Profile, options: BuildConfig, plan_path: Path
+    builder: Builder, onnx_path: Path, target: str, profiles: list[Profile], options: BuildConfig, plan_path: Path
 ) -> BuiltEngine:
     """In the child: build, write the plan to `plan_path` (a pipe takes no large pickles), return the rest."""
     trt = import_builder(builder)
     with native_stdout_to_stderr():
-        built = _build(trt, onnx_path, target, profile, builder, options)
+        built = _build(trt, onnx_path, target, profiles, builder, options)
     plan_path.write_bytes(built.plan)
     return dataclasses.replace(built, plan=b"")
 
 
 def _build(
-    trt: ModuleType, onnx_path: Path, target: str, profile: Profile, builder: Builder, options: BuildConfig
+    trt: ModuleType, onnx_path: Path, target: str, profiles: list[Profile], builder: Builder, options: BuildConfig
 ) -> BuiltEngine:
     started = time.perf_counter()
     messages: list[tuple[Any, str]] = []
@@ -212,14 +215,15 @@ def _build(
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     timing_dir = options.timing_cache_dir.expanduser() if options.timing_cache_dir else None
     cache = TimingCache(trt, config, builder, target, timing_dir)
-    optimization_profile = network_builder.create_optimization_profile()
-    for index in range(network.num_inputs):
-        name = network.get_input(index).name
-        if name not in profile.shapes:
-            raise BuildError(f"no profile shapes for input '{name}'", hint="declare its dims in the config")
-        low, best, high = (trt.Dims(shape) for shape in profile.shapes[name])
-        optimization_profile.set_shape(name, low, best, high)
-    config.add_optimization_profile(optimization_profile)
+    for profile in profiles:  # in order: the runtime selects them by index
+        optimization_profile = network_builder.create_optimization_profile()
+        for index in range(network.num_inputs):
+            name = network.get_input(index).name
+            if name not in profile.shapes:
+                raise BuildError(f"no profile shapes for input '{name}'", hint="declare its dims in the config")
+            low, best, high = (trt.Dims(shape) for shape in profile.shapes[name])
+            optimization_profile.set_shape(name, low, best, high)
+        config.add_optimization_profile(optimization_profile)
 
     plan = network_builder.build_serialized_network(network, config)
     timing = cache.save()
@@ -235,7 +239,8 @@ def _build(
         builder=builder,
         builder_version=str(trt.__version__),
         compute_capability=target,
-        profiles=[profile.as_record()],
+        profiles=[p.as_record() for p in profiles],
+        profile_names=[p.name for p in profiles if p.name],
         seconds=round(time.perf_counter() - started, 3),
         warnings=[message for severity, message in messages if severity == trt.ILogger.WARNING],
         timing_cache=timing,

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from tensorsmith.compiler.config import BuildConfig
@@ -25,11 +26,14 @@ logger = logging.getLogger(__name__)
 ENV_VARIABLE = "TENSORSMITH_ENGINE_CACHE"
 
 
-def cache_key(onnx_sha256: str, target: str, builder: str, version: str, profile: Profile, options: BuildConfig) -> str:
+def cache_key(
+    onnx_sha256: str, target: str, builder: str, version: str, profiles: Sequence[Profile], options: BuildConfig
+) -> str:
     settings = options.cache_settings()
-    described = json.dumps(
-        [onnx_sha256, target, builder, version, profile.as_record(), settings], sort_keys=True, default=str
-    )
+    # one unnamed profile keeps the key engines were cached under before profiles had names
+    shapes = profiles[0].as_record() if len(profiles) == 1 and not profiles[0].name else [
+        {"name": p.name, "shapes": p.as_record()} for p in profiles]  # fmt: skip
+    described = json.dumps([onnx_sha256, target, builder, version, shapes, settings], sort_keys=True, default=str)
     return hashlib.sha256(described.encode()).hexdigest()
 
 

@@ -9,15 +9,49 @@ from tensorsmith.compiler.config import BATCH_DIM, DEFAULT_MAX_SIZE, DimRange
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.runtime.manifest import TensorRecord
 
+Shapes = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
 
 @dataclass
 class Profile:
-    """One optimization profile: (min, opt, max) shapes per input."""
+    """One optimization profile: (min, opt, max) shapes per input; a decoder's have names (prefill, decode)."""
 
-    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+    shapes: dict[str, Shapes]
+    name: str = ""
 
     def as_record(self) -> dict[str, object]:
         return {name: {"min": s[0], "opt": s[1], "max": s[2]} for name, s in self.shapes.items()}
+
+
+def as_profiles(profiles: Profile | Sequence[Profile]) -> list[Profile]:
+    return [profiles] if isinstance(profiles, Profile) else list(profiles)
+
+
+def decoder_profiles(inputs: Sequence[TensorRecord], dims: Mapping[str, DimRange], target: str) -> list[Profile]:
+    """A KV-cache decoder's two profiles. prefill: the prompt, batch 1..B, sequence 1..S, no past; decode: one
+    new token, past 1..S-1 (so each call's shapes fall in exactly one profile: past 0 is prefill). B is the
+    [dims.batch] max within the target's max_batch, S the [dims.total] max."""
+    batch = min(dims["batch"].max or get_target(target).max_batch, get_target(target).max_batch)
+    longest = dims["total"].max or DEFAULT_MAX_SIZE
+    prompt = min(longest, 128)
+    sizes = {  # dim → (prefill min, opt, max), (decode min, opt, max)
+        "batch": ((1, 1, batch), (1, batch, batch)),
+        "sequence": ((1, prompt, longest), (1, 1, 1)),
+        "past": ((0, 0, 0), (1, longest // 2, longest - 1)),
+        "total": ((1, prompt, longest), (2, longest // 2 + 1, longest)),
+    }
+    profiles = []
+    for index, name in enumerate(("prefill", "decode")):
+        shapes: dict[str, Shapes] = {}
+        for record in inputs:
+            bounds = [(dim, dim, dim) if isinstance(dim, int) else sizes[dim][index] for dim in record.shape]
+            shapes[record.name] = (
+                tuple(b[0] for b in bounds),
+                tuple(b[1] for b in bounds),
+                tuple(b[2] for b in bounds),
+            )
+        profiles.append(Profile(shapes, name))
+    return profiles
 
 
 def profile_for(inputs: Sequence[TensorRecord], dims: Mapping[str, DimRange], target: str | None = None) -> Profile:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tensorsmith.compiler.config import BuildConfig, DimRange
 from tensorsmith.compiler.engines.builder import BUILDER_MODULES, build_engine
-from tensorsmith.compiler.engines.profiles import profile_for
+from tensorsmith.compiler.engines.profiles import decoder_profiles, profile_for
 from tensorsmith.compiler.targets import RTX_TARGETS, Builder, get_target
 from tensorsmith.core.errors import BuildError
 from tensorsmith.core.files import replace_file
@@ -58,6 +58,7 @@ def build_engines(
     dims: Mapping[str, DimRange],
     directory: Path,
     reporter: Reporter,
+    decoder: bool = False,
 ) -> list[TargetRecord]:
     """Build (or record) each target's engine from its variant (`variants`: target → variant) into
     `directory/engines/`. A failed build is recorded, so the other targets' engines are not lost."""
@@ -85,7 +86,7 @@ def build_engines(
             continue
         reporter.stage(f"building the {name} engine with {builder}")
         try:
-            records.append(build_engine_record(name, variant, inputs, dims, directory, builder, config))
+            records.append(build_engine_record(name, variant, inputs, dims, directory, builder, config, decoder))
         except BuildError as err:
             logger.info("the %s engine failed: %s", name, err)  # in its record; the compile's error names it
             records.append(
@@ -102,11 +103,12 @@ def build_engine_record(
     directory: Path,
     builder: Builder,
     options: BuildConfig,
+    decoder: bool = False,
 ) -> TargetRecord:
     """Build `name`'s engine from `variant` into `directory/engines/NAME.engine` (+ NAME.json, with the build's
     warnings), and its manifest record."""
-    profile = profile_for(inputs, dims, name)
-    engine = build_engine(directory / variant.path, name, profile, builder, options, onnx_sha256=variant.sha256)
+    profiles = decoder_profiles(inputs, dims, name) if decoder else [profile_for(inputs, dims, name)]
+    engine = build_engine(directory / variant.path, name, profiles, builder, options, onnx_sha256=variant.sha256)
     engines = directory / ENGINES_DIR
     engines.mkdir(exist_ok=True)
     path = engines / f"{name}.engine"
@@ -117,6 +119,7 @@ def build_engine_record(
         builder_version=engine.builder_version,
         compute_capability=name,
         profiles=engine.profiles,
+        profile_names=engine.profile_names,
         cache=engine.cache,
     )
     details: Mapping[str, object] = {
@@ -125,6 +128,7 @@ def build_engine_record(
         "compute_capability": name,
         "variant": variant.name,
         "profiles": engine.profiles,
+        "profile_names": engine.profile_names,
         "build_seconds": engine.seconds,
         "sha256": record.sha256,
         "bytes": len(engine.plan),

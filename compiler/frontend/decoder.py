@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
+from tensorsmith.compiler.targets import get_target
 from tensorsmith.runtime.manifest import GenerationRecord
 
 if TYPE_CHECKING:
@@ -68,8 +69,11 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
     longest = model.max_sequence
     dims = {"batch": DimRange(max=MAX_BATCH), "sequence": DimRange(max=longest),
             "past": DimRange(min=0, max=longest - 1), "total": DimRange(max=longest), **config.dims}  # fmt: skip
-    return config.model_copy(update={"inputs": config.inputs or inputs, "dims": dims,
-                                     "outputs": config.outputs or ["logits", *present_names(layers)]})  # fmt: skip
+    update: dict[str, object] = {"inputs": config.inputs or inputs, "dims": dims,
+                                 "outputs": config.outputs or ["logits", *present_names(layers)]}  # fmt: skip
+    if "precision" not in config.model_fields_set and any(get_target(t).runs("fp16") for t in config.targets):
+        update["precision"] = "fp16"  # a decoder's GPU targets default to fp16 (the cpu target keeps fp32)
+    return config.model_copy(update=update)
 
 
 def generation_record(model: HuggingFaceModel, config: CompileConfig) -> GenerationRecord:

@@ -44,7 +44,9 @@ class HuggingFaceModel:
 
     @property
     def max_sequence(self) -> int:
-        return min(int(self.config.get("max_position_embeddings") or MAX_SEQUENCE), MAX_SEQUENCE)
+        positions = next((self.config[key] for key in ("max_position_embeddings", "n_positions", "n_ctx")
+                          if self.config.get(key)), MAX_SEQUENCE)  # fmt: skip
+        return min(int(positions), MAX_SEQUENCE)
 
     @property
     def is_decoder(self) -> bool:

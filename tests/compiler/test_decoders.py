@@ -17,6 +17,7 @@ from tensorsmith.runtime import load
 from tests.conftest import max_relative_error
 
 NEW_TOKENS = 32
+GPU_TARGETS = ["sm_75", "sm_86", "sm_120"]
 COMMON = {"vocab_size": 256, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 DECODER = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "max_position_embeddings": 256}  # fmt: skip
@@ -66,8 +67,16 @@ def _prompts() -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("family", ["llama", "mistral", "gpt2", "mixtral"])
 def test_generate_gives_transformers_tokens(family: str, tmp_path: Path) -> None:
     reference = save_checkpoint(family, tmp_path / "checkpoint")
-    manifest = compile(CompileConfig.create({"source": str(tmp_path / "checkpoint")}), tmp_path / "out").manifest
+    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu", *GPU_TARGETS]})
+    manifest = compile(config, tmp_path / "out").manifest
     assert manifest.generation is not None and manifest.generation.layers == 2
+    for target in manifest.targets[1:]:  # fp16 by default for a decoder's GPU targets, two named profiles each
+        assert target.status == "built" and target.variant == "fp16" and target.engine is not None, target.reason
+        assert target.engine.profile_names == ["prefill", "decode"]
+        prefill, decode = (profile["past_key_values.0.key"] for profile in target.engine.profiles)
+        assert prefill["max"][2] == 0 and decode["min"][2] == 1 and decode["max"][2] == 255  # type: ignore[index]
+        assert target.engine.profiles[1]["input_ids"]["max"][1] == 1  # type: ignore[index]
+    assert manifest.targets[0].variant == "fp32"
     assert [r.name for r in manifest.inputs][:4] == ["input_ids", "attention_mask", "position_ids",
                                                      "past_key_values.0.key"]  # fmt: skip
     prompt, mask = _prompts()
@@ -110,3 +119,19 @@ def test_sampling_is_reproducible_with_a_seed_and_streams(tmp_path: Path) -> Non
             model.generate(prompt, max_new_tokens=400)
     assert np.array_equal(first, second) and first.shape == (2, 20)
     assert np.array_equal(np.stack(streamed, 1), first[:, 12:])
+
+
+def test_the_generate_command_prints_tokens_and_timings(tmp_path: Path) -> None:
+    import json
+
+    from tests.conftest import run_cli
+
+    save_checkpoint("gpt2", tmp_path / "checkpoint")
+    compile(CompileConfig.create({"source": str(tmp_path / "checkpoint")}), tmp_path / "out")
+    result = run_cli("generate", tmp_path / "out", "--prompt-ids", "5,6,7,8", "--max-new-tokens", "6", "--json")
+    assert result.exit_code == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed["sequences"][0][:4] == [5, 6, 7, 8] and len(printed["new_tokens"]) == 6
+    assert printed["text"] is None and printed["prefill_ms"] > 0 and printed["decode_tokens_per_second"] > 0
+    refused = run_cli("generate", tmp_path / "out", "--prompt", "hello")
+    assert refused.exit_code == 1 and "has no tokenizer" in refused.stderr
