@@ -26,6 +26,8 @@ demo: samples
 	$(BIN)/tensorsmith compile samples/minilm/tensorsmith.toml -o build/minilm
 	$(BIN)/tensorsmith run build/minilm --inputs samples/minilm/evaluation.npz --output build/minilm-outputs.npz
 	$(BIN)/python -m tensorsmith.samples.minilm.parity build/minilm
+	$(BIN)/tensorsmith compile samples/tinylm/tensorsmith.toml -o build/tinylm
+	$(BIN)/tensorsmith generate build/tinylm --prompt "The with statement" --max-new-tokens 40
 
 lint: install
 	$(BIN)/ruff check .

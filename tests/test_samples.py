@@ -141,3 +141,30 @@ def test_minilm_from_torchscript_opset_14_fuses_to_standard_ops(tmp_path: Path) 
     config = CompileConfig.create({"source": str(old), "dims": dims})
     manifest = read_manifest(tmp_path / "out")
     assert len(build_engine(tmp_path / "out" / "model.onnx", "sm_86", profile_for(manifest.inputs, config.dims)).plan)
+
+
+@pytest.mark.slow
+def test_tinylm_compiles_and_generates_what_transformers_generates(tmp_path: Path) -> None:
+    """The real decoder sample (trained on CPython's own text): compiled from its checkpoint directory, its
+    greedy continuation of a held-out passage equals transformers' token for token, and the text reads back."""
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    sample = Path(prepare.SAMPLES) / "tinylm"
+    out = tmp_path / "tinylm"
+    result = run_cli_json("compile", sample / "tensorsmith.toml", "-o", out)
+    assert [t["name"] for t in result["targets"] if t["status"] == "built"] == ["sm_86"]
+    assert {r["path"] for r in result["tokenizer"]} >= {"tokenizer/tokenizer.json"}
+
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer" / "tokenizer.json"))
+    prompt = np.array([tokenizer.encode((sample / "heldout.txt").read_text()[:400]).ids[:48]], np.int64)
+    reference = LlamaForCausalLM.from_pretrained(str(sample / "checkpoint")).eval()
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)
+        expected = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32,
+                                      pad_token_id=0).numpy()  # fmt: skip
+    with load(out) as model:
+        generated = model.generate(prompt, max_new_tokens=32)
+    assert np.array_equal(generated, expected)
+    printed = run_cli_json("generate", out, "--prompt", "The with statement", "--max-new-tokens", "12")
+    assert printed["text"] and printed["text"] == tokenizer.decode(printed["new_tokens"])

@@ -66,7 +66,9 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
             for name in past_names(layers)
         ),
     ]
-    longest = model.max_sequence
+    # [dims.total] max (prompt and new tokens) bounds the others; by default the config's positions, capped
+    declared_total = config.dims.get("total")
+    longest = declared_total.max if declared_total and declared_total.max else model.max_sequence
     dims = {"batch": DimRange(max=MAX_BATCH), "sequence": DimRange(max=longest),
             "past": DimRange(min=0, max=longest - 1), "total": DimRange(max=longest), **config.dims}  # fmt: skip
     update: dict[str, object] = {"inputs": config.inputs or inputs, "dims": dims,
