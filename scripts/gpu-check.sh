@@ -34,4 +34,20 @@ with load(sys.argv[1], backend="onnxruntime") as reference, load(sys.argv[1]) as
     print(("VERIFIED" if model.backend.startswith("tensorrt") and error < 1e-2 else "NOT VERIFIED")
           + f": TensorRT against ONNX Runtime, max relative error {error:.2e}")
 PY
+# The decoder sample: its engine for this GPU (prefill and decode profiles), greedy tokens on TensorRT against
+# ONNX Runtime.
+.venv/bin/tensorsmith compile samples/tinylm/tensorsmith.toml -o build/gpu-tinylm --target cpu --target "$target" \
+  || echo "NOT VERIFIED: tinylm engine for $target"
+.venv/bin/python - build/gpu-tinylm <<'PY'
+import sys
+import numpy as np
+from tensorsmith.runtime import load
+prompt = np.arange(3, 67, dtype=np.int64)[None]
+with load(sys.argv[1], backend="onnxruntime") as reference, load(sys.argv[1]) as model:
+    expected = reference.generate(prompt, max_new_tokens=32, eos_token_id=[])
+    actual = model.generate(prompt, max_new_tokens=32, eos_token_id=[])
+    same = model.backend.startswith("tensorrt") and np.array_equal(expected, actual)
+    print(("VERIFIED" if same else "NOT VERIFIED") + f": tinylm generate on {model.backend} against ONNX Runtime, "
+          f"{int((expected != actual).sum())} of 32 greedy tokens differ")
+PY
 .venv/bin/python -m pytest -q -m gpu -rs

@@ -175,3 +175,25 @@ def test_a_crash_inside_tensorrt_fails_that_target_not_the_compile(tmp_path: Pat
     assert engine.status == "failed" and "TensorRT crashed" in engine.reason and "SIGSEGV" in engine.reason
     with load(tmp_path / "out") as model:
         assert model.backend.startswith("onnxruntime")
+
+
+def test_a_script_without_a_main_guard_can_compile_with_engines(tmp_path: Path) -> None:
+    """Engine builds run in a child process that does not re-run the caller's script (multiprocessing's spawn
+    would, and a script without `if __name__ == "__main__"` would then compile again, recursively)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "build_it.py"
+    script.write_text(
+        "from tests.conftest import compile_small_mlp\n"
+        "from pathlib import Path\n"
+        f"print(compile_small_mlp(Path({str(tmp_path)!r}), targets=['cpu', 'sm_86']))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    environment = {**os.environ, "PYTHONPATH": str(root)}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr
+    manifest = read_manifest(tmp_path / "out")
+    assert next(t for t in manifest.targets if t.name == "sm_86").status == "built"
+    assert len(result.stdout.splitlines()) == 1  # the script ran once
