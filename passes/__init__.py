@@ -6,8 +6,10 @@ from tensorsmith.passes.canonicalize import Canonicalize
 from tensorsmith.passes.fusion import Fuse, Rule
 from tensorsmith.passes.gelu import GELU_ERF, GELU_TANH
 from tensorsmith.passes.layernorm import LAYERNORM
+from tensorsmith.passes.rmsnorm import RMSNORM
 
-FUSION_RULES = (LAYERNORM, GELU_ERF, GELU_TANH)
+# LayerNorm before RMSNorm: both anchor on a Sqrt, and a fused LayerNorm leaves none for RMSNorm to try.
+FUSION_RULES = (LAYERNORM, RMSNORM, GELU_ERF, GELU_TANH)
 
 
 def default_passes() -> list[GraphPass]:
@@ -21,6 +23,7 @@ __all__ = [
     "GELU_ERF",
     "GELU_TANH",
     "LAYERNORM",
+    "RMSNORM",
     "Canonicalize",
     "Fuse",
     "GraphPass",

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
 
+DECODER_OPSET = 23  # the first with RMSNormalization
 MAX_BATCH = 8  # the default [dims.batch] max of a decoder (engines: at most the target's max_batch)
 # total = past + sequence: example feeds (export, verification) keep the mask as long as the cache plus the tokens.
 DIM_SUMS = {"total": ["past", "sequence"]}
@@ -73,6 +74,8 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
             "past": DimRange(min=0, max=longest - 1), "total": DimRange(max=longest), **config.dims}  # fmt: skip
     update: dict[str, object] = {"inputs": config.inputs or inputs, "dims": dims,
                                  "outputs": config.outputs or ["logits", *present_names(layers)]}  # fmt: skip
+    if "opset" not in config.model_fields_set:
+        update["opset"] = DECODER_OPSET  # RMSNormalization: ONNX Runtime and TensorRT for RTX take it (measured)
     if "precision" not in config.model_fields_set and any(get_target(t).runs("fp16") for t in config.targets):
         update["precision"] = "fp16"  # a decoder's GPU targets default to fp16 (the cpu target keeps fp32)
     return config.model_copy(update=update)
