@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 
 import numpy as np
@@ -27,6 +27,20 @@ class Backend(abc.ABC):
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Run on `feeds` ({input name: array}); raises ValueError naming any input that does not fit its spec."""
         return self._run_impl(check_feeds(feeds, self.inputs, self.limits))
+
+    def run_checked_once(self) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+        """A run for a loop that builds its own feeds (generate): the first call is checked like `run`, the
+        later ones go straight to the backend (their shapes grow from a checked first call)."""
+        checked = False
+
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            nonlocal checked
+            if not checked:
+                checked = True
+                return self.run(feeds)
+            return self._run_impl(feeds)
+
+        return run
 
     @abc.abstractmethod
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
