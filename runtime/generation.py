@@ -93,7 +93,7 @@ class Generator:
                 f" (max_sequence_length {self.layout.max_sequence_length})"
             )
         if num_beams > 1:
-            return self._beam_search(prompt, mask, max_new_tokens, num_beams, eos_token_id, pad_token_id)
+            return self._beam_search(prompt, mask, max_new_tokens, num_beams)
         return self._sample(prompt, mask, max_new_tokens, sampling, eos_token_id, pad_token_id, seed, streamer)
 
     def _sample(self, prompt: np.ndarray, mask: np.ndarray, max_new_tokens: int, sampling: Sampling,
@@ -115,11 +115,11 @@ class Generator:
         _stream_end(streamer)
         return sequences
 
-    def _beam_search(self, prompt: np.ndarray, mask: np.ndarray, max_new_tokens: int, beams: int, eos: list[int],
-                     pad: int) -> np.ndarray:  # fmt: skip
-        """transformers' beam search with its defaults (length_penalty 1.0, early_stopping False), without EOS
-        handling beyond stopping a finished beam's growth: the best beam by summed log-probability per row."""
-        rows, length = prompt.shape
+    def _beam_search(self, prompt: np.ndarray, mask: np.ndarray, max_new_tokens: int, beams: int) -> np.ndarray:
+        """transformers' beam search with its defaults (length_penalty 1.0, early_stopping False) for
+        `max_new_tokens` steps: the best beam by summed log-probability per row. EOS does not end a beam early
+        (transformers' finished-hypothesis bookkeeping is not reproduced yet)."""
+        rows = len(prompt)
         expanded_mask = np.repeat(mask, beams, axis=0)
         positions = np.clip(np.cumsum(expanded_mask, axis=1) - 1, 0, None)
         logits, cache = self.step(np.repeat(prompt, beams, axis=0), expanded_mask, positions,
@@ -142,7 +142,6 @@ class Generator:
             positions = positions[origin][:, -1:] + 1
             logits, cache = self.step(tokens[:, None], expanded_mask, positions, cache)
         best_beam = scores.argmax(-1) + np.arange(rows) * beams
-        del length, eos, pad
         return sequences[best_beam]
 
 

@@ -5,6 +5,7 @@ the logits match within 1e-4."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,12 @@ def test_sampling_is_reproducible_with_a_seed_and_streams(tmp_path: Path) -> Non
                                 seed=7, eos_token_id=[])  # fmt: skip
         with pytest.raises(ValueError, match="leaves room for"):
             model.generate(prompt, max_new_tokens=400)
+        # several threads on one loaded model: each request keeps its own cache
+        alone = [model.generate(prompt[i : i + 1], max_new_tokens=16, eos_token_id=[]) for i in range(2)]
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda i: model.generate(prompt[i % 2 : i % 2 + 1], max_new_tokens=16,
+                                                              eos_token_id=[]), range(8)))  # fmt: skip
+    assert all(np.array_equal(result, alone[i % 2]) for i, result in enumerate(together))
     assert np.array_equal(first, second) and first.shape == (2, 20)
     assert np.array_equal(np.stack(streamed, 1), first[:, 12:])
 
