@@ -32,6 +32,8 @@ from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, 
 @click.option("--calibration", type=click.Path(path_type=Path), help=".npz of inputs (samples on axis 0), or a folder.")
 @click.option("--calibration-samples", type=int, help="Use at most N calibration samples.")
 @click.option("--eval-data", "evaluation", type=click.Path(path_type=Path), help="Held-out .npz for accuracy.")
+@click.option("--max-sequence-length", type=int, help="A decoder's prompt + new tokens, at most ([generation]).")
+@click.option("--max-batch", type=int, help="A decoder's requests per call, at most ([generation]).")
 @click.option("--engine-cache", type=click.Path(path_type=Path), help="Reuse engines built before (a directory).")
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes (LayerNorm, GELU, attention scale).")
 @click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
@@ -54,6 +56,8 @@ def compile_command(
     calibration: Path | None,
     calibration_samples: int | None,
     evaluation: Path | None,
+    max_sequence_length: int | None,
+    max_batch: int | None,
     engine_cache: Path | None,
     no_fuse: bool,
     no_verify: bool,
@@ -82,6 +86,9 @@ def compile_command(
     }
     if engine_cache is not None:
         overrides["build"] = {"engine_cache_dir": str(engine_cache.resolve())}
+    lengths = {"max_sequence_length": max_sequence_length, "max_batch": max_batch}
+    if any(value is not None for value in lengths.values()):
+        overrides["generation"] = {key: value for key, value in lengths.items() if value is not None}
     if source.endswith(".toml"):
         config = CompileConfig.from_toml(source, **overrides)
     else:

@@ -9,6 +9,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tensorsmith.calibration.layers import Override
+from tensorsmith.compiler.settings import BuildConfig, GenerationConfig
 from tensorsmith.compiler.targets import TARGETS, Request, check_precision
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.metrics import Budget
@@ -77,37 +78,6 @@ class DimRange(_Strict):
         return self
 
 
-class BuildConfig(_Strict):
-    """`[build]`: TensorRT builder settings for the engines `compile` builds."""
-
-    builder: Literal["auto", "tensorrt", "tensorrt-rtx"] = Field(
-        "auto", description="auto: tensorrt-rtx where it covers the target, else tensorrt on a matching GPU"
-    )
-    optimization_level: int | None = Field(None, ge=0, le=5, description="TensorRT's builder optimization level")
-    workspace_mb: int | None = Field(None, ge=1, description="workspace memory pool limit")
-    hardware_compatibility: Literal["none", "ampere+", "same-compute-capability"] = "none"
-    detailed_profiling: bool = Field(True, description="keep layer names/precisions for the engine inspector")
-    timing_cache_dir: Path | None = Field(
-        Path("~/.cache/tensorsmith/timing-cache"), description="data-centre TensorRT's timing caches, per target"
-    )
-    engine_cache_dir: Path | None = Field(
-        None, description="reuse engines built before from the same graph and settings (else $TENSORSMITH_ENGINE_CACHE)"
-    )
-
-    @property
-    def workspace_bytes(self) -> int | None:
-        return self.workspace_mb << 20 if self.workspace_mb else None
-
-    def cache_settings(self) -> dict[str, object]:
-        """The settings an engine depends on (the engine cache's key): not where caches live, nor who builds."""
-        return {
-            "optimization_level": self.optimization_level,
-            "workspace_bytes": self.workspace_bytes,
-            "hardware_compatibility": self.hardware_compatibility,
-            "detailed_profiling": self.detailed_profiling,
-        }
-
-
 class CompileConfig(_Strict):
     """What to compile and how. Relative paths are resolved against `base_dir` (the TOML file's folder)."""
 
@@ -155,6 +125,9 @@ class CompileConfig(_Strict):
     )
     targets: list[str] = Field(default_factory=lambda: ["cpu"], description="architectures to compile for")
     build: BuildConfig = Field(default_factory=BuildConfig, description="[build]: TensorRT builder settings")
+    generation: GenerationConfig = Field(
+        default_factory=GenerationConfig, description="[generation]: a decoder's lengths (Hugging Face sources)"
+    )
     verify: bool = Field(True, description="compare the compiled graph with the source on ONNX Runtime")
     tolerance: float = Field(1e-4, gt=0, description="max |difference| / max |reference| allowed by verify")
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
@@ -280,7 +253,7 @@ class CompileConfig(_Strict):
 def _known_keys(location: tuple[int | str, ...]) -> list[str]:
     """The keys allowed where an unknown one was found (`location`: pydantic's path to it)."""
     tables: dict[object, type[BaseModel]] = {"build": BuildConfig, "inputs": InputDecl, "dims": DimRange,
-                                             "overrides": Override}  # fmt: skip
+                                             "overrides": Override, "generation": GenerationConfig}  # fmt: skip
     model = tables.get(location[0], CompileConfig) if len(location) > 1 else CompileConfig
     return [name for name in model.model_fields if name != "base_dir"]
 

@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("calibration",),  # its search quantizes graphs with the passes
     ("compiler.version",),
     ("compiler.targets",),  # the target table
+    ("compiler.settings",),  # [build] and [generation]
     ("compiler.config",),
     ("compiler.frontend",),  # stage: source → fused graph
     ("compiler.variants",),  # stage: variant plan → variants

@@ -67,11 +67,14 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
             for name in past_names(layers)
         ),
     ]
-    # [dims.total] max (prompt and new tokens) bounds the others; by default the config's positions, capped
+    # [generation] max_sequence_length, else [dims.total] max (prompt and new tokens), bounds the other dims; by
+    # default the config's positions, capped
     declared_total = config.dims.get("total")
-    longest = declared_total.max if declared_total and declared_total.max else model.max_sequence
-    dims = {"batch": DimRange(max=MAX_BATCH), "sequence": DimRange(max=longest),
-            "past": DimRange(min=0, max=longest - 1), "total": DimRange(max=longest), **config.dims}  # fmt: skip
+    longest = config.generation.max_sequence_length or (
+        declared_total.max if declared_total and declared_total.max else model.max_sequence)  # fmt: skip
+    batch = config.generation.max_batch or (config.dims["batch"].max if "batch" in config.dims else None)
+    dims = {**config.dims, "batch": DimRange(max=batch or MAX_BATCH), "sequence": DimRange(max=longest),
+            "past": DimRange(min=0, max=longest - 1), "total": DimRange(max=longest)}  # fmt: skip
     update: dict[str, object] = {"inputs": config.inputs or inputs, "dims": dims,
                                  "outputs": config.outputs or ["logits", *present_names(layers)]}  # fmt: skip
     if "opset" not in config.model_fields_set:

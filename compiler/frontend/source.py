@@ -33,6 +33,10 @@ def open_source(config: CompileConfig) -> Source:
         model = read_model_directory(config.resolve(config.source))
         declared = declare_dims(declare_model_inputs(config, model))
         return Source(declared.config, None, model, declared.names, declared.defaults)
+    if config.generation.model_fields_set:
+        raise ConfigError(
+            f"[generation] is for decoders from a Hugging Face directory, not the {config.source_kind} source "
+            f"{config.source}", hint="remove [generation]; set the dims' ranges with [dims.NAME]")  # fmt: skip
     if config.source_kind != "onnx":
         declared = declare_dims(config)
         return Source(declared.config, None, None, declared.names, declared.defaults)

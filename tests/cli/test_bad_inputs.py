@@ -204,6 +204,10 @@ def op_onnxruntime_cannot_run(tmp: Path) -> list[str]:
     return [str(tmp / "custom.onnx")]
 
 
+def generation_for_no_decoder(tmp: Path) -> list[str]:
+    return [str(small_mlp_onnx(tmp / "mlp.onnx")), "--max-sequence-length", "64"]
+
+
 def malformed_budget(tmp: Path) -> list[str]:
     data = calibration(tmp / "c.npz", x=ok_batch())
     return [*quantize(tmp, data)[:-4], "--precision", "auto", "--calibration", str(data), "--budget", "cosine>>1"]
@@ -240,6 +244,7 @@ CASES: dict[str, tuple[Case, str, bool]] = {
     "unknown target": (unknown_target, "sm_99", BEFORE),
     "precision not on target": (precision_not_on_target, "fp8", BEFORE),
     "malformed budget": (malformed_budget, "cosine>>1", BEFORE),
+    "generation for no decoder": (generation_for_no_decoder, "[generation] is for decoders", BEFORE),
 }
 
 

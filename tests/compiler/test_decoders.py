@@ -128,6 +128,25 @@ def test_sampling_is_reproducible_with_a_seed_and_streams(tmp_path: Path) -> Non
     assert np.array_equal(np.stack(streamed, 1), first[:, 12:])
 
 
+def test_generation_lengths_shape_the_profiles_and_bound_requests(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    save_checkpoint("llama", tmp_path / "checkpoint")
+    result = run_cli("compile", tmp_path / "checkpoint", "-o", tmp_path / "out", "--target", "sm_86",
+                     "--max-sequence-length", "64", "--max-batch", "2")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    with load(tmp_path / "out", backend="onnxruntime") as model:
+        assert model.manifest.generation is not None and model.manifest.generation.max_sequence_length == 64
+        engine = model.manifest.targets[0].engine
+        assert engine is not None
+        prefill, decode = (profile["past_key_values.0.key"] for profile in engine.profiles)
+        assert decode["max"] == [2, 2, 63, 16] and prefill["max"] == [2, 2, 0, 16]
+        prompt = np.ones((1, 60), np.int64)
+        with pytest.raises(ValueError, match="leaves room for 4 new tokens"):
+            model.generate(prompt, max_new_tokens=8)
+        assert model.generate(prompt, max_new_tokens=4, eos_token_id=[]).shape == (1, 64)
+
+
 def test_the_generate_command_prints_tokens_and_timings(tmp_path: Path) -> None:
     import json
 
