@@ -168,3 +168,12 @@ def test_tinylm_compiles_and_generates_what_transformers_generates(tmp_path: Pat
     assert np.array_equal(generated, expected)
     printed = run_cli_json("generate", out, "--prompt", "The with statement", "--max-new-tokens", "12")
     assert printed["text"] and printed["text"] == tokenizer.decode(printed["new_tokens"])
+
+    # Perplexity on the held-out text: the fp32 graph's is transformers' own; fp16 loses next to nothing.
+    variants = {variant["name"]: variant["accuracy"] for variant in result["variants"]}
+    ids = tokenizer.encode((sample / "heldout.txt").read_text()).ids
+    windows = torch.tensor([ids[i * 128 : (i + 1) * 128] for i in range(8)])
+    with torch.no_grad():
+        loss = reference(input_ids=windows, labels=windows).loss.item()
+    assert abs(variants["fp32"]["perplexity"] / np.exp(loss) - 1) < 1e-4
+    assert variants["fp16"]["perplexity-ratio"] < 1.01 and variants["fp16"]["next-token-agreement"] > 0.97

@@ -22,6 +22,7 @@ from tensorsmith.compiler.variants.cpu_choice import choose_cpu_variant, tuned
 from tensorsmith.compiler.variants.cpu_dynamic import dynamic_source
 from tensorsmith.compiler.variants.data import split_data
 from tensorsmith.compiler.variants.fp16 import build_fp16_variant
+from tensorsmith.compiler.variants.language import text_evaluation, with_language_metrics
 from tensorsmith.compiler.variants.plan import VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.quantized import Evaluation, build_quantized, search_layers
@@ -81,6 +82,9 @@ def _float_variants(
     plan: VariantPlan, fused: FusedGraph, config: CompileConfig, directory: Path, reporter: Reporter
 ) -> Variants:
     reference = reference_variant(fused)
+    text = text_evaluation(config, fused.inputs)  # a decoder's held-out text, if it has one
+    if text is not None:
+        reference = with_language_metrics(reference, fused.path, directory, text)
     records, by_target = [reference], {}
     for recipe, targets in plan.recipes().items():
         record = reference
@@ -88,6 +92,8 @@ def _float_variants(
             reporter.stage("building the fp16 variant")
             feeds = example_feeds(config, seed=1, size_offset=1)  # the verification inputs
             record = build_fp16_variant(fused.model, fused.path, feeds, directory)
+            if text is not None:
+                record = with_language_metrics(record, fused.path, directory, text)
             records.append(record)
         by_target.update(dict.fromkeys(targets, record))
     return Variants(records, by_target)
