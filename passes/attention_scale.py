@@ -1,8 +1,10 @@
 """Fold attention's 1/√d scale into the Q projection's weights, anchored on Softmax.
 
-    x ──► MatMul(x, W) [──► Add(b)] ──► Reshape/Transpose… ──► q ──┐
-                                                      kᵀ ─────────┴─► MatMul ──► Div(√d) | Mul(1/√d)
-                                                                      [──► Add(mask)] ──► Softmax
+    x ──► MatMul(x, W) [──► Add(b)] ──► Reshape/Transpose…/RotaryEmbedding ──► q ──┐
+                                                      kᵀ ─────────────────────────┴─► MatMul ──► Div(√d) | Mul(1/√d)
+                                                      [──► Add(mask) | Where(mask, ·, fill)] ──► Softmax
+
+torch's SDPA decomposition splits the scale over both sides, MatMul(Mul(q, d^-¼), Mul(kᵀ, d^-¼)); both fold too.
 
 becomes MatMul(x, W/√d) [──► Add(b/√d)] … ──► MatMul ──► [Add(mask)] ──► Softmax: one elementwise op over the
 [batch, heads, seq, seq] scores tensor less per layer, and the same numbers up to rounding. The Q side must be a
@@ -18,6 +20,8 @@ from tensorsmith.passes.fusion import Rewrite, Rule
 from tensorsmith.passes.matching import Miss, Walk, constant_value, scalar
 
 SHAPE_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten")
+# Linear in their first input, position by position: a scale passes through them exactly (up to rounding).
+LINEAR_OPS = ("RotaryEmbedding",)
 
 
 def _check_single_use(graph: gs.Graph, tensor: gs.Tensor, what: str) -> None:
@@ -35,12 +39,12 @@ def _projection(graph: gs.Graph, tensor: gs.Tensor, what: str) -> list[tuple[gs.
     index) pairs of the constants that scale the projection: W, and b if there is a bias."""
     current = tensor
     node: gs.Node | None = None
-    while node is None or node.op in SHAPE_OPS:
+    while node is None or node.op in SHAPE_OPS + LINEAR_OPS:
         _check_single_use(graph, current, what)
         if not current.inputs:
             raise Miss(f"{what}: reached a graph input before a projection")
         node = current.inputs[0]
-        if node.op in SHAPE_OPS:
+        if node.op in SHAPE_OPS + LINEAR_OPS:
             current = node.inputs[0]
     constants: list[tuple[gs.Node, int]] = []
     if node.op == "Add":
@@ -82,12 +86,46 @@ def _scaled_product(walk: Walk, scores: gs.Tensor) -> tuple[gs.Node, gs.Node, fl
     return scale_node, matmul, 1.0 / number if scale_node.op == "Div" else number
 
 
+def _split_scale(walk: Walk, scores: gs.Tensor) -> Rewrite:
+    """torch's SDPA decomposition scales both sides by √c: MatMul(Mul(q, √c), Mul(kᵀ, √c)). Fold c into one
+    projection and read q and kᵀ unscaled."""
+    matmul = walk.producer(scores, "MatMul", "Q·Kᵀ")
+    scaled = []
+    for side, what in ((0, "Q"), (1, "K")):
+        multiply = walk.producer(matmul.inputs[side], "Mul", f"{what} scale")
+        tensor, value = walk.split_constant(multiply, f"{what} scale")
+        _check_single_use(walk.graph, matmul.inputs[side], f"{what} scale")
+        scaled.append((multiply, tensor, scalar(value, f"{what} scale")))
+    factor = scaled[0][2] * scaled[1][2]
+    reasons = []
+    for what, (_, tensor, _) in zip(("Q", "K"), scaled, strict=True):
+        try:
+            constants = _projection(walk.graph, tensor, what)
+        except Miss as miss:
+            reasons.append(str(miss))
+            continue
+
+        def fold(constants: list[tuple[gs.Node, int]] = constants) -> None:
+            _scale_constants(constants, factor)
+            matmul.inputs[0], matmul.inputs[1] = scaled[0][1], scaled[1][1]  # cleanup() drops both Muls
+
+        return fold
+    raise Miss("; ".join(reasons))
+
+
 def match_attention_scale(walk: Walk) -> Rewrite:
     softmax = walk.anchor
     scores = softmax.inputs[0]
-    # The scale comes before Softmax, or before the Add of an additive mask: try each side of that Add.
+    # The scale comes before Softmax, or before the mask: an additive one (try each side of the Add), or one
+    # applied with Where(condition, scores, fill) as transformers 5 does (try the two value inputs).
     mask_add = walk.maybe_producer(scores, "Add")
-    candidates = list(mask_add.inputs) if mask_add is not None else [scores]
+    mask_where = walk.maybe_producer(scores, "Where") if mask_add is None else None
+    if mask_add is not None:
+        candidates = list(mask_add.inputs)
+    elif mask_where is not None:
+        candidates = list(mask_where.inputs[1:])
+    else:
+        candidates = [scores]
     reasons = []
     for candidate in candidates:
         trial = Walk(softmax, walk.graph)
@@ -96,11 +134,19 @@ def match_attention_scale(walk: Walk) -> Rewrite:
             scale_node, matmul, factor = _scaled_product(trial, candidate)
         except Miss as miss:
             reasons.append(str(miss))
-            continue
+            split = Walk(softmax, walk.graph)
+            split.nodes = list(walk.nodes)
+            try:
+                fold = _split_scale(split, candidate)
+            except Miss as split_miss:
+                reasons.append(f"or the scale split over Q and K: {split_miss}")
+                continue
+            walk.nodes = split.nodes
+            return fold
         walk.nodes = trial.nodes
         break
     else:
-        raise Miss(reasons[-1])
+        raise Miss(reasons[-2] if len(reasons) > 1 and "split" in reasons[-1] else reasons[-1])
 
     reasons = []
     for side, what in ((0, "Q"), (1, "K")):

@@ -1,6 +1,7 @@
 """Attention-scale folding on a hand-built attention block."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -79,3 +80,38 @@ def test_a_softmax_that_is_not_attention_is_a_miss() -> None:
     fused, (report,) = apply(model, [Fuse([ATTENTION_SCALE])])
     assert report.counts["attention_scale.missed"] == 1
     assert ops(fused) == ops(model)
+
+
+def test_the_scale_split_over_q_and_k_by_torchs_sdpa_folds(tmp_path: Path) -> None:
+    """torch's scaled_dot_product_attention (TorchScript export): d^-¼ on q and on kᵀ, a Where-built mask added
+    before Softmax; both scales fold into the Q projection."""
+    import torch
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.q, self.k, self.v = (torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(3))
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            def heads(t: torch.Tensor) -> torch.Tensor:
+                return t.view(x.shape[0], x.shape[1], HEADS, HEAD).transpose(1, 2)
+
+            keep = mask[:, None, None, :].bool()
+            return torch.nn.functional.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(x)),
+                                                                    heads(self.v(x)), attn_mask=keep)  # fmt: skip
+
+    x = torch.randn(2, SEQUENCE, HIDDEN)
+    mask = torch.ones(2, SEQUENCE, dtype=torch.int64)
+    mask[1, -2:] = 0
+    path = tmp_path / "sdpa.onnx"
+    torch.onnx.export(Attention().eval(), (x, mask), str(path), dynamo=False, opset_version=17,
+                      input_names=["x", "mask"])  # fmt: skip
+    source = onnx.load(str(path))
+    from tensorsmith.passes import Canonicalize
+
+    canonical, _ = Canonicalize(opset=20)(source)
+    fused, reports = apply(canonical, [Fuse((ATTENTION_SCALE,))])
+    assert reports[0].counts["attention_scale.matched"] == 1, reports[0].details
+    assert ops(fused)["Mul"] < ops(canonical)["Mul"]
+    assert_same_outputs(source, fused, {"x": x.numpy(), "mask": mask.numpy()})
