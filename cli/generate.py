@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 import numpy as np
+from rich.markup import escape
 
 from tensorsmith.cli.output import emit_json, handle_errors, stdout
 from tensorsmith.runtime.errors import TensorsmithError
@@ -84,6 +85,10 @@ def generate_command(
                    "backend": backend_name, "prefill_ms": round(prefill_ms, 3),
                    "decode_tokens_per_second": round(decode_rate, 1)})  # fmt: skip
         return
-    stdout.print(text if text is not None else " ".join(map(str, new_tokens)))
+    continuation = text if text is not None else " ".join(map(str, new_tokens))
+    if prompt is not None:  # the prompt in bold, then what the model wrote (escaped: text may hold [brackets])
+        stdout.print(f"[bold]{escape(prompt)}[/]{escape(continuation)}")
+    else:
+        stdout.print(continuation, markup=False)
     if stamps:  # beam search reports its sequences at the end only
         stdout.print(f"[dim]{backend_name}: prefill {prefill_ms:.1f} ms, decode {decode_rate:.1f} tokens/s[/]")
