@@ -76,24 +76,39 @@ def _affine(value: np.ndarray, normalized: tuple[int, ...], rank: int | None, wh
         raise Miss(f"{what} of shape {list(value.shape)} does not broadcast to {list(normalized)}") from err
 
 
-def match_layernorm(walk: Walk) -> Rewrite:
-    sqrt = walk.anchor
-    add_epsilon = walk.producer(sqrt.inputs[0], "Add", "variance + epsilon")
-    variance, epsilon_value = walk.split_constant(add_epsilon, "epsilon")
+def mean_of_squares(walk: Walk, mean: str, square: str) -> tuple[float, list[int], gs.Tensor]:
+    """From the anchor Sqrt back through Add(eps) and the ReduceMean to Pow(t, 2) | Mul(t, t): (epsilon, the
+    reduction's axes, t). LayerNorm's t is the deviation, RMSNorm's x itself; `mean` and `square` name the
+    steps in misses."""
+    add_epsilon = walk.producer(walk.anchor.inputs[0], "Add", f"{mean} + epsilon")
+    mean_tensor, epsilon_value = walk.split_constant(add_epsilon, "epsilon")
     epsilon = scalar(epsilon_value, "epsilon")
     if not 0 < epsilon <= MAX_EPSILON:
         raise Miss(f"epsilon {epsilon:g} is not in (0, {MAX_EPSILON:g}]")
-    variance_mean, variance_axes = _reduction(walk, variance, "variance")
-
-    square = walk.producer(variance_mean.inputs[0], ("Pow", "Mul"), "squared deviation")
-    deviation = square.inputs[0]
-    if square.op == "Pow":
-        exponent = constant_value(square.inputs[1])
+    mean_node, axes = _reduction(walk, mean_tensor, mean)
+    squaring = walk.producer(mean_node.inputs[0], ("Pow", "Mul"), square)
+    squared = squaring.inputs[0]
+    if squaring.op == "Pow":
+        exponent = constant_value(squaring.inputs[1])
         if exponent is None:
-            raise Miss("squared deviation: Pow has a computed exponent")
+            raise Miss(f"{square}: Pow has a computed exponent")
         expect_close(exponent, 2.0, "exponent", rtol=0)
-    elif square.inputs[1] is not deviation:
-        raise Miss("squared deviation: Mul of two different tensors")
+    elif squaring.inputs[1] is not squared:
+        raise Miss(f"{square}: Mul of two different tensors")
+    return epsilon, axes, squared
+
+
+def static_normalized_shape(x: gs.Tensor, count: int) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape of `x`'s last `count` dims (Miss unless static), and its dtype (fp32 when unknown)."""
+    shape = x.shape[-count:] if x.shape is not None else None
+    if shape is None or not all(isinstance(size, int) for size in shape):
+        raise Miss(f"the normalized dims {shape} are not static")
+    return tuple(int(size) for size in shape), np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
+
+
+def match_layernorm(walk: Walk) -> Rewrite:
+    sqrt = walk.anchor
+    epsilon, variance_axes, deviation = mean_of_squares(walk, "variance", "squared deviation")
 
     subtract = walk.producer(deviation, "Sub", "deviation")
     x, mean = subtract.inputs
@@ -133,11 +148,7 @@ def match_layernorm(walk: Walk) -> Rewrite:
         add_beta, beta = shifted
         output = add_beta.outputs[0]
 
-    shape = x.shape[-count:] if x.shape is not None else None
-    if shape is None or not all(isinstance(size, int) for size in shape):
-        raise Miss(f"the normalized dims {shape} are not static")
-    normalized_shape = tuple(int(size) for size in shape)
-    dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
+    normalized_shape, dtype = static_normalized_shape(x, count)
     name = output.name
     scale = _affine(gamma, normalized_shape, rank, "γ") if gamma is not None else np.ones(normalized_shape)
     bias = _affine(beta, normalized_shape, rank, "β") if beta is not None else np.zeros(normalized_shape)

@@ -16,27 +16,13 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from tensorsmith.passes.fusion import PREVIOUS, NodeSpec, Rewrite, Rule, replace
-from tensorsmith.passes.layernorm import MAX_EPSILON, _affine, _reduction, _trailing_count
-from tensorsmith.passes.matching import Miss, Walk, constant_value, expect_close, scalar
+from tensorsmith.passes.layernorm import _affine, _trailing_count, mean_of_squares, static_normalized_shape
+from tensorsmith.passes.matching import Miss, Walk, constant_value, expect_close
 
 
 def match_rmsnorm(walk: Walk) -> Rewrite:
     sqrt = walk.anchor
-    add_epsilon = walk.producer(sqrt.inputs[0], "Add", "mean square + epsilon")
-    mean_square, epsilon_value = walk.split_constant(add_epsilon, "epsilon")
-    epsilon = scalar(epsilon_value, "epsilon")
-    if not 0 < epsilon <= MAX_EPSILON:
-        raise Miss(f"epsilon {epsilon:g} is not in (0, {MAX_EPSILON:g}]")
-    mean, axes = _reduction(walk, mean_square, "mean square")
-    square = walk.producer(mean.inputs[0], ("Pow", "Mul"), "square")
-    x = square.inputs[0]
-    if square.op == "Pow":
-        exponent = constant_value(square.inputs[1])
-        if exponent is None:
-            raise Miss("square: Pow has a computed exponent")
-        expect_close(exponent, 2.0, "exponent", rtol=0)
-    elif square.inputs[1] is not x:
-        raise Miss("square: Mul of two different tensors")
+    epsilon, axes, x = mean_of_squares(walk, "mean square", "square")
     if walk.maybe_producer(x, "Sub") is not None:
         raise Miss("the squared tensor is a difference: a LayerNorm's deviation, not an RMSNorm")
     rank = len(x.shape) if x.shape is not None else None
@@ -66,11 +52,7 @@ def match_rmsnorm(walk: Walk) -> Rewrite:
         multiply_gamma, gamma = scaled
         output = multiply_gamma.outputs[0]
 
-    shape = x.shape[-count:] if x.shape is not None else None
-    if shape is None or not all(isinstance(size, int) for size in shape):
-        raise Miss(f"the normalized dims {shape} are not static")
-    normalized_shape = tuple(int(size) for size in shape)
-    dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
+    normalized_shape, dtype = static_normalized_shape(x, count)
     scale = _affine(gamma, normalized_shape, rank, "γ") if gamma is not None else np.ones(normalized_shape)
     inputs = [x, gs.Constant(f"{output.name}/scale", scale.astype(dtype))]
     specs = [NodeSpec("RMSNormalization", list(inputs), {"axis": -count, "epsilon": epsilon}, dtype=dtype)]
