@@ -19,7 +19,8 @@ from tensorsmith.calibration.statistics import TensorStatistics
 from tensorsmith.core.errors import CalibrationError
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.progress import LogReporter, Reporter
-from tensorsmith.core.sessions import QUIET_SEVERITY, onnxruntime_reason
+from tensorsmith.core.sessions import QUIET_SEVERITY
+from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 logger = logging.getLogger(__name__)
 

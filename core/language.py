@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    scores = logits.astype(np.float64)
-    shifted = scores - scores.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+from tensorsmith.runtime.generation import log_softmax
 
 
 def mean_negative_log_likelihood(tokens: np.ndarray, logits: np.ndarray) -> float:
     """Of each next token (tokens[:, 1:]) under the logits before it (logits[:, :-1]); [rows, length(, vocab)]."""
-    predicted = _log_softmax(logits[:, :-1])
+    predicted = log_softmax(logits[:, :-1])
     return float(-np.take_along_axis(predicted, tokens[:, 1:, None], axis=-1).mean())
 
 

@@ -6,7 +6,6 @@ user's business); onnxruntime is imported inside the functions, so importing thi
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from pathlib import Path
@@ -15,20 +14,12 @@ from typing import Any
 import numpy as np
 
 from tensorsmith.core.errors import ExportError
+from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 # ONNX Runtime's log severities run 0 verbose … 3 error, 4 fatal. The compiler's sessions log fatal only: an
 # error comes back as an exception too, which the compiler words as one line (its log line would repeat it raw).
 QUIET_SEVERITY = 4
 LATENCY_RUNS = 7
-# ONNX Runtime's status prefix, and the path it names when a load fails (the caller names the model its own way)
-_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*(Load model from .* failed:)?\s*")
-
-
-def onnxruntime_reason(err: BaseException) -> str:
-    """ONNX Runtime's error as one line, without its `[ONNXRuntimeError] : 10 : INVALID_GRAPH :` prefix (the
-    rest names the node or input)."""
-    text = str(err).strip()
-    return _STATUS_PREFIX.sub("", text.splitlines()[0]) if text else type(err).__name__
 
 
 def quiet_onnxruntime() -> Any:

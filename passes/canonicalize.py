@@ -20,6 +20,7 @@ import onnx_graphsurgeon as gs
 from onnx import version_converter
 
 from tensorsmith.core.errors import PassError
+from tensorsmith.core.ir import SUBGRAPH_ATTRIBUTES
 from tensorsmith.passes.base import PassReport
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,7 @@ def upgrade_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 
 
 def _has_subgraphs(model: onnx.ModelProto) -> bool:
-    graph_attributes = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-    return any(attribute.type in graph_attributes for node in model.graph.node for attribute in node.attribute)
+    return any(attribute.type in SUBGRAPH_ATTRIBUTES for node in model.graph.node for attribute in node.attribute)
 
 
 @dataclass

@@ -50,7 +50,7 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(-1, keepdims=True)
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
+def log_softmax(logits: np.ndarray) -> np.ndarray:
     scores = logits.astype(np.float64)
     shifted = scores - scores.max(-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
@@ -129,7 +129,7 @@ class Generator:
         sequences = np.repeat(prompt, beams, axis=0)
         for step in range(max_new_tokens):
             vocabulary = logits.shape[-1]
-            candidates = (scores.reshape(-1, 1) + _log_softmax(logits)).reshape(rows, beams * vocabulary)
+            candidates = (scores.reshape(-1, 1) + log_softmax(logits)).reshape(rows, beams * vocabulary)
             best = np.argsort(-candidates, axis=-1, kind="stable")[:, :beams]
             scores = np.take_along_axis(candidates, best, -1)
             origin = (best // vocabulary + np.arange(rows)[:, None] * beams).reshape(-1)

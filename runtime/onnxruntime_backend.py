@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,7 +54,7 @@ class OnnxRuntimeBackend(Backend):
             )
         except Exception as err:  # onnxruntime raises its own untyped exceptions (Fail, InvalidGraph, ...)
             raise RuntimeLoadError(
-                f"ONNX Runtime could not load {model_path}: {_one_line(err)}",
+                f"ONNX Runtime could not load {model_path}: {onnxruntime_reason(err)}",
                 hint="check the file with `tensorsmith inspect`; recompile the artifact if it is damaged",
             ) from err
         # ONNX Runtime quietly drops a provider that fails to initialise; report the one actually in use.
@@ -69,11 +70,16 @@ class OnnxRuntimeBackend(Backend):
         try:
             values = self._session.run(self._output_names, feeds)
         except Exception as err:  # onnxruntime's own untyped errors (a kernel failing on these values)
-            raise InferenceError(f"ONNX Runtime failed running {self.name}: {_one_line(err)}") from err
+            raise InferenceError(f"ONNX Runtime failed running {self.name}: {onnxruntime_reason(err)}") from err
         return dict(zip(self._output_names, values, strict=True))
 
 
-def _one_line(err: BaseException) -> str:
-    """ONNX Runtime's message without its status prefix, first line only (the node or input it names is there)."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return text.split(" : ", 3)[-1] if text.startswith("[ONNXRuntimeError]") else text
+# ONNX Runtime's status prefix, and the path it names when a load fails (the caller names the model its own way)
+_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*(Load model from .* failed:)?\s*")
+
+
+def onnxruntime_reason(err: BaseException) -> str:
+    """ONNX Runtime's error as one line, without its `[ONNXRuntimeError] : 10 : INVALID_GRAPH :` prefix (the
+    rest names the node or input)."""
+    text = str(err).strip()
+    return _STATUS_PREFIX.sub("", text.splitlines()[0]) if text else type(err).__name__
