@@ -55,9 +55,8 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     with staged_artifact(out) as staging:
         fused = fused_graph(source, staging, timed)
         variants = build_variants(plan, fused, config, staging, timed)
-        decoder = source.huggingface is not None and source.huggingface.is_decoder
         targets = build_engines(config.build, config.targets, variants.by_target, fused.inputs, config.dims,
-                                staging, timed, decoder)  # fmt: skip
+                                staging, timed, source.is_decoder)  # fmt: skip
         tokenizer = copy_tokenizer(source.huggingface, staging) if source.huggingface else []
         manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer)
         write_manifest(staging, manifest)

@@ -20,8 +20,6 @@ from typing import Any, TypeVar
 
 from tensorsmith.core.errors import BuildError
 
-logger = logging.getLogger(__name__)
-
 Result = TypeVar("Result")
 CHILD = "tensorsmith.compiler.engines.child"  # its own module: `-m` of a module the package imports warns
 

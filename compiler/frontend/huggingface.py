@@ -95,11 +95,6 @@ def declare_model_inputs(config: CompileConfig, model: HuggingFaceModel) -> Comp
     """The inputs, output name and dims ranges the task implies, where the config does not give its own."""
     if model.is_decoder:
         return declare_decoder(config, model).model_copy(update={"dim_sums": config.dim_sums or DIM_SUMS})
-    if config.generation.model_fields_set:
-        raise ConfigError(
-            f"[generation] is for decoders; {model.directory} is a {model.architecture}",
-            hint="remove [generation], or compile a *ForCausalLM checkpoint",
-        )
     update: dict[str, object] = {}
     if not config.inputs:
         vocabulary = int(model.config.get("vocab_size") or 2)

@@ -25,18 +25,22 @@ class Source:
     dim_names: dict[str, str] = field(default_factory=dict)  # identifier → the dim as the source wrote it
     default_dims: list[str] = field(default_factory=list)  # dynamic dims left to the default range
 
+    @property
+    def is_decoder(self) -> bool:
+        return self.huggingface is not None and self.huggingface.is_decoder
+
 
 def open_source(config: CompileConfig) -> Source:
     """Declare the inputs and name their dims; load an ONNX source and set them on its graph. PyTorch sources
     are exported later, by the export stage."""
-    if config.source_kind == "huggingface":
-        model = read_model_directory(config.resolve(config.source))
-        declared = declare_dims(declare_model_inputs(config, model))
-        return Source(declared.config, None, model, declared.names, declared.defaults)
-    if config.generation.model_fields_set:
-        raise ConfigError(
-            f"[generation] is for decoders from a Hugging Face directory, not the {config.source_kind} source "
-            f"{config.source}", hint="remove [generation]; set the dims' ranges with [dims.NAME]")  # fmt: skip
+    directory = read_model_directory(config.resolve(config.source)) if config.source_kind == "huggingface" else None
+    if config.generation.model_fields_set and not (directory and directory.is_decoder):
+        what = f"a {directory.architecture}" if directory else f"a {config.source_kind} source"
+        raise ConfigError(f"[generation] is for decoders (a *ForCausalLM checkpoint directory); {config.source} is "
+                          f"{what}", hint="remove [generation]; set the dims' ranges with [dims.NAME]")  # fmt: skip
+    if directory is not None:
+        declared = declare_dims(declare_model_inputs(config, directory))
+        return Source(declared.config, None, directory, declared.names, declared.defaults)
     if config.source_kind != "onnx":
         declared = declare_dims(config)
         return Source(declared.config, None, None, declared.names, declared.defaults)
