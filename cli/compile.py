@@ -26,7 +26,11 @@ from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, 
     type=click.Choice(["fp32", "fp16", "int8", "fp8", "auto"]),
     help="int8/fp8: quantize every layer the policy allows; auto: choose per layer and target within --budget.",
 )
-@click.option("--budget", help="For --precision auto, e.g. 'cosine>=0.995' (cosine, min-cosine, max-abs, sqnr-db).")
+@click.option(
+    "--budget",
+    help="For --precision auto, e.g. 'cosine>=0.995' (cosine, min-cosine, max-abs, sqnr-db; for decoders also "
+    "perplexity-ratio, next-token-agreement, perplexity).",
+)
 @click.option("--calibrator", type=click.Choice(["entropy", "percentile", "minmax"]), help="Default: entropy.")
 @click.option("--percentile", type=float, help="For --calibrator percentile (default 99.99).")
 @click.option("--calibration", type=click.Path(path_type=Path), help=".npz of inputs (samples on axis 0), or a folder.")
@@ -112,7 +116,7 @@ def compile_command(
         _exit_if_unmet(result.unmet_budgets, result.out, failed)
         return
     stdout.print(f"[bold green]compiled[/] {config.source} → {result.out} in {result.seconds:.1f} s")
-    stdout.print(f"  exporter: {manifest.source.exporter}, opset {manifest.source.opset} → {config.opset}")
+    stdout.print(f"  exporter: {manifest.source.exporter}, opset {manifest.source.opset} → {result.opset}")
     for record in manifest.passes:
         stdout.print(f"  pass {record.name}: {record.counts} ({record.seconds:.2f} s)")
     for variant in manifest.variants:

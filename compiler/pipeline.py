@@ -22,7 +22,9 @@ from tensorsmith.compiler.report.collect import write_report
 from tensorsmith.compiler.variants.data import check_data
 from tensorsmith.compiler.variants.plan import plan_variants
 from tensorsmith.compiler.variants.stage import Variants, build_variants
+from tensorsmith.compiler.variants.text_data import check_text_data
 from tensorsmith.compiler.version import __version__
+from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.progress import LogReporter, Reporter, TimedReporter
 from tensorsmith.core.sessions import quiet_onnxruntime
 from tensorsmith.runtime.manifest import FileRecord, Manifest, PassRecord, StepRecord, TargetRecord
@@ -33,6 +35,7 @@ class CompileResult:
     out: Path
     manifest: Manifest
     seconds: float
+    opset: int  # of the compiled graph (a decoder's default differs from the CLI's)
     unmet_budgets: list[str]  # with --precision auto: recipes whose variant misses the budget (written anyway)
 
     @property
@@ -49,8 +52,15 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     quiet_onnxruntime()  # also for the sessions libraries open for us (onnx-graphsurgeon's constant folding)
     source = open_source(config)  # an ONNX file's inputs are declared here, once
     config = source.config
-    if config.precision not in ("fp32", "fp16") and config.inputs:
-        check_data(config)  # before the export: a wrong array name fails in a second
+    # before the export: a wrong array name, a missing tokenizer or a budget the model cannot measure fails at once
+    if source.is_decoder:
+        check_text_data(config)
+    elif config.precision not in ("fp32", "fp16") and config.inputs:
+        check_data(config)
+    budget = config.accuracy_budget()
+    if budget is not None and budget.is_language and not source.is_decoder:
+        raise ConfigError(f"budget {budget} is a language-model metric, and {config.source} is no text-generation "
+                          "model", hint="use cosine, min-cosine, max-abs or sqnr-db")  # fmt: skip
     plan = plan_variants(config)
     with staged_artifact(out) as staging:
         fused = fused_graph(source, staging, timed)
@@ -62,7 +72,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         write_manifest(staging, manifest)
         timed.stage(f"writing the report and {out}")
         write_report(staging, out.resolve().name)
-    return CompileResult(out, manifest, round(time.perf_counter() - started, 3), variants.unmet)
+    return CompileResult(out, manifest, round(time.perf_counter() - started, 3), config.opset, variants.unmet)
 
 
 def _manifest(

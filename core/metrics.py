@@ -2,7 +2,9 @@
 
 Metrics compare every output and report the worst one: `cosine` (mean per-sample cosine), `min-cosine`
 (the worst sample's), `max-abs` (largest absolute difference), `sqnr-db` (signal-to-quantization-noise ratio),
-or a user function `pkg.module:function(reference, outputs) -> float` over the lists of output arrays.
+or a user function `pkg.module:function(reference, outputs) -> float` over the lists of output arrays. A
+decoder's budgets may also be language-model metrics of its first output (the logits) on token windows:
+`perplexity-ratio` (variant over fp32), `next-token-agreement`, `perplexity` (core/language.py).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.language import language_model_metrics
 
 Outputs = Sequence[np.ndarray]
 
@@ -75,6 +78,7 @@ METRICS: dict[str, tuple[Metric, bool]] = {  # name → (function, higher is bet
     "max-abs": (_max_abs, False),
     "sqnr-db": (_sqnr_db, True),
 }
+LANGUAGE_METRICS = {"perplexity-ratio": False, "next-token-agreement": True, "perplexity": False}  # higher better?
 
 
 def accuracy(reference: Outputs, actual: Outputs) -> dict[str, float]:
@@ -104,8 +108,9 @@ class Budget:
     metric: str
     comparison: str
     value: float
-    function: Metric
+    function: Metric | None  # None for a language-model metric, measured on `tokens`
     higher_is_better: bool
+    tokens: np.ndarray | None = None  # [rows, length]: the windows a language-model metric is measured on
 
     @classmethod
     def parse(cls, text: str) -> Budget:
@@ -116,14 +121,20 @@ class Budget:
                 hint=f"e.g. --budget 'cosine>=0.995'; metrics: {', '.join(METRICS)} or pkg.module:function",
             )
         name, comparison, value = terms
+        function: Metric | None
         if name in METRICS:
             function, higher = METRICS[name]
+        elif name in LANGUAGE_METRICS:
+            function, higher = None, LANGUAGE_METRICS[name]
         elif ":" in name:
             from tensorsmith.core.importing import import_factory
 
             function, higher = import_factory(name), comparison == ">="
         else:
-            raise ConfigError(f"unknown metric {name!r} in budget {text!r}", hint=f"metrics: {', '.join(METRICS)}")
+            raise ConfigError(
+                f"unknown metric {name!r} in budget {text!r}",
+                hint=f"metrics: {', '.join([*METRICS, *LANGUAGE_METRICS])}",
+            )
         if (comparison == ">=") != higher:
             raise ConfigError(
                 f"budget {text!r} asks {name} to be {'at most' if comparison == '<=' else 'at least'} a value, "
@@ -132,8 +143,24 @@ class Budget:
             )
         return cls(name, comparison, value, function, higher)
 
+    @property
+    def is_language(self) -> bool:
+        return self.function is None
+
+    def on_tokens(self, tokens: np.ndarray) -> Budget:
+        """This budget measured on `tokens` (the rows of the feeds its outputs come from, in order)."""
+        return replace(self, tokens=tokens)
+
     def measure(self, reference: Outputs, actual: Outputs) -> float:
-        return float(self.function(reference, actual))
+        if self.function is not None:
+            return float(self.function(reference, actual))
+        if self.tokens is None:
+            raise ConfigError(
+                f"budget {self} is a language-model metric, measured on a decoder's text only",
+                hint="use it with a text-generation source and --calibration/--eval-data text",
+            )
+        rows = len(actual[0])  # a search measures the first rows of the evaluation feeds
+        return language_model_metrics(self.tokens[:rows], reference[0][:rows], actual[0])[self.metric]
 
     def met(self, measured: float) -> bool:
         compare = operator.ge if self.comparison == ">=" else operator.le

@@ -42,6 +42,11 @@ class Backend(abc.ABC):
 
         return run
 
+    def reserve(self, nbytes: dict[str, int]) -> None:  # noqa: B027 - a no-op unless the backend keeps buffers
+        """Size the buffers of the named tensors for a whole request (generate: the cache at its longest), so
+        that no step allocates. ONNX Runtime's CPU sessions allocate from their arena; binding preallocated
+        outputs there was measured slower at every cache size (docs/benchmarks.md), so this is a no-op."""
+
     @abc.abstractmethod
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 

@@ -59,10 +59,23 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 class Generator:
     """One request's state: the KV cache, mask and positions of every row, advanced one step at a time."""
 
-    def __init__(self, run: Run, layout: GenerationRecord, cache_dtype: str) -> None:
+    def __init__(
+        self, run: Run, layout: GenerationRecord, cache_dtype: str, reserve: Callable[[dict[str, int]], None]
+    ) -> None:
         self._run = run
+        self._reserve = reserve  # the backend's: its buffers sized once per request
         self.layout = layout
         self.cache_dtype = np.dtype(cache_dtype)
+
+    def _reserve_request(self, rows: int, longest: int) -> None:
+        """The cache, mask and presents at their longest for this request: a backend that keeps device buffers
+        (TensorRT) allocates them once, not as they grow by a token per step."""
+        cache = rows * self.layout.kv_heads * longest * self.layout.head_dim * self.cache_dtype.itemsize
+        nbytes = {"attention_mask": rows * longest * 8}
+        for i in range(self.layout.layers):
+            for kind in ("key", "value"):
+                nbytes[f"past_key_values.{i}.{kind}"] = nbytes[f"present.{i}.{kind}"] = cache
+        self._reserve(nbytes)
 
     def _empty_cache(self, rows: int) -> dict[str, np.ndarray]:
         shape = (rows, self.layout.kv_heads, 0, self.layout.head_dim)
@@ -99,6 +112,7 @@ class Generator:
     def _sample(self, prompt: np.ndarray, mask: np.ndarray, max_new_tokens: int, sampling: Sampling,
                 eos: list[int], pad: int, seed: int | None, streamer: Any) -> np.ndarray:  # fmt: skip
         rng = np.random.default_rng(seed)
+        self._reserve_request(len(prompt), prompt.shape[1] + max_new_tokens)
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
         logits, cache = self.step(prompt, mask, positions, self._empty_cache(len(prompt)))
         sequences, unfinished = prompt, np.ones(len(prompt), dtype=bool)
@@ -120,6 +134,7 @@ class Generator:
         `max_new_tokens` steps: the best beam by summed log-probability per row. EOS does not end a beam early
         (transformers' finished-hypothesis bookkeeping is not reproduced yet)."""
         rows = len(prompt)
+        self._reserve_request(rows * beams, prompt.shape[1] + max_new_tokens)
         expanded_mask = np.repeat(mask, beams, axis=0)
         positions = np.clip(np.cumsum(expanded_mask, axis=1) - 1, 0, None)
         logits, cache = self.step(np.repeat(prompt, beams, axis=0), expanded_mask, positions,

@@ -100,7 +100,7 @@ class Model:
             if layout.pad_token_id is not None
             else (eos or [0])[0]
         )
-        return Generator(self._backend.run_checked_once(), layout, past.dtype).generate(
+        return Generator(self._backend.run_checked_once(), layout, past.dtype, self._backend.reserve).generate(
             input_ids, attention_mask, max_new_tokens, Sampling(do_sample, temperature, top_k, top_p), num_beams,
             list(eos), pad, seed, streamer,
         )  # fmt: skip

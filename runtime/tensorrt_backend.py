@@ -69,13 +69,22 @@ class TensorRTBackend(Backend):
         self._contexts: dict[int, Any] = {}
 
     def _buffer(self, name: str, nbytes: int) -> int:
+        """The device buffer of `name`, at least `nbytes`; grown by doubling, so a tensor that grows one token per
+        call (a cache without `reserve`) reallocates a handful of times, not every call."""
         pointer, size = self._buffers.get(name, (0, 0))
         if size < nbytes:
             if pointer:
                 _check(self._cudart.cudaFree(pointer), "cudaFree")
-            pointer = _check(self._cudart.cudaMalloc(max(nbytes, 1)), "cudaMalloc")
-            self._buffers[name] = (pointer, nbytes)
+            size = max(nbytes, 2 * size, 1)
+            pointer = _check(self._cudart.cudaMalloc(size), "cudaMalloc")
+            self._buffers[name] = (pointer, size)
         return pointer
+
+    def reserve(self, nbytes: dict[str, int]) -> None:
+        """Device buffers for a whole request (a decoder's cache at its longest), made before its first step."""
+        with self._lock:
+            for name, size in nbytes.items():
+                self._buffer(name, size)
 
     def _profile_bounds(self, name: str, index: int) -> tuple[tuple[int, ...], ...]:
         """(min, opt, max) of input `name` in optimization profile `index`."""

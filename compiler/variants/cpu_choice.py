@@ -15,10 +15,10 @@ import onnx
 from tensorsmith.calibration.layers import Layer
 from tensorsmith.compiler.variants.cpu_dynamic import build_dynamic_variant
 from tensorsmith.compiler.variants.precision_plan import CpuChoice, SessionChoice
-from tensorsmith.compiler.variants.quantized import Evaluation, flops_fraction
+from tensorsmith.compiler.variants.quantized import Evaluation, flops_fraction, with_text_metrics
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.metrics import Budget
-from tensorsmith.core.sessions import cpu_session, latency_ms
+from tensorsmith.core.sessions import cpu_session, latency_ms, run_onnx
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord
 
@@ -92,7 +92,8 @@ def choose_cpu_variant(
             path, [name for name in order if name in weight_matmuls], evaluation.feeds, evaluation.reference, budget,
             directory,
         )  # fmt: skip
-    batch = {name: array[:TIMING_BATCH] for name, array in evaluation.feeds.items()}
+    timed = evaluation.timing if evaluation.timing is not None else evaluation.feeds
+    batch = {name: array[:TIMING_BATCH] for name, array in timed.items()}
     chosen, reason, latency = static, "no layer fits the budget with dynamic quantization", {}
     if dynamic is not None:
         fraction = flops_fraction(layers, set(dynamic.quantized))
@@ -102,6 +103,9 @@ def choose_cpu_variant(
                 "evaluated_on": evaluation.described,
             }
         )
+        if evaluation.tokens is not None:  # a decoder's: perplexity too, as every variant of it has
+            outputs = run_onnx(directory / candidate.path, evaluation.feeds)
+            candidate = with_text_metrics(candidate, evaluation, outputs)
         sessions = {record.name: cpu_session(directory / record.path) for record in (static, candidate)}
         latency = latency_ms(sessions, batch)
         del sessions

@@ -16,6 +16,7 @@ from tensorsmith.calibration.search import PrecisionSearch
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.rewrite import variant_path, write_quantized
+from tensorsmith.core.language import language_model_metrics
 from tensorsmith.core.metrics import Budget, accuracy
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
@@ -46,6 +47,16 @@ class Evaluation:
     reference: list[np.ndarray]
     budget: Budget | None
     described: str  # the data, in words (precision.json, the manifest)
+    tokens: np.ndarray | None = None  # a decoder's evaluation windows: language-model metrics too
+    timing: Feeds | None = None  # what the cpu recipe is timed on, if not `feeds` (a decoder's: a decode step)
+
+
+def with_text_metrics(record: VariantRecord, evaluation: Evaluation, outputs: list[np.ndarray]) -> VariantRecord:
+    """`record` with perplexity, perplexity-ratio and next-token-agreement of `outputs` where the evaluation is text."""
+    if evaluation.tokens is None:
+        return record
+    measured = language_model_metrics(evaluation.tokens, evaluation.reference[0], outputs[0])
+    return record.model_copy(update={"accuracy": {**record.accuracy, **measured}, "evaluated_on": evaluation.described})
 
 
 @dataclass(frozen=True)
@@ -146,7 +157,7 @@ def build_quantized(
         accuracy={**measured, "quantized_flops_fraction": fraction},
         evaluated_on=evaluation.described,
     )
-    return QuantizedVariant(record, report, plan)
+    return QuantizedVariant(with_text_metrics(record, evaluation, outputs), report, plan)
 
 
 def _embeddings_policy(embeddings: bool, budget: Budget | None) -> str:

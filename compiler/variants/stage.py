@@ -20,12 +20,13 @@ from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.variants.calibrated import calibrate_variants
 from tensorsmith.compiler.variants.cpu_choice import choose_cpu_variant, tuned
 from tensorsmith.compiler.variants.cpu_dynamic import dynamic_source
-from tensorsmith.compiler.variants.data import split_data
+from tensorsmith.compiler.variants.data import SplitData, split_data
 from tensorsmith.compiler.variants.fp16 import build_fp16_variant
 from tensorsmith.compiler.variants.language import text_evaluation, with_language_metrics
 from tensorsmith.compiler.variants.plan import VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
-from tensorsmith.compiler.variants.quantized import Evaluation, build_quantized, search_layers
+from tensorsmith.compiler.variants.quantized import Evaluation, build_quantized, search_layers, with_text_metrics
+from tensorsmith.compiler.variants.text_data import is_decoder_graph, text_split
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
@@ -99,20 +100,31 @@ def _float_variants(
     return Variants(records, by_target)
 
 
+def _split(config: CompileConfig, fused: FusedGraph) -> SplitData:
+    """Calibration and evaluation data: arrays for any graph, text (windows, prefill and decode) for a decoder."""
+    if not is_decoder_graph(fused.inputs):
+        return split_data(config, fused.inputs)
+    text = text_split(config, fused.inputs, fused.path)
+    return SplitData(text.calibration, text.evaluation, text.evaluated_on, text.tokens, text.decode_step)
+
+
 def _quantized_variants(
     plan: VariantPlan, fused: FusedGraph, config: CompileConfig, directory: Path, reporter: Reporter
 ) -> tuple[Variants, PrecisionPlan, set[str]]:
     """Calibrate once, search once per precision, then write and verify one variant per recipe."""
-    split = split_data(config, fused.inputs)
+    split = _split(config, fused)
     budget = config.accuracy_budget()
+    if budget is not None and split.tokens is not None:
+        budget = budget.on_tokens(split.tokens)
     by_precision = plan.quantized()
     calibrated = calibrate_variants(fused.model, config, split.calibration, set(by_precision), directory, reporter)
     model = calibrated.model
     one_sample = {name: array[:1] for name, array in split.evaluation.items()}
     layers = list_layers(model, activation_shapes(calibrated.observer.run(one_sample)), config.overrides)
-    evaluation = Evaluation(split.evaluation, run_onnx(fused.path, split.evaluation), budget, split.evaluated_on)
+    reference_outputs = run_onnx(fused.path, split.evaluation)
+    evaluation = Evaluation(split.evaluation, reference_outputs, budget, split.evaluated_on, split.tokens, split.timing)
 
-    records, by_target = [reference_variant(fused)], {}
+    records, by_target = [with_text_metrics(reference_variant(fused), evaluation, reference_outputs)], {}
     reports = [calibrated.smoothing] if calibrated.smoothing is not None else []
     unmet, recipes, tuned_names = [], {}, set()
     for precision, shared in by_precision.items():

@@ -4,6 +4,7 @@ traceback, and nothing written (no OUT, no temporary directory left beside it)."
 from __future__ import annotations
 
 import pickle
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tensorsmith.compiler import pipeline
 from tests.conftest import run_cli, small_mlp_onnx
 
 MLP_INPUT = ["--input", "x:float32:batch,8"]
+TINYLM = Path(__file__).parents[2] / "samples" / "tinylm" / "checkpoint"
 
 
 class Payload:
@@ -213,6 +215,29 @@ def malformed_budget(tmp: Path) -> list[str]:
     return [*quantize(tmp, data)[:-4], "--precision", "auto", "--calibration", str(data), "--budget", "cosine>>1"]
 
 
+def language_budget_for_no_decoder(tmp: Path) -> list[str]:
+    data = calibration(tmp / "c.npz", x=ok_batch())
+    return [*quantize(tmp, data)[:-4], "--precision", "auto", "--calibration", str(data),
+            "--budget", "perplexity-ratio<=1.03"]  # fmt: skip
+
+
+def _tinylm_without_tokenizer(tmp: Path) -> Path:
+    checkpoint = tmp / "tinylm"
+    shutil.copytree(TINYLM, checkpoint, ignore=shutil.ignore_patterns("tokenizer*"))
+    return checkpoint
+
+
+def decoder_text_without_tokenizer(tmp: Path) -> list[str]:
+    (tmp / "calibration.txt").write_text("def f(x):\n    return x\n" * 100)
+    checkpoint = _tinylm_without_tokenizer(tmp)
+    return [str(checkpoint), "--precision", "int8", "--calibration", str(tmp / "calibration.txt")]
+
+
+def decoder_text_too_short(tmp: Path) -> list[str]:
+    (tmp / "short.txt").write_text("Too short.")
+    return [str(TINYLM), "--precision", "int8", "--calibration", str(tmp / "short.txt")]
+
+
 BEFORE, AFTER = True, False  # fails before the export and the passes start / can only fail during them
 CASES: dict[str, tuple[Case, str, bool]] = {
     "missing file": (missing_file, "nowhere.onnx", BEFORE),
@@ -245,6 +270,9 @@ CASES: dict[str, tuple[Case, str, bool]] = {
     "precision not on target": (precision_not_on_target, "fp8", BEFORE),
     "malformed budget": (malformed_budget, "cosine>>1", BEFORE),
     "generation for no decoder": (generation_for_no_decoder, "[generation] is for decoders", BEFORE),
+    "language budget for no decoder": (language_budget_for_no_decoder, "is a language-model metric", BEFORE),
+    "decoder text without tokenizer": (decoder_text_without_tokenizer, "has no tokenizer.json", BEFORE),
+    "decoder text too short": (decoder_text_too_short, "fewer than one window of 128", BEFORE),
 }
 
 

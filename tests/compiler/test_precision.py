@@ -134,3 +134,20 @@ def test_metrics_and_a_user_function() -> None:
     user = Budget.parse("tests.compiler.test_precision:first_output_agreement>=0.5")
     assert user.measure(reference, [-reference[0]]) == 0.5  # the zeros agree
     assert user.met(0.5) and not user.met(0.4)
+
+
+def test_language_model_budgets_measure_on_their_tokens() -> None:
+    tokens = np.array([[0, 1, 2, 1], [2, 2, 0, 1]])
+    confident = np.log(np.full((2, 4, 3), 0.05))
+    np.put_along_axis(confident[:, :-1], tokens[:, 1:, None], np.log(0.9), -1)  # right about every next token
+    unsure = np.zeros((2, 4, 3))  # uniform
+    ratio = Budget.parse("perplexity-ratio<=1.03").on_tokens(tokens)
+    assert ratio.is_language and not ratio.met(ratio.measure([confident], [unsure]))
+    assert ratio.measure([confident], [unsure]) == pytest.approx(3 * 0.9)  # exp(log 3 - (-log 0.9))
+    assert ratio.measure([confident], [confident]) == pytest.approx(1.0)
+    agreement = Budget.parse("next-token-agreement>=0.9").on_tokens(tokens)
+    assert agreement.measure([confident], [confident[:1]]) == 1.0  # a search's first rows
+    with pytest.raises(ConfigError, match="higher next-token-agreement is better"):
+        Budget.parse("next-token-agreement<=0.9")
+    with pytest.raises(ConfigError, match="language-model metric"):
+        Budget.parse("perplexity<=30").measure([confident], [unsure])  # no tokens: not a decoder's text

@@ -1,0 +1,153 @@
+"""A decoder's calibration and evaluation data from text: a .txt file tokenized with the checkpoint's tokenizer
+(or an .npz of `input_ids`), cut into windows of tokens.
+
+Calibration feeds cover both graphs generation runs: the prefill of a window with an empty cache, and decode
+steps, one token over the cache of the tokens before it. The cache comes from one fp32 prefill of the window:
+attention is causal, so its first p positions are exactly the cache of the first p tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tensorsmith.calibration import CalibrationData
+from tensorsmith.calibration.data import Feeds
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.core.errors import ConfigError
+from tensorsmith.runtime.manifest import TensorRecord
+
+WINDOW = 128  # tokens per window (at most the decoder's max sequence length)
+EVALUATION_WINDOWS = 8
+CALIBRATION_WINDOWS = 64  # without --calibration-samples
+DECODE_POINTS = (0.25, 0.5, 1.0)  # past lengths of the decode steps calibrated, as fractions of a window
+PAST_PREFIX = "past_key_values."
+
+
+def is_decoder_graph(inputs: list[TensorRecord]) -> bool:
+    return any(record.name.startswith(PAST_PREFIX) for record in inputs)
+
+
+def window_length(config: CompileConfig) -> int:
+    total = config.dims.get("total")
+    return min(WINDOW, (total.max if total is not None else None) or WINDOW)
+
+
+def token_windows(config: CompileConfig, path: Path, length: int, limit: int | None) -> np.ndarray:
+    """[windows, length] int64 token ids from a .txt (the checkpoint's tokenizer.json) or an .npz's input_ids."""
+    if path.suffix == ".txt":
+        from tokenizers import Tokenizer
+
+        vocabulary = config.resolve(config.source) / "tokenizer.json"
+        if not vocabulary.is_file():
+            raise ConfigError(f"{path} is text, and {config.source} has no tokenizer.json to read it with",
+                              hint="pass an .npz of input_ids instead")  # fmt: skip
+        if not path.is_file():
+            raise ConfigError(f"{path} does not exist", hint="check --calibration and --eval-data")
+        ids = Tokenizer.from_file(str(vocabulary)).encode(path.read_text(encoding="utf-8")).ids
+        count = len(ids) // length if limit is None else min(limit, len(ids) // length)
+        if count == 0:
+            raise ConfigError(f"{path} has {len(ids)} tokens, fewer than one window of {length}", hint="add text")
+        return np.array(ids[: count * length], np.int64).reshape(count, length)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if "input_ids" not in archive.files:
+                raise ConfigError(f"{path} has no array 'input_ids'", hint="save token ids as input_ids [rows, length]")
+            tokens = np.asarray(archive["input_ids"][:limit, :length], np.int64)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read {path}: {err}", hint="pass a .txt file or an .npz of input_ids") from err
+    if tokens.ndim != 2 or tokens.shape[1] < 2:
+        raise ConfigError(f"{path}: input_ids has shape {list(tokens.shape)}", hint="save [rows, length>=2] token ids")
+    return tokens
+
+
+def prefill_feeds(tokens: np.ndarray, inputs: list[TensorRecord]) -> Feeds:
+    """The feeds of a prefill of `tokens` [rows, length] with an empty cache."""
+    rows, width = tokens.shape
+    feeds = {"input_ids": tokens, "attention_mask": np.ones_like(tokens),
+             "position_ids": np.broadcast_to(np.arange(width), tokens.shape).copy()}  # fmt: skip
+    for record in inputs:
+        if record.name.startswith(PAST_PREFIX):
+            kv_heads, head_dim = record.shape[1], record.shape[3]
+            assert isinstance(kv_heads, int) and isinstance(head_dim, int)
+            feeds[record.name] = np.zeros((rows, kv_heads, 0, head_dim), np.float32)
+    return {record.name: feeds[record.name] for record in inputs}
+
+
+@dataclass
+class DecoderFeeds:
+    """Calibration feeds of a decoder, re-made on every pass: per batch of windows, its prefill, then decode steps
+    at DECODE_POINTS of the window over the fp32 cache of the reference graph."""
+
+    reference: Path
+    windows: np.ndarray
+    inputs: list[TensorRecord]
+    batch_size: int
+    _session: Any = None
+
+    def __iter__(self) -> Iterator[Feeds]:
+        from tensorsmith.core.sessions import cpu_session
+
+        if self._session is None:
+            self._session = cpu_session(self.reference)
+        names = [output.name for output in self._session.get_outputs()]
+        length = self.windows.shape[1]
+        for start in range(0, len(self.windows), self.batch_size):
+            tokens = self.windows[start : start + self.batch_size]
+            prefill = prefill_feeds(tokens, self.inputs)
+            yield prefill
+            outputs = dict(zip(names, self._session.run(None, prefill), strict=True))
+            for past in sorted({max(1, min(length - 1, round(point * length))) for point in DECODE_POINTS}):
+                step = {"input_ids": tokens[:, past : past + 1], "attention_mask": np.ones((len(tokens), past + 1),
+                        np.int64), "position_ids": np.full((len(tokens), 1), past, np.int64)}  # fmt: skip
+                for record in self.inputs:
+                    if record.name.startswith(PAST_PREFIX):
+                        present = "present." + record.name.removeprefix(PAST_PREFIX)
+                        step[record.name] = np.ascontiguousarray(outputs[present][:, :, :past])
+                yield {record.name: step[record.name] for record in self.inputs}
+
+
+@dataclass(frozen=True)
+class TextSplit:
+    calibration: CalibrationData
+    tokens: np.ndarray  # the evaluation windows [rows, length]
+    evaluation: Feeds  # their prefill
+    evaluated_on: str
+    decode_step: Feeds  # one token over the cache of half a window: what generation runs most
+
+
+def text_split(config: CompileConfig, inputs: list[TensorRecord], reference: Path) -> TextSplit:
+    """Calibration windows (and their decode steps) and evaluation windows, never the same text."""
+    assert config.calibration is not None
+    length = window_length(config)
+    source = config.resolve(config.calibration)
+    windows = token_windows(config, source, length, config.calibration_samples or CALIBRATION_WINDOWS)
+    if config.evaluation is not None:
+        evaluation = config.resolve(config.evaluation)
+        tokens = token_windows(config, evaluation, length, EVALUATION_WINDOWS)
+        described = f"{len(tokens)} windows of {length} tokens of {evaluation.name}"
+    elif len(windows) < 2:
+        raise ConfigError(f"{source} gives {len(windows)} window of {length} tokens: none left to evaluate on",
+                          hint="add text, or pass --eval-data")  # fmt: skip
+    else:
+        held = min(EVALUATION_WINDOWS, max(1, len(windows) // 4))
+        windows, tokens = windows[:-held], windows[-held:]
+        described = f"{held} windows of {length} tokens held out of {source.name} (its last)"
+    specs = [record.spec() for record in inputs]
+    data = CalibrationData(DecoderFeeds(reference, windows, inputs, config.calibration_batch_size), specs,
+                           batch_size=config.calibration_batch_size)  # fmt: skip
+    steps = iter(DecoderFeeds(reference, tokens, inputs, batch_size=len(tokens)))
+    prefill, _, decode_step = next(steps), next(steps), next(steps)  # the prefill, then steps at 1/4 and 1/2
+    return TextSplit(data, tokens, prefill, described, decode_step)
+
+
+def check_text_data(config: CompileConfig) -> None:
+    """Read the calibration and evaluation text of a decoder before the export: a missing tokenizer or too short
+    a text fails in a second."""
+    for path in (config.calibration, config.evaluation):
+        if path is not None:
+            token_windows(config, config.resolve(path), window_length(config), 1)

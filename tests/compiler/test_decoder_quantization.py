@@ -1,0 +1,87 @@
+"""Quantized decoders: calibration feeds from real text cover prefill and decode steps, language-model budgets
+(perplexity-ratio) choose the layers, and the variants generate and build engines with both profiles. On the
+tinylm sample (a Llama trained on CPython's docs) with calibration text it never saw in evaluation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tensorsmith.calibration.data import CalibrationData
+from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.compiler.variants.text_data import DecoderFeeds, token_windows
+from tensorsmith.core.sessions import run_onnx
+from tensorsmith.runtime import load
+from tensorsmith.runtime.manifest import read_manifest
+from tests.conftest import max_relative_error
+
+TINYLM = Path(__file__).parents[2] / "samples" / "tinylm"
+
+
+def calibration_text(path: Path) -> Path:
+    """Text from the standard library's docs, not the held-out split the sample evaluates on."""
+    import pydoc_data.topics
+
+    path.write_text("\n".join(list(pydoc_data.topics.topics.values())[:60]), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def fp32_tinylm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tinylm") / "out"
+    compile(CompileConfig.create({"source": str(TINYLM / "checkpoint"), "targets": ["cpu"]}), out)
+    return out
+
+
+def test_decode_calibration_feeds_continue_the_prefill(fp32_tinylm: Path, tmp_path: Path) -> None:
+    """A decode step over the sliced fp32 cache gives the prefill's logits at that position: the feeds are what
+    generation runs, not made-up caches."""
+    manifest = read_manifest(fp32_tinylm)
+    config = CompileConfig.create({"source": str(TINYLM / "checkpoint")})
+    windows = token_windows(config, calibration_text(tmp_path / "c.txt"), 32, 3)
+    model = fp32_tinylm / "model.onnx"
+    feeds = list(DecoderFeeds(model, windows, manifest.inputs, batch_size=2))
+    assert len(feeds) == 2 * 4  # two batches: a prefill and three decode steps each
+    prefill_logits = run_onnx(model, feeds[0])[0]
+    for step in feeds[1:4]:
+        past = step["past_key_values.0.key"].shape[2]
+        assert step["input_ids"].shape == (2, 1) and step["attention_mask"].shape == (2, past + 1)
+        logits = run_onnx(model, step)[0]
+        assert max_relative_error(prefill_logits[:, past : past + 1], logits) < 1e-4
+    specs = [record.spec() for record in manifest.inputs]
+    assert CalibrationData(feeds, specs).count() == 3 * 4  # 3 windows, a prefill and 3 steps each
+
+
+@pytest.mark.slow
+def test_auto_meets_a_perplexity_budget_and_the_variants_generate(tmp_path: Path) -> None:
+    text = calibration_text(tmp_path / "calibration.txt")
+    config = CompileConfig.create(
+        {"source": str(TINYLM / "checkpoint"), "targets": ["cpu", "sm_86", "sm_89"], "precision": "auto",
+         "budget": "perplexity-ratio<=1.03", "calibration": str(text), "calibration_samples": 32,
+         "evaluation": str(TINYLM / "heldout.txt"), "generation": {"max_sequence_length": 256, "max_batch": 4}}
+    )  # fmt: skip
+    result = compile(config, tmp_path / "out")
+    assert result.budget_met, result.unmet_budgets
+    manifest = result.manifest
+    by_name = {variant.name: variant for variant in manifest.variants}
+    assert by_name["fp32"].accuracy["perplexity-ratio"] == 1.0
+    for name in ("int8", "fp8", manifest.targets[0].variant):
+        accuracy = by_name[name].accuracy
+        assert 1.0 < accuracy["perplexity-ratio"] <= 1.03 and 0 < accuracy["next-token-agreement"] < 1, name
+        assert "heldout.txt" in by_name[name].evaluated_on
+    plan = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert plan["budget"] == "perplexity-ratio<=1.03"
+    assert all(recipe["met"] and recipe["achieved"] <= 1.03 for recipe in plan["recipes"].values())
+    # calibration ran prefill and decode steps: 32 windows, 4 feeds each
+    table = json.loads((tmp_path / "out" / "calibration.json").read_text())
+    assert table["samples"] == 32 * 4
+    for target in manifest.targets[1:]:
+        assert target.status == "built" and target.variant in ("int8", "fp8"), target.reason
+        assert target.engine is not None and target.engine.profile_names == ["prefill", "decode"]
+
+    prompt = np.array([[1, *token_windows(config, TINYLM / "heldout.txt", 16, 1)[0]]], np.int64)
+    quantized = load(tmp_path / "out", backend="onnxruntime").generate(prompt, max_new_tokens=16)
+    assert quantized.shape == (1, 17 + 16) and (quantized[:, :17] == prompt).all()
