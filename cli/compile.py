@@ -23,8 +23,9 @@ from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, 
 @click.option("--target", "targets", multiple=True, metavar="TARGET", help="Architecture to compile for (cpu).")
 @click.option(
     "--precision",
-    type=click.Choice(["fp32", "fp16", "int8", "fp8", "auto"]),
-    help="int8/fp8: quantize every layer the policy allows; auto: choose per layer and target within --budget.",
+    type=click.Choice(["fp32", "fp16", "int8", "fp8", "int4", "auto"]),
+    help="int8/fp8: quantize every layer the policy allows; int4: weight-only (AWQ); auto: choose per layer and "
+    "target within --budget.",
 )
 @click.option(
     "--budget",
@@ -33,6 +34,8 @@ from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, 
 )
 @click.option("--calibrator", type=click.Choice(["entropy", "percentile", "minmax"]), help="Default: entropy.")
 @click.option("--percentile", type=float, help="For --calibrator percentile (default 99.99).")
+@click.option("--int4-algorithm", type=click.Choice(["awq", "rtn"]), help="For --precision int4 (default awq).")
+@click.option("--int4-block-size", type=click.Choice(["32", "64", "128"]), help="For --precision int4 (default 128).")
 @click.option("--calibration", type=click.Path(path_type=Path), help=".npz of inputs (samples on axis 0), or a folder.")
 @click.option("--calibration-samples", type=int, help="Use at most N calibration samples.")
 @click.option("--eval-data", "evaluation", type=click.Path(path_type=Path), help="Held-out .npz for accuracy.")
@@ -57,6 +60,8 @@ def compile_command(
     budget: str | None,
     calibrator: str | None,
     percentile: float | None,
+    int4_algorithm: str | None,
+    int4_block_size: str | None,
     calibration: Path | None,
     calibration_samples: int | None,
     evaluation: Path | None,
@@ -82,6 +87,8 @@ def compile_command(
         "budget": budget,
         "calibrator": calibrator,
         "percentile": percentile,
+        "int4_algorithm": int4_algorithm,
+        "int4_block_size": int(int4_block_size) if int4_block_size else None,
         "calibration": str(calibration.resolve()) if calibration else None,
         "calibration_samples": calibration_samples,
         "evaluation": str(evaluation.resolve()) if evaluation else None,

@@ -18,6 +18,7 @@ DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 SourceKind = Literal["factory", "exported_program", "onnx", "huggingface"]
 
 DEFAULT_OPSET = 20
+INT4_MIN_OPSET = 21  # blockwise DequantizeLinear and the INT4 type
 # Sizes used for a dynamic dim when exporting and verifying, unless `[dims.NAME] opt` says otherwise. Distinct
 # sizes, none of them 0 or 1, so the exporters neither specialise a dim nor confuse two of them.
 DEFAULT_DYNAMIC_SIZES = (2, 3, 5, 7, 11, 13)
@@ -114,6 +115,12 @@ class CompileConfig(_Strict):
         "entropy", description="how activation thresholds are chosen (TensorRT's entropy by default)"
     )
     percentile: float = Field(99.99, gt=0, le=100, description="for --calibrator percentile")
+    int4_algorithm: Literal["awq", "rtn"] = Field(
+        "awq",
+        description="for precision int4: AWQ's activation-aware scales and clipping (needs calibration data), "
+        "or round-to-nearest",
+    )
+    int4_block_size: Literal[32, 64, 128] = Field(128, description="for precision int4: weights per scale, along K")
     calibration: Path | None = Field(None, description=".npz (inputs stacked on axis 0) or a folder of them")
     calibration_samples: int | None = Field(None, ge=1, description="use at most this many calibration samples")
     calibration_batch_size: int = Field(16, ge=1, description="samples per ONNX Runtime call while calibrating")
@@ -157,6 +164,12 @@ class CompileConfig(_Strict):
             raise _HintedValueError(err) from err
         if self.precision in ("int8", "fp8", "auto") and self.calibration is None:
             raise ValueError(f"precision {self.precision} needs calibration data: --calibration PATH")
+        if self.precision == "int4" and self.int4_algorithm == "awq" and self.calibration is None:
+            raise ValueError("precision int4 with awq needs calibration data: --calibration PATH (or --int4-algorithm "
+                             "rtn); random inputs are never used in its place")  # fmt: skip
+        if self.precision == "int4" and self.opset < INT4_MIN_OPSET and "opset" in self.model_fields_set:
+            raise ValueError(f"precision int4 needs opset {INT4_MIN_OPSET} (blockwise DequantizeLinear), not "
+                             f"{self.opset}")  # fmt: skip
         return self
 
     @model_validator(mode="after")

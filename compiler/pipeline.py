@@ -67,12 +67,18 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         variants = build_variants(plan, fused, config, staging, timed)
         targets = build_engines(config.build, config.targets, variants.by_target, fused.inputs, config.dims,
                                 staging, timed, source.is_decoder)  # fmt: skip
+        targets = [_with_note(target, plan.notes.get(target.name)) for target in targets]
         tokenizer = copy_tokenizer(source.huggingface, staging) if source.huggingface else []
         manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer)
         write_manifest(staging, manifest)
         timed.stage(f"writing the report and {out}")
         write_report(staging, out.resolve().name)
     return CompileResult(out, manifest, round(time.perf_counter() - started, 3), config.opset, variants.unmet)
+
+
+def _with_note(target: TargetRecord, note: str | None) -> TargetRecord:
+    """A target that got another variant than asked (sm_75 for int4) says why, unless a failure says more."""
+    return target.model_copy(update={"reason": note}) if note and not target.reason else target
 
 
 def _manifest(

@@ -13,11 +13,14 @@ from typing import Literal
 from tensorsmith.core.errors import ConfigError
 
 Builder = Literal["tensorrt-rtx", "tensorrt"]
-Request = Literal["fp32", "fp16", "int8", "fp8", "auto"]  # what `--precision` asks for
-Quantized = Literal["int8", "fp8"]
+Request = Literal["fp32", "fp16", "int8", "fp8", "int4", "auto"]  # what `--precision` asks for
+Quantized = Literal["int8", "fp8"]  # activations and weights, calibrated
+WeightOnly = Literal["int4"]  # weights only (blockwise DequantizeLinear)
 Floats = Literal["fp32", "fp16"]
 
-AMPERE = ("fp32", "fp16", "bf16", "int8")
+# INT4 weight-only: TensorRT for RTX builds it for sm_86, sm_89 and sm_120, not sm_75 (checked: a 256×128 block-128
+# INT4 MatMul), data-centre TensorRT from Ampere on; ONNX Runtime's CPU provider fuses it into MatMulNBits.
+AMPERE = ("fp32", "fp16", "bf16", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class Recipe:
     """How one variant is made: layers quantized to `quantized` (None: none), everything else computed in
     `floats`. Targets whose recipes are equal share one variant file (and an engine input)."""
 
-    quantized: Quantized | None
+    quantized: Quantized | WeightOnly | None
     floats: Floats
 
     @property
@@ -58,6 +61,12 @@ class Target:
         """The builder a pending engine waits for, on a machine with this GPU."""
         return "tensorrt" if self.datacenter else self.builders[0]
 
+    def fallback(self, request: Request) -> str | None:
+        """Why this target gets another variant than `request` asks for, where it does (the manifest says it)."""
+        if request == "int4" and "int4" not in self.precisions:
+            return f"{self.name} ({self.gpus}) has no INT4 weight-only kernels: {self.recipe(request).variant} instead"
+        return None
+
     def runs(self, precision: str) -> bool:
         """Whether a `--precision` request can be served (fp32 on a target without fp32 GEMM gets fp16)."""
         return (
@@ -68,6 +77,10 @@ class Target:
         """The variant this target runs for `--precision request`."""
         if request == "int8" or request == "fp8":
             return Recipe(request, self.float_regions)
+        if request == "int4":
+            if "int4" in self.precisions:
+                return Recipe("int4", self.float_regions)
+            return self.recipe("fp16")  # the best it runs (sm_75): `fallback` says why
         if request == "auto":
             return Recipe("fp8" if "fp8" in self.precisions else "int8", self.float_regions)
         half = "fp16" in self.precisions and (request == "fp16" or "fp32" not in self.precisions)
@@ -77,7 +90,7 @@ class Target:
 TARGETS = {
     target.name: target
     for target in (
-        Target("cpu", "x86-64 / arm64", ("fp32", "int8"), float_regions="fp32"),
+        Target("cpu", "x86-64 / arm64", ("fp32", "int8", "int4"), float_regions="fp32"),
         # TensorRT-RTX has no fp32 GEMM on Turing.
         Target("sm_75", "Turing", ("fp16", "int8"), rtx_capability="SM75", datacenter=True, max_batch=32),
         Target("sm_80", "Ampere (A100)", AMPERE, rtx_capability="SM80", datacenter=True, max_batch=128),
@@ -103,8 +116,8 @@ def get_target(name: str) -> Target:
 def check_precision(precision: str, target_names: list[str]) -> None:
     """Refuse, before any work starts, a precision that one of the targets cannot run. fp16 is a request for the
     GPU targets: the cpu target keeps fp32 beside them (refused only when no target runs fp16)."""
-    if precision == "fp16" and any(get_target(name).runs("fp16") for name in target_names):
-        return
+    if precision in ("fp16", "int4") and any(get_target(name).runs(precision) for name in target_names):
+        return  # the others get the best they run (`Target.recipe`)
     for name in target_names:
         target = get_target(name)
         if not target.runs(precision):

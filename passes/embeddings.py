@@ -31,6 +31,7 @@ MIN_ROWS = 1024
 class QuantizeEmbeddings:
     min_rows: int = MIN_ROWS
     gather_first: bool = False  # scale the gathered rows (ONNX Runtime) instead of dequantizing the table
+    int4: bool = False  # the dequantized form in INT4, blockwise along a row (int4 variants for TensorRT)
     name: str = "quantize_embeddings"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
@@ -55,17 +56,21 @@ class QuantizeEmbeddings:
                 quantized.append(table.name)
                 saved += values.nbytes - codes.nbytes - scales.nbytes
                 continue
-            (dequantized,) = graph.layer(
-                op="DequantizeLinear",
-                name=f"{prefix}/DequantizeLinear",
-                attrs={"axis": 0},
-                inputs=[
-                    gs.Constant(f"{prefix}/quantized", codes),
-                    gs.Constant(f"{prefix}/scale", scales.astype(values.dtype)),
-                    gs.Constant(f"{prefix}/zero_point", np.zeros(scales.shape, np.int8)),
-                ],
-                outputs=[f"{prefix}/dequantized"],
-            )
+            if self.int4 and (block := _row_block(values.shape[1])):
+                (dequantized,), stored = _int4_table(graph, table.name, values, block)
+                saved += codes.nbytes - stored  # (the int8 figures are subtracted below)
+            else:
+                (dequantized,) = graph.layer(
+                    op="DequantizeLinear",
+                    name=f"{prefix}/DequantizeLinear",
+                    attrs={"axis": 0},
+                    inputs=[
+                        gs.Constant(f"{prefix}/quantized", codes),
+                        gs.Constant(f"{prefix}/scale", scales.astype(values.dtype)),
+                        gs.Constant(f"{prefix}/zero_point", np.zeros(scales.shape, np.int8)),
+                    ],
+                    outputs=[f"{prefix}/dequantized"],
+                )
             dequantized.dtype = values.dtype
             for user in list(table.outputs):  # every reader of the table (a tied output projection too)
                 user.inputs[user.inputs.index(table)] = dequantized
@@ -78,6 +83,28 @@ class QuantizeEmbeddings:
             counts={"tables_quantized": len(quantized), "bytes_saved": int(saved)},
             details={"tables": quantized},
         )
+
+
+def _row_block(width: int) -> int | None:
+    return next((block for block in (128, 64, 32) if width % block == 0), None)
+
+
+def _int4_table(graph: gs.Graph, name: str, values: np.ndarray, block: int) -> tuple[list[gs.Variable], int]:
+    """DequantizeLinear(INT4 table, scale per `block` of a row, axis 1) (TensorRT for RTX builds it before a Gather
+    for sm_86, checked); returns its output and the bytes stored."""
+    from tensorsmith.passes.int4 import int4_constant, quantize_int4
+
+    q, scale = quantize_int4(values.astype(np.float32).T, block)  # blocks along a row: the transposed K axis
+    prefix = f"{name}/int4"
+    outputs = graph.layer(
+        op="DequantizeLinear",
+        name=f"{prefix}/DequantizeLinear",
+        attrs={"axis": 1, "block_size": block},
+        inputs=[int4_constant(f"{prefix}/quantized", q.T), gs.Constant(f"{prefix}/scale", scale.T.astype(values.dtype)),
+                int4_constant(f"{prefix}/zero_point", np.zeros(scale.T.shape, np.int8))],
+        outputs=[f"{prefix}/dequantized"],
+    )  # fmt: skip
+    return outputs, q.size // 2 + scale.nbytes
 
 
 def _scale_after_gather(graph: gs.Graph, reader: gs.Node, table: gs.Constant, scale_vector: gs.Constant) -> None:

@@ -92,7 +92,7 @@ def test_sample_compiles_and_matches_pytorch(name: str, tmp_path: Path) -> None:
         assert max_relative_error(reference.numpy(), actual) < TOLERANCE, output_name
 
     passes = [record["name"] for record in compiled["passes"]]
-    assert passes == ["canonicalize", "fuse", "fold_attention_scale"]
+    assert passes == ["canonicalize", "fuse", "fold_attention_scale", "fuse_attention"]
     check_report_renders(tmp_path / name, tmp_path, quantized=False)
     manifest = read_manifest(tmp_path / name)
     config = CompileConfig.from_toml(SAMPLES / name / "tensorsmith.toml")

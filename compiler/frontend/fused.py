@@ -15,6 +15,7 @@ from tensorsmith.compiler.frontend.export import ExportedModel, export_source
 from tensorsmith.compiler.frontend.feeds import example_feeds
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
+from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ExportError, VerificationError
 from tensorsmith.core.ir import ai_onnx_opset, io_records, save_onnx
 from tensorsmith.core.module_paths import attach_module_paths, module_paths
@@ -39,8 +40,13 @@ class FusedGraph:
 
 
 def graph_passes(config: CompileConfig) -> list[GraphPass]:
-    """The rewrite passes after canonicalize, in order: fusions, then attention-scale folding."""
-    return default_passes() if config.fuse else []
+    """The rewrite passes after canonicalize, in order: fusions, attention-scale folding, attention."""
+    if not config.fuse:
+        return []
+    gpu = [name for name in config.targets if get_target(name).builders]
+    if config.precision == "fp32" and gpu:  # TensorRT for RTX 1.7 has no fp32 Attention kernel (measured)
+        return default_passes(f"fp32 on {', '.join(gpu)}: TensorRT for RTX builds Attention in fp16 or lower only")
+    return default_passes()
 
 
 def optimize(model: onnx.ModelProto, config: CompileConfig) -> tuple[onnx.ModelProto, list[PassReport]]:

@@ -25,7 +25,7 @@ class SplitData:
     timing: Feeds | None = None  # a decoder's decode step, what its cpu variant is timed on
 
 
-def _concatenate(data: CalibrationData) -> Feeds:
+def concatenated(data: CalibrationData) -> Feeds:
     batches = list(data.batches())
     return {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
 
@@ -37,7 +37,7 @@ def split_data(config: CompileConfig, inputs: list[TensorRecord]) -> SplitData:
     source = config.resolve(config.calibration)
     if config.evaluation is not None:
         evaluation = config.resolve(config.evaluation)
-        feeds = _concatenate(CalibrationData(evaluation, specs, batch_size=READ_BATCH))
+        feeds = concatenated(CalibrationData(evaluation, specs, batch_size=READ_BATCH))
         data = CalibrationData(source, specs, config.calibration_batch_size, config.calibration_samples)
         return SplitData(data, feeds, str(evaluation))
     total = CalibrationData(source, specs, batch_size=READ_BATCH).count()
@@ -46,10 +46,10 @@ def split_data(config: CompileConfig, inputs: list[TensorRecord]) -> SplitData:
     held = max(1, total // HELD_OUT_FRACTION)
     if total - held < 1:
         data = CalibrationData(source, specs, config.calibration_batch_size, total)
-        feeds = _concatenate(CalibrationData(source, specs, batch_size=READ_BATCH, limit=total))
+        feeds = concatenated(CalibrationData(source, specs, batch_size=READ_BATCH, limit=total))
         return SplitData(data, feeds, f"the {total} calibration samples (too few to hold any out)")
     data = CalibrationData(source, specs, config.calibration_batch_size, limit=total - held)
-    feeds = _concatenate(CalibrationData(source, specs, batch_size=READ_BATCH, limit=held, skip=total - held))
+    feeds = concatenated(CalibrationData(source, specs, batch_size=READ_BATCH, limit=held, skip=total - held))
     return SplitData(data, feeds, f"{held} calibration samples held out of calibration (the last of {total})")
 
 

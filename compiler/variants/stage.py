@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tensorsmith.calibration import CalibrationData
 from tensorsmith.calibration.layers import activation_shapes, list_layers
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.feeds import example_feeds
@@ -20,8 +21,9 @@ from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.variants.calibrated import calibrate_variants
 from tensorsmith.compiler.variants.cpu_choice import choose_cpu_variant, tuned
 from tensorsmith.compiler.variants.cpu_dynamic import dynamic_source
-from tensorsmith.compiler.variants.data import SplitData, split_data
+from tensorsmith.compiler.variants.data import READ_BATCH, SplitData, concatenated, split_data
 from tensorsmith.compiler.variants.fp16 import build_fp16_variant
+from tensorsmith.compiler.variants.int4 import build_int4_variant, int4_recipe_plan, plan_int4
 from tensorsmith.compiler.variants.language import text_evaluation, with_language_metrics
 from tensorsmith.compiler.variants.plan import VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
@@ -58,6 +60,8 @@ def build_variants(
     """Write every variant the plan needs into `directory` (variants/, calibration files, precision.json)."""
     if plan.quantized():
         variants, precision_plan, tuned_names = _quantized_variants(plan, fused, config, directory, reporter)
+    elif plan.int4():
+        (variants, precision_plan), tuned_names = _int4_variants(plan, fused, config, directory, reporter), set()
     else:
         variants, tuned_names = _float_variants(plan, fused, config, directory, reporter), set()
         precision_plan = PrecisionPlan(precision=plan.request)
@@ -98,6 +102,46 @@ def _float_variants(
             records.append(record)
         by_target.update(dict.fromkeys(targets, record))
     return Variants(records, by_target)
+
+
+def _int4_variants(
+    plan: VariantPlan, fused: FusedGraph, config: CompileConfig, directory: Path, reporter: Reporter
+) -> tuple[Variants, PrecisionPlan]:
+    """The float variants of targets that cannot run INT4 (sm_75: fp16), then one INT4 plan (RTN, or AWQ on one
+    pass over the calibration data) written once per kind of float region."""
+    floats = _float_variants(plan.without_int4(), fused, config, directory, reporter)
+    split = _split(config, fused) if config.int4_algorithm == "awq" else None
+    evaluation = _int4_evaluation(config, fused, split)
+    int4_plan = plan_int4(fused.model, config.int4_algorithm, config.int4_block_size,
+                          split.calibration if split else None, reporter)  # fmt: skip
+    records, by_target, reports, recipes = list(floats.records), dict(floats.by_target), [], {}
+    for recipe, targets in plan.int4().items():
+        reporter.stage(f"{recipe.variant}: writing and measuring the variant ({config.int4_algorithm})")
+        record, passes = build_int4_variant(fused.model, recipe, int4_plan, evaluation, directory)
+        records.append(record)
+        by_target.update(dict.fromkeys(targets, record))
+        reports += passes
+        recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, evaluations=1)
+    precision_plan = PrecisionPlan(precision=plan.request, evaluated_on=evaluation.described, recipes=recipes)
+    return Variants(records, by_target, reports), precision_plan
+
+
+def _int4_evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | None) -> Evaluation:
+    """What an INT4 variant is measured on: AWQ's held-out split, else the evaluation text or arrays, else the
+    verification inputs."""
+    if split is None and config.evaluation is not None:
+        text = text_evaluation(config, fused.inputs)
+        if text is not None:
+            split = SplitData(CalibrationData([], []), text.feeds, text.described, text.tokens)
+        else:
+            evaluation = config.resolve(config.evaluation)
+            feeds = concatenated(CalibrationData(evaluation, [r.spec() for r in fused.inputs], batch_size=READ_BATCH))
+            split = SplitData(CalibrationData([], []), feeds, str(evaluation))
+    if split is None:
+        feeds = example_feeds(config, seed=1, size_offset=1)
+        return Evaluation(feeds, run_onnx(fused.path, feeds), None, "the verification inputs")
+    reference = run_onnx(fused.path, split.evaluation)
+    return Evaluation(split.evaluation, reference, None, split.evaluated_on, split.tokens, split.timing)
 
 
 def _split(config: CompileConfig, fused: FusedGraph) -> SplitData:

@@ -80,7 +80,7 @@ def test_a_bad_input_flag_is_an_error(mlp_onnx: Path, tmp_path: Path) -> None:
 def test_fusion_runs_by_default_and_no_fuse_turns_it_off(mlp_onnx: Path, tmp_path: Path) -> None:
     """The MLP was exported at opset 14, where GELU is Div→Erf→Add→Mul→Mul."""
     fused = run_cli_json("compile", mlp_onnx, "-o", tmp_path / "fused")
-    assert [p["name"] for p in fused["passes"]] == ["canonicalize", "fuse", "fold_attention_scale"]
+    assert [p["name"] for p in fused["passes"]] == ["canonicalize", "fuse", "fold_attention_scale", "fuse_attention"]
     assert fused["passes"][1]["counts"]["gelu_erf.matched"] == 1
     assert run_cli_json("inspect", tmp_path / "fused" / "model.onnx")["ops"].get("Erf") is None
 

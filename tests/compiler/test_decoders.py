@@ -161,3 +161,18 @@ def test_the_generate_command_prints_tokens_and_timings(tmp_path: Path) -> None:
     assert printed["text"] is None and printed["prefill_ms"] > 0 and printed["decode_tokens_per_second"] > 0
     refused = run_cli("generate", tmp_path / "out", "--prompt", "hello")
     assert refused.exit_code == 1 and "has no tokenizer" in refused.stderr
+
+
+@pytest.mark.slow
+def test_attention_fuses_except_for_an_fp32_gpu_engine(tmp_path: Path) -> None:
+    """tinylm's attention becomes ONNX Attention (fp16 engines build it); fp32 on a GPU target keeps it decomposed,
+    as TensorRT for RTX has no fp32 Attention kernel, and says so in the manifest."""
+    checkpoint = Path(__file__).parents[2] / "samples" / "tinylm" / "checkpoint"
+    for precision, fused in (("fp16", 4), ("fp32", 0)):
+        config = CompileConfig.create({"source": str(checkpoint), "targets": ["cpu", "sm_86"], "precision": precision})
+        manifest = compile(config, tmp_path / precision).manifest
+        report = next(record for record in manifest.passes if record.name == "fuse_attention")
+        assert report.counts.get("attention.matched", 0) == fused, report
+        if not fused:
+            assert report.counts == {"skipped": 1} and "fp32 on sm_86" in str(report.details["reason"])
+        assert manifest.targets[1].status == "built", manifest.targets[1].reason

@@ -1,0 +1,150 @@
+"""INT4 weight-only variants (`--precision int4`): every weight MatMul whose input dimension is a multiple of the
+block stored in INT4 (passes/int4.py), by round-to-nearest or AWQ (calibration/awq.py, the default), vocabulary
+tables in int8 rows; one variant per kind of float region (`int4`: fp16 for GPUs, `cpu-int4`: fp32 for ONNX
+Runtime), each measured against the fp32 graph, as a language model where the model is a decoder.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from tensorsmith.calibration import CalibrationData, Observer
+from tensorsmith.calibration.awq import collect_statistics, search_clip, search_scale
+from tensorsmith.compiler.targets import Recipe
+from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
+from tensorsmith.compiler.variants.quantized import Evaluation, with_text_metrics
+from tensorsmith.compiler.variants.rewrite import rewrite, variant_path
+from tensorsmith.core.metrics import accuracy
+from tensorsmith.core.module_paths import module_paths
+from tensorsmith.core.progress import Reporter
+from tensorsmith.core.sessions import run_onnx
+from tensorsmith.passes import GraphPass, PassReport
+from tensorsmith.passes.int4 import Int4Weight, WeightOnlyInt4
+from tensorsmith.passes.matching import constant_value
+from tensorsmith.runtime.manifest import VariantRecord, sha256_of
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Int4Plan:
+    weights: dict[str, Int4Weight]  # MatMul node → its quantization
+    algorithm: str
+    block: int
+    layers: dict[str, tuple[str, str, int]]  # every weight MatMul → (module, input activation, weight elements)
+    skipped: dict[str, str] = field(default_factory=dict)  # MatMul node → why it stays in float
+    alphas: dict[str, float] = field(default_factory=dict)  # activation → AWQ's α
+    error_vs_rtn: dict[str, float] = field(default_factory=dict)  # activation → AWQ's sample error / RTN's
+
+
+@dataclass(frozen=True)
+class WeightMatMuls:
+    chosen: dict[str, tuple[str, np.ndarray]]  # node → (input activation, weight [K, N])
+    skipped: dict[str, str]  # node → why it stays in float
+    layers: dict[str, tuple[str, str, int]]  # every weight MatMul → (module, input activation, weight elements)
+
+
+def weight_matmuls(model: onnx.ModelProto, block: int) -> WeightMatMuls:
+    """The MatMuls with a constant 2-D float weight, and which of them INT4 can take."""
+    modules = module_paths(model)
+    chosen, skipped, layers = {}, {}, {}
+    for node in gs.import_onnx(model).nodes:
+        if node.op != "MatMul" or constant_value(node.inputs[0]) is not None:
+            continue
+        weight = constant_value(node.inputs[1])
+        if weight is None or weight.ndim != 2 or weight.dtype.kind != "f":
+            continue
+        layers[node.name] = (modules.get(node.name, ""), node.inputs[0].name, int(weight.size))
+        if weight.shape[0] % block:
+            skipped[node.name] = f"input dim {weight.shape[0]} is not a multiple of the block ({block})"
+        else:
+            chosen[node.name] = (node.inputs[0].name, weight.astype(np.float32))
+    return WeightMatMuls(chosen, skipped, layers)
+
+
+def plan_int4(
+    model: onnx.ModelProto, algorithm: str, block: int, data: CalibrationData | None, reporter: Reporter
+) -> Int4Plan:
+    """Round-to-nearest, or AWQ's scales and clipping searched on one pass over the calibration data."""
+    found = weight_matmuls(model, block)
+    matmuls, skipped = found.chosen, found.skipped
+    if algorithm == "rtn":
+        return Int4Plan({name: Int4Weight(None, None) for name in matmuls}, algorithm, block, found.layers, skipped)
+    assert data is not None, "awq needs calibration data (checked with the config)"
+    activations = sorted({activation for activation, _ in matmuls.values()})
+    observer = Observer(model, activations)
+    reporter.stage(f"int4 awq: activation statistics of {len(activations)} inputs (one pass)")
+    statistics = collect_statistics(observer.run(batch) for batch in data.batches())
+    weights, alphas, relative = {}, {}, {}
+    with reporter.task("int4 awq: scale and clipping search", len(activations)) as advance:
+        for activation in activations:
+            readers = [name for name, (tensor, _) in matmuls.items() if tensor == activation]
+            joint = np.concatenate([matmuls[name][1] for name in readers], axis=1)
+            scale, alphas[activation], relative[activation] = search_scale(statistics[activation], joint, block)
+            for name in readers:
+                clip = search_clip(statistics[activation], matmuls[name][1], scale, block)
+                weights[name] = Int4Weight(scale, clip)
+            advance(1)
+    return Int4Plan(weights, algorithm, block, found.layers, skipped, alphas, relative)
+
+
+def build_int4_variant(
+    model: onnx.ModelProto, recipe: Recipe, plan: Int4Plan, evaluation: Evaluation, directory: Path
+) -> tuple[VariantRecord, list[PassReport]]:
+    """Write and measure the int4 variant of `recipe` (fp16 or fp32 float regions)."""
+    from tensorsmith.passes.embeddings import QuantizeEmbeddings
+    from tensorsmith.passes.fp16 import ConvertToFp16
+
+    name = recipe.variant
+    path = variant_path(directory, name)
+    passes: list[GraphPass] = [WeightOnlyInt4(plan.weights, plan.block)]
+    # vocabulary tables: int8 rows gathered first on ONNX Runtime (it cannot Gather INT4), INT4 for TensorRT
+    cpu = recipe.floats == "fp32"
+    passes.append(QuantizeEmbeddings(gather_first=cpu, int4=not cpu))
+    if recipe.floats == "fp16":
+        passes.append(ConvertToFp16())
+    reports = rewrite(model, passes, path)
+    outputs = run_onnx(path, evaluation.feeds)
+    record = VariantRecord(
+        name=name,
+        path=str(path.relative_to(directory)),
+        sha256=sha256_of(path),
+        precisions=["int4", recipe.floats],
+        accuracy=accuracy(evaluation.reference, outputs),
+        evaluated_on=evaluation.described,
+    )
+    logger.info("%s variant (%s, block %d): %s", name, plan.algorithm, plan.block, record.accuracy)
+    return with_text_metrics(record, evaluation, outputs), reports
+
+
+def int4_recipe_plan(recipe: Recipe, plan: Int4Plan, targets: list[str], evaluations: int) -> RecipePlan:
+    """precision.json's entry: each weight MatMul's precision and why (AWQ's α and its error against RTN's)."""
+    choices = []
+    for name, (module, activation, elements) in plan.layers.items():
+        quantized = name in plan.weights
+        if not quantized:
+            reason = plan.skipped.get(name, "policy")
+        elif plan.algorithm == "awq":
+            reason = f"awq: α={plan.alphas[activation]:g}, sample error {plan.error_vs_rtn[activation]:.3f}× RTN's"
+        else:
+            reason = "rtn: round to nearest"
+        choices.append(LayerChoice(name=name, module=module, op="MatMul", inputs=[activation], flops=elements,
+                                   precision="int4" if quantized else recipe.floats, reason=reason))  # fmt: skip
+    total = max(sum(choice.flops for choice in choices), 1)
+    fraction = sum(choice.flops for choice in choices if choice.precision == "int4") / total
+    return RecipePlan(
+        precision="int4",
+        float_regions=recipe.floats,
+        met=True,
+        quantized_flops_fraction=round(fraction, 4),
+        evaluations=evaluations,
+        embeddings="int8, weight-only, a scale per row",
+        layers=choices,
+        targets=targets,
+    )

@@ -1,0 +1,135 @@
+"""INT4 weight-only quantization in the form TensorRT takes (REFERENCE.md; checked with TensorRT for RTX):
+
+    W [K, N] ──► W_q INT4 [K, N] (packed initializer), s [K/B, N] ──► DequantizeLinear(axis 0, block_size B,
+                                                                       zero point 0) ──► MatMul(x, ·)
+
+Blocks of B rows run along the input dimension K; symmetric, q = clip(round(w / s), -8, 7) with s = clip·amax/7
+per block and output column (`clip` < 1 is AWQ's clipping search, 1 is round-to-nearest). AWQ's per-input-channel
+scales t (W' = diag(t)·W, x' = x/t) are applied here too: 1/t folded into the normalization that computes x when
+it is the only reader (RMSNorm's or LayerNorm's γ, and β), else an explicit Mul that the MatMuls share. Only
+standard ops, opset 21: ONNX Runtime's CPU provider fuses the DequantizeLinear → MatMul pair into MatMulNBits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.matching import constant_value
+
+INT4_MIN, INT4_MAX = -8, 7
+INT4_MIN_OPSET = 21
+NORMALIZATIONS = ("RMSNormalization", "LayerNormalization", "SimplifiedLayerNormalization")
+
+
+def block_amax(weight: np.ndarray, block: int) -> np.ndarray:
+    """max |w| per block of `block` rows and column: [K/B, N]."""
+    rows, columns = weight.shape
+    return np.abs(weight.reshape(rows // block, block, columns)).max(axis=1)
+
+
+def quantize_int4(weight: np.ndarray, block: int, clip: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(q int8 in [-8, 7] [K, N], scale float32 [K/B, N]) of `weight` [K, N]; `clip` [K/B, N] scales the amax."""
+    rows, columns = weight.shape
+    amax = block_amax(weight, block) * (1.0 if clip is None else clip)
+    scale = np.where(amax > 0, amax / INT4_MAX, 1.0).astype(np.float32)
+    blocks = weight.reshape(rows // block, block, columns) / scale[:, None, :]
+    q = np.clip(np.round(blocks), INT4_MIN, INT4_MAX).astype(np.int8)
+    return q.reshape(rows, columns), scale
+
+
+def dequantize_int4(q: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
+    rows, columns = q.shape
+    return (q.reshape(rows // block, block, columns).astype(np.float32) * scale[:, None, :]).reshape(rows, columns)
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """One MatMul's quantized weight: diag(input_scale)·W, quantized with `clip` per block and column."""
+
+    input_scale: np.ndarray | None  # AWQ's t [K], shared by every MatMul reading the same activation
+    clip: np.ndarray | None  # [K/B, N]
+
+
+def int4_constant(name: str, q: np.ndarray) -> gs.Constant:
+    """A packed INT4 initializer (onnx-graphsurgeon exports numpy's int4 only through an onnx TensorProto)."""
+    import ml_dtypes
+    from onnx import numpy_helper
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    return gs.Constant(name, LazyValues(numpy_helper.from_array(q.astype(ml_dtypes.int4), name)))
+
+
+@dataclass
+class WeightOnlyInt4:
+    """Quantize the MatMuls named in `weights` (constant 2-D weights with K a multiple of `block`)."""
+
+    weights: Mapping[str, Int4Weight]
+    block: int = 128
+    name: str = "weight_only_int4"
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, graph: gs.Graph) -> PassReport:
+        nodes = {node.name: node for node in graph.nodes if node.name in self.weights}
+        scaled = self._apply_input_scales(graph, nodes)
+        quantized, weight_bytes = 0, 0
+        for name, node in nodes.items():
+            weight = constant_value(node.inputs[1])
+            plan = self.weights[name]
+            if weight is None or weight.ndim != 2 or weight.shape[0] % self.block:
+                self.skipped[name] = (
+                    f"weight {None if weight is None else list(weight.shape)}: not [K, N], K % {self.block}"
+                )
+                continue
+            weight = weight.astype(np.float32)
+            if plan.input_scale is not None:
+                weight = weight * plan.input_scale[:, None]
+            q, scale = quantize_int4(weight, self.block, plan.clip)
+            zero = np.zeros_like(q)
+            dequantized = gs.Variable(f"{name}/int4_weight", dtype=np.float32, shape=list(q.shape))
+            graph.nodes.append(gs.Node(
+                "DequantizeLinear", name=f"{name}/DequantizeLinear", attrs={"axis": 0, "block_size": self.block},
+                inputs=[int4_constant(f"{name}/weight_int4", q), gs.Constant(f"{name}/weight_scale", scale),
+                        int4_constant(f"{name}/weight_zero_point", zero[: scale.shape[0]])],
+                outputs=[dequantized],
+            ))  # fmt: skip
+            node.inputs[1] = dequantized
+            quantized += 1
+            weight_bytes += q.size // 2 + scale.nbytes
+        return PassReport(
+            self.name,
+            changed=quantized > 0,
+            counts={"matmuls_quantized": quantized, "activations_scaled": scaled, "skipped": len(self.skipped)},
+            details={"block_size": self.block, "int4_weight_bytes": weight_bytes, "skipped": dict(self.skipped)},
+        )
+
+    def _apply_input_scales(self, graph: gs.Graph, nodes: dict[str, gs.Node]) -> int:
+        """x/t for every activation that has AWQ scales: folded into its normalization, else one shared Mul."""
+        groups: dict[str, tuple[gs.Tensor, np.ndarray, list[gs.Node]]] = {}
+        for name, node in nodes.items():
+            scale = self.weights[name].input_scale
+            if scale is not None:
+                tensor = node.inputs[0]
+                groups.setdefault(tensor.name, (tensor, scale, []))[2].append(node)
+        for tensor, scale, readers in groups.values():
+            inverse = (1.0 / scale).astype(np.float32)
+            producer = tensor.inputs[0] if tensor.inputs else None
+            only_readers = {id(user) for user in tensor.outputs} == {id(node) for node in readers}
+            outputs = {id(output) for output in graph.outputs}
+            if producer is not None and producer.op in NORMALIZATIONS and only_readers and id(tensor) not in outputs:
+                for index in range(1, len(producer.inputs)):  # γ, and β where there is one
+                    value = constant_value(producer.inputs[index])
+                    if value is not None:
+                        producer.inputs[index] = gs.Constant(f"{producer.name}/awq_{index}", value * inverse)
+                continue
+            (divided,) = graph.layer(op="Mul", name=f"{tensor.name}/AwqScale",
+                                     inputs=[tensor, gs.Constant(f"{tensor.name}/awq_inverse_scale", inverse)],
+                                     outputs=[f"{tensor.name}/awq_scaled"])  # fmt: skip
+            divided.dtype = np.float32
+            for node in readers:
+                node.inputs[0] = divided
+        return len(groups)
