@@ -238,6 +238,14 @@ def decoder_text_too_short(tmp: Path) -> list[str]:
     return [str(TINYLM), "--precision", "int8", "--calibration", str(tmp / "short.txt")]
 
 
+def int4_awq_without_data(tmp: Path) -> list[str]:
+    return [str(TINYLM), "--precision", "int4"]
+
+
+def int4_low_opset(tmp: Path) -> list[str]:
+    return [str(small_mlp_onnx(tmp / "mlp.onnx")), "--precision", "int4", "--int4-algorithm", "rtn", "--opset", "20"]
+
+
 BEFORE, AFTER = True, False  # fails before the export and the passes start / can only fail during them
 CASES: dict[str, tuple[Case, str, bool]] = {
     "missing file": (missing_file, "nowhere.onnx", BEFORE),
@@ -273,6 +281,8 @@ CASES: dict[str, tuple[Case, str, bool]] = {
     "language budget for no decoder": (language_budget_for_no_decoder, "is a language-model metric", BEFORE),
     "decoder text without tokenizer": (decoder_text_without_tokenizer, "has no tokenizer.json", BEFORE),
     "decoder text too short": (decoder_text_too_short, "fewer than one window of 128", BEFORE),
+    "int4 awq without data": (int4_awq_without_data, "int4 with awq needs calibration data", BEFORE),
+    "int4 below opset 21": (int4_low_opset, "needs opset 21", BEFORE),
 }
 
 

@@ -70,7 +70,8 @@ def test_auto_meets_a_perplexity_budget_and_the_variants_generate(tmp_path: Path
     assert by_name["fp32"].accuracy["perplexity-ratio"] == 1.0
     for name in ("int8", "fp8", manifest.targets[0].variant):
         accuracy = by_name[name].accuracy
-        assert 1.0 < accuracy["perplexity-ratio"] <= 1.03 and 0 < accuracy["next-token-agreement"] < 1, name
+        # (a quantized variant may even score a hair better than fp32 on 8 windows: fp8 did, 0.996)
+        assert 0.95 < accuracy["perplexity-ratio"] <= 1.03 and 0 < accuracy["next-token-agreement"] < 1, name
         assert "heldout.txt" in by_name[name].evaluated_on
     plan = json.loads((tmp_path / "out" / "precision.json").read_text())
     assert plan["budget"] == "perplexity-ratio<=1.03"

@@ -1,0 +1,89 @@
+"""INT4 weight-only variants: the form TensorRT takes (packed INT4, blockwise DequantizeLinear along K, zero points
+0), AWQ against round-to-nearest on tinylm's held-out text, engines for the RTX targets that run INT4 (sm_75
+gets fp16 and says why), and a second decoder of another shape with a smaller block."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.passes.int4 import INT4_MAX, dequantize_int4, quantize_int4
+from tensorsmith.runtime import load
+from tests.compiler.test_decoder_quantization import TINYLM, calibration_text
+from tests.compiler.test_decoders import save_checkpoint
+
+GPU_INT4 = ["sm_86", "sm_89", "sm_120"]
+
+
+def test_blockwise_int4_rounds_within_half_a_step() -> None:
+    weight = np.random.default_rng(0).standard_normal((256, 48)).astype(np.float32)
+    q, scale = quantize_int4(weight, 128)
+    assert q.min() >= -8 and q.max() <= INT4_MAX and scale.shape == (2, 48)
+    error = np.abs(dequantize_int4(q, scale, 128) - weight).reshape(2, 128, 48)
+    assert (error <= scale[:, None, :] / 2 + 1e-6).all()
+    _, smaller = quantize_int4(weight, 128, np.full((2, 48), 0.5, np.float32))
+    assert np.allclose(smaller, scale * 0.5)
+
+
+def _compile(out: Path, algorithm: str, text: Path, targets: list[str]) -> dict:
+    config = CompileConfig.create(
+        {"source": str(TINYLM / "checkpoint"), "targets": targets, "precision": "int4", "int4_algorithm": algorithm,
+         "calibration": str(text), "calibration_samples": 32, "evaluation": str(TINYLM / "heldout.txt"),
+         "generation": {"max_sequence_length": 256, "max_batch": 4}}
+    )  # fmt: skip
+    manifest = compile(config, out).manifest
+    return {variant.name: variant for variant in manifest.variants} | {"targets": manifest.targets}
+
+
+@pytest.mark.slow
+def test_awq_beats_round_to_nearest_and_engines_build(tmp_path: Path) -> None:
+    text = calibration_text(tmp_path / "calibration.txt")
+    awq = _compile(tmp_path / "awq", "awq", text, ["cpu", "sm_75", *GPU_INT4])
+    rtn = _compile(tmp_path / "rtn", "rtn", text, ["cpu", "sm_86"])
+    for name in ("int4", "cpu-int4"):
+        assert 1.0 < awq[name].accuracy["perplexity-ratio"] < rtn[name].accuracy["perplexity-ratio"], name
+    # the GPU variant at most 30 % of the fp16 one (the sm_75 fallback), vocabulary table in INT4 too
+    sizes = {name: os.path.getsize(tmp_path / "awq" / awq[name].path) for name in ("int4", "fp16")}
+    assert sizes["int4"] <= 0.30 * sizes["fp16"], sizes
+    model = onnx.load(str(tmp_path / "awq" / awq["int4"].path))
+    weights = {t.name: t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT4}
+    assert weights and all(len(t.raw_data) == int(np.prod(t.dims)) // 2 for t in weights.values())  # packed
+    dequantize = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in weights]
+    for node in dequantize:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes["block_size"] == 128
+        zero = onnx.numpy_helper.to_array(weights[node.input[2]])
+        assert not zero.astype(np.int8).any()
+    by_target = {target.name: target for target in awq["targets"]}
+    for name in GPU_INT4:
+        target = by_target[name]
+        assert target.status == "built" and target.variant == "int4", target.reason
+        assert target.engine is not None and target.engine.profile_names == ["prefill", "decode"]
+    assert by_target["sm_75"].variant == "fp16" and "no INT4" in by_target["sm_75"].reason
+    prompt = np.array([[1, 40, 41, 42, 43]], np.int64)
+    generated = load(tmp_path / "awq", backend="onnxruntime").generate(prompt, max_new_tokens=8)
+    assert generated.shape == (1, 13)
+
+
+@pytest.mark.slow
+def test_a_second_decoder_with_a_smaller_block(tmp_path: Path) -> None:
+    """A Llama of another shape (hidden 64: no 128-row block fits) quantizes with block 32, from token ids."""
+    save_checkpoint("llama", tmp_path / "checkpoint")
+    ids = np.random.default_rng(0).integers(3, 256, (24, 64)).astype(np.int64)
+    np.savez(tmp_path / "tokens.npz", input_ids=ids)
+    config = CompileConfig.create(
+        {"source": str(tmp_path / "checkpoint"), "targets": ["cpu", "sm_86"], "precision": "int4",
+         "int4_block_size": 32, "calibration": str(tmp_path / "tokens.npz")}
+    )  # fmt: skip
+    manifest = compile(config, tmp_path / "out").manifest
+    variants = {variant.name: variant for variant in manifest.variants}
+    accuracy = variants["cpu-int4"].accuracy  # a random model on random tokens: noise moves perplexity both ways
+    assert 0.8 < accuracy["perplexity-ratio"] < 1.2 and accuracy["next-token-agreement"] > 0.5, accuracy
+    quantized = next(record for record in manifest.passes if record.name == "weight_only_int4")
+    assert quantized.counts["matmuls_quantized"] == 2 * 7 + 1 and quantized.details["block_size"] == 32
+    assert manifest.targets[1].status == "built", manifest.targets[1].reason
