@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate import CHECKPOINT, HELDOUT, ROOT, _builds, _process, _timed, prompts
 
 MODELOPT_SITE = ROOT / "build" / "modelopt-site"
-WINDOWS, WINDOW, CALIBRATION_WINDOWS, NEW_TOKENS, RUNS = 8, 128, 32, 64, 3
+WINDOWS, WINDOW, CALIBRATION_WINDOWS, NEW_TOKENS, RUNS = 64, 128, 32, 64, 3
 
 
 def windows(path: Path, count: int) -> np.ndarray:
@@ -70,15 +70,14 @@ def quantize(side: str, fp32: str, output: str, calibration: str, layout: str) -
         tokens = np.load(calibration)["input_ids"]
         feeds = [prefill_feeds(tokens[i : i + 1], json.loads(layout)) for i in range(len(tokens))]
 
-        class Reader:
+        from onnxruntime.quantization import CalibrationDataReader
+
+        class Reader(CalibrationDataReader):
             def __init__(self) -> None:
                 self.items = iter(feeds)
 
             def get_next(self) -> dict[str, np.ndarray] | None:
                 return next(self.items, None)
-
-            def rewind(self) -> None:
-                self.items = iter(feeds)
 
         config = nbits.GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(), block_size=128)
     quantizer = nbits.MatMulNBitsQuantizer(onnx.load(fp32), block_size=128, is_symmetric=True, algo_config=config)
@@ -149,19 +148,21 @@ def run() -> None:
         np.savez(work / "calibration.npz", input_ids=windows(calibration_text, CALIBRATION_WINDOWS))
         common = ["--target", "cpu", "--target", "sm_86", "--eval-data", str(HELDOUT)]
         made: dict[str, tuple[float, float, int]] = {}
-        made["fp32 (reference)"] = _process([tensorsmith, "compile", str(CHECKPOINT), "-o", str(work / "fp32"),
-                                             "--target", "cpu", "--precision", "fp32"])  # fmt: skip
+        # fp32 with a GPU target: standard ops only (no Attention node), the graph any exporter gives the anchors
+        reference_compile = [tensorsmith, "compile", str(CHECKPOINT), "-o", str(work / "fp32"), "--precision", "fp32"]
+        made["fp32 (reference)"] = _process([*reference_compile, "--target", "cpu", "--target", "sm_86"])
         manifest = json.loads((work / "fp32" / "manifest.json").read_text())
         layout = json.dumps({key: manifest["generation"][key] for key in ("layers", "kv_heads", "head_dim")})
         fp32 = work / "fp32" / "model.onnx"
         graphs: dict[str, Path] = {"fp32 (reference)": fp32}
-        for algorithm in ("rtn", "awq"):
-            name = f"tensorsmith int4 {algorithm}"
-            made[name] = _process([tensorsmith, "compile", str(CHECKPOINT), "-o", str(work / algorithm), *common,
-                                   "--precision", "int4", "--int4-algorithm", algorithm,
-                                   "--calibration", str(calibration_text), "--calibration-samples", "32"])  # fmt: skip
-            graphs[name] = work / algorithm / "variants" / "int4.onnx"
-            graphs[f"{name} (cpu variant)"] = work / algorithm / "variants" / "cpu-int4.onnx"
+        for algorithm, block in (("rtn", 128), ("awq", 128), ("awq", 64), ("awq", 32)):
+            name, folder = f"tensorsmith int4 {algorithm} block {block}", work / f"{algorithm}{block}"
+            made[name] = _process([tensorsmith, "compile", str(CHECKPOINT), "-o", str(folder), *common,
+                                   "--precision", "int4", "--int4-algorithm", algorithm, "--int4-block-size",
+                                   str(block), "--calibration", str(calibration_text), "--calibration-samples",
+                                   "32"])  # fmt: skip
+            graphs[name] = folder / "variants" / "int4.onnx"
+            graphs[f"{name} (cpu variant)"] = folder / "variants" / "cpu-int4.onnx"
         anchors = ["onnxruntime:RTN", "onnxruntime:HQQ", "onnxruntime:GPTQ"]
         if MODELOPT_SITE.is_dir():
             anchors = ["modelopt:awq_lite", "modelopt:awq_clip", *anchors]
@@ -215,8 +216,8 @@ def _files(path: Path) -> list[Path]:
 def _engine(path: Path, work: Path, name: str) -> str:
     """Whether TensorRT for RTX builds the graph for sm_86 (tensorsmith's own: the compile built it)."""
     if name.startswith("tensorsmith") and "cpu variant" not in name:
-        algorithm = name.split()[-1]
-        manifest = json.loads((work / algorithm / "manifest.json").read_text())
+        words = name.split()
+        manifest = json.loads((work / f"{words[2]}{words[4]}" / "manifest.json").read_text())
         target = next(t for t in manifest["targets"] if t["name"] == "sm_86")
         return f"{target['status']} by the compile (profiles {(target.get('engine') or {}).get('profile_names')})"
     if "cpu variant" in name or "reference" in name:
@@ -232,7 +233,7 @@ def _builds_decoder(path: Path, work: Path) -> str:
     from tensorsmith.compiler.engines.profiles import Profile
     from tensorsmith.core.errors import BuildError
 
-    manifest = json.loads((work / "awq" / "manifest.json").read_text())
+    manifest = json.loads((work / "awq128" / "manifest.json").read_text())
     target = next(t for t in manifest["targets"] if t["name"] == "sm_86")
     profiles = [Profile({k: (tuple(v["min"]), tuple(v["opt"]), tuple(v["max"])) for k, v in p.items()})
                 for p in target["engine"]["profiles"]]  # fmt: skip

@@ -8,10 +8,18 @@ import numpy as np
 from tensorsmith.runtime.generation import log_softmax
 
 
+def _token_log_likelihoods(tokens: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """log p(next token) at every position but the last, [rows, length - 1]; a row at a time, so the float64
+    log-softmax never holds more than one row's [length, vocab]."""
+    return np.stack([
+        np.take_along_axis(log_softmax(row_logits[:-1]), row_tokens[1:, None], axis=-1)[:, 0]
+        for row_tokens, row_logits in zip(tokens, logits, strict=True)
+    ])  # fmt: skip
+
+
 def mean_negative_log_likelihood(tokens: np.ndarray, logits: np.ndarray) -> float:
     """Of each next token (tokens[:, 1:]) under the logits before it (logits[:, :-1]); [rows, length(, vocab)]."""
-    predicted = log_softmax(logits[:, :-1])
-    return float(-np.take_along_axis(predicted, tokens[:, 1:, None], axis=-1).mean())
+    return float(-_token_log_likelihoods(tokens, logits).mean())
 
 
 def language_model_metrics(tokens: np.ndarray, reference_logits: np.ndarray, logits: np.ndarray) -> dict[str, float]:

@@ -94,6 +94,15 @@ def plan_int4(
     return Int4Plan(weights, algorithm, block, found.layers, skipped, alphas, relative)
 
 
+def tied_projection_names(model: onnx.ModelProto) -> set[str]:
+    from tensorsmith.passes.embeddings import MIN_ROWS, tied_projections
+
+    graph = gs.import_onnx(model)
+    tables = [node.inputs[0] for node in graph.nodes if node.op == "Gather" and isinstance(node.inputs[0], gs.Constant)]
+    return {node.name for table in tables if table.values.ndim == 2 and table.values.shape[0] >= MIN_ROWS
+            for node in tied_projections(graph, table.values)}  # fmt: skip
+
+
 def build_int4_variant(
     model: onnx.ModelProto, recipe: Recipe, plan: Int4Plan, evaluation: Evaluation, directory: Path
 ) -> tuple[VariantRecord, list[PassReport]]:
@@ -103,10 +112,12 @@ def build_int4_variant(
 
     name = recipe.variant
     path = variant_path(directory, name)
-    passes: list[GraphPass] = [WeightOnlyInt4(plan.weights, plan.block)]
-    # vocabulary tables: int8 rows gathered first on ONNX Runtime (it cannot Gather INT4), INT4 for TensorRT
+    # vocabulary tables: int8 rows gathered first on ONNX Runtime (it cannot Gather INT4); INT4 for TensorRT, where
+    # an output projection tied to the table reads the same INT4 table (so the weight pass leaves it alone)
     cpu = recipe.floats == "fp32"
-    passes.append(QuantizeEmbeddings(gather_first=cpu, int4=not cpu))
+    tied = set() if cpu else tied_projection_names(model)
+    weights = {node: weight for node, weight in plan.weights.items() if node not in tied}
+    passes: list[GraphPass] = [WeightOnlyInt4(weights, plan.block), QuantizeEmbeddings(gather_first=cpu, int4=not cpu)]
     if recipe.floats == "fp16":
         passes.append(ConvertToFp16())
     reports = rewrite(model, passes, path)

@@ -54,11 +54,17 @@ def test_awq_beats_round_to_nearest_and_engines_build(tmp_path: Path) -> None:
     weights = {t.name: t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT4}
     assert weights and all(len(t.raw_data) == int(np.prod(t.dims)) // 2 for t in weights.values())  # packed
     dequantize = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in weights]
+    blocks = set()
     for node in dequantize:
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        assert attributes["block_size"] == 128
+        blocks.add((attributes["axis"], attributes["block_size"]))
         zero = onnx.numpy_helper.to_array(weights[node.input[2]])
         assert not zero.astype(np.int8).any()
+    assert blocks == {(0, 128), (1, 32)}  # weights along K; the vocabulary table along its rows
+    # tinylm ties its output projection to the vocabulary table: one INT4 table serves both
+    (table,) = [n for n in dequantize if n.input[0].endswith("/int4/quantized")]
+    readers = [n.op_type for n in model.graph.node if table.output[0] in n.input]
+    assert sorted(readers) == ["Gather", "Transpose"]
     by_target = {target.name: target for target in awq["targets"]}
     for name in GPU_INT4:
         target = by_target[name]
