@@ -13,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from tensorsmith.calibration import CalibrationData
+from tensorsmith.calibration.data import Feeds
 from tensorsmith.calibration.layers import activation_shapes, list_layers
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.feeds import example_feeds
@@ -129,19 +132,21 @@ def _int4_variants(
 def _int4_evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | None) -> Evaluation:
     """What an INT4 variant is measured on: AWQ's held-out split, else the evaluation text or arrays, else the
     verification inputs."""
-    if split is None and config.evaluation is not None:
-        text = text_evaluation(config, fused.inputs)
-        if text is not None:
-            split = SplitData(CalibrationData([], []), text.feeds, text.described, text.tokens)
-        else:
-            evaluation = config.resolve(config.evaluation)
-            feeds = concatenated(CalibrationData(evaluation, [r.spec() for r in fused.inputs], batch_size=READ_BATCH))
-            split = SplitData(CalibrationData([], []), feeds, str(evaluation))
-    if split is None:
-        feeds = example_feeds(config, seed=1, size_offset=1)
-        return Evaluation(feeds, run_onnx(fused.path, feeds), None, "the verification inputs")
-    reference = run_onnx(fused.path, split.evaluation)
-    return Evaluation(split.evaluation, reference, None, split.evaluated_on, split.tokens, split.timing)
+
+    def measured_on(feeds: Feeds, described: str, tokens: np.ndarray | None = None) -> Evaluation:
+        return Evaluation(feeds, run_onnx(fused.path, feeds), None, described, tokens)
+
+    if split is not None:
+        reference = run_onnx(fused.path, split.evaluation)
+        return Evaluation(split.evaluation, reference, None, split.evaluated_on, split.tokens, split.timing)
+    text = text_evaluation(config, fused.inputs)
+    if text is not None:
+        return measured_on(text.feeds, text.described, text.tokens)
+    if config.evaluation is not None:
+        path = config.resolve(config.evaluation)
+        specs = [record.spec() for record in fused.inputs]
+        return measured_on(concatenated(CalibrationData(path, specs, batch_size=READ_BATCH)), str(path))
+    return measured_on(example_feeds(config, seed=1, size_offset=1), "the verification inputs")
 
 
 def _split(config: CompileConfig, fused: FusedGraph) -> SplitData:
