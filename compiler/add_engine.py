@@ -31,7 +31,7 @@ def variant_for(manifest: Manifest, plan: PrecisionPlan | None, target: str) -> 
     names = [variant.name for variant in manifest.variants]
     row = get_target(target)
     if plan is not None:
-        wanted = row.recipe(plan.precision).variant
+        wanted = row.recipe(plan.precision, weight_only=manifest.generation is not None).variant  # a decoder's auto
         if wanted in names:
             return manifest.variant(wanted)
         raise BuildError(

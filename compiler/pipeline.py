@@ -61,7 +61,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     if budget is not None and budget.is_language and not source.is_decoder:
         raise ConfigError(f"budget {budget} is a language-model metric, and {config.source} is no text-generation "
                           "model", hint="use cosine, min-cosine, max-abs or sqnr-db")  # fmt: skip
-    plan = plan_variants(config)
+    plan = plan_variants(config, decoder=source.is_decoder)
     with staged_artifact(out) as staging:
         fused = fused_graph(source, staging, timed)
         variants = build_variants(plan, fused, config, staging, timed)

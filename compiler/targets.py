@@ -61,10 +61,10 @@ class Target:
         """The builder a pending engine waits for, on a machine with this GPU."""
         return "tensorrt" if self.datacenter else self.builders[0]
 
-    def fallback(self, request: Request) -> str | None:
+    def fallback(self, request: Request, weight_only: bool = False) -> str | None:
         """Why this target gets another variant than `request` asks for, where it does (the manifest says it)."""
-        if request == "int4" and "int4" not in self.precisions:
-            return f"{self.name} ({self.gpus}) has no INT4 weight-only kernels: {self.recipe(request).variant} instead"
+        if (request == "int4" or (request == "auto" and weight_only)) and "int4" not in self.precisions:
+            return f"{self.name} ({self.gpus}) has no INT4 weight-only kernels: {self.recipe('int4').variant} instead"
         return None
 
     def runs(self, precision: str) -> bool:
@@ -73,11 +73,12 @@ class Target:
             precision == "auto" or precision in self.precisions or (precision == "fp32" and "fp16" in self.precisions)
         )
 
-    def recipe(self, request: Request) -> Recipe:
-        """The variant this target runs for `--precision request`."""
+    def recipe(self, request: Request, weight_only: bool = False) -> Recipe:
+        """The variant this target runs for `--precision request`. `weight_only`: a decoder's `auto`, which chooses
+        each weight layer's precision (int4, int8 weight-only, float): an INT4-recipe variant, like `int4`."""
         if request == "int8" or request == "fp8":
             return Recipe(request, self.float_regions)
-        if request == "int4":
+        if request == "int4" or (request == "auto" and weight_only):
             if "int4" in self.precisions:
                 return Recipe("int4", self.float_regions)
             return self.recipe("fp16")  # the best it runs (sm_75): `fallback` says why

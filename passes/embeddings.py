@@ -32,6 +32,7 @@ class QuantizeEmbeddings:
     min_rows: int = MIN_ROWS
     gather_first: bool = False  # scale the gathered rows (ONNX Runtime) instead of dequantizing the table
     int4: bool = False  # the dequantized form in INT4, blockwise along a row (int4 variants for TensorRT)
+    tie: bool = True  # with int4: an output projection tied to the table reads the INT4 table too
     name: str = "quantize_embeddings"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
@@ -59,7 +60,7 @@ class QuantizeEmbeddings:
             if self.int4 and (block := _row_block(values.shape[1])):
                 (dequantized,), stored = _int4_table(graph, table.name, values, block)
                 saved += codes.nbytes - stored  # (the int8 figures are subtracted below)
-                for projection in tied_projections(graph, values):  # one INT4 table for both, as the model ties
+                for projection in tied_projections(graph, values) if self.tie else []:  # one table, as the model ties
                     (transposed,) = graph.layer(
                         op="Transpose", name=f"{projection.name}/tied", attrs={"perm": [1, 0]},
                         inputs=[dequantized], outputs=[f"{projection.name}/tied_weight"],

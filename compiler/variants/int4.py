@@ -7,6 +7,7 @@ Runtime), each measured against the fp32 graph, as a language model where the mo
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,11 +22,11 @@ from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.quantized import Evaluation, with_text_metrics
 from tensorsmith.compiler.variants.rewrite import rewrite, variant_path
 from tensorsmith.core.metrics import accuracy
-from tensorsmith.core.module_paths import module_paths
+from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import GraphPass, PassReport
-from tensorsmith.passes.int4 import Int4Weight, WeightOnlyInt4
+from tensorsmith.passes.int4 import Int4Weight, WeightOnlyInt4, WeightOnlyInt8
 from tensorsmith.passes.matching import constant_value
 from tensorsmith.runtime.manifest import VariantRecord, sha256_of
 
@@ -52,7 +53,7 @@ class WeightMatMuls:
 
 def weight_matmuls(model: onnx.ModelProto, block: int) -> WeightMatMuls:
     """The MatMuls with a constant 2-D float weight, and which of them INT4 can take."""
-    modules = module_paths(model)
+    modules = module_paths_recorded(model)  # the fused graph carries them (frontend/fused.py)
     chosen, skipped, layers = {}, {}, {}
     for node in gs.import_onnx(model).nodes:
         if node.op != "MatMul" or constant_value(node.inputs[0]) is not None:
@@ -104,20 +105,32 @@ def tied_projection_names(model: onnx.ModelProto) -> set[str]:
 
 
 def build_int4_variant(
-    model: onnx.ModelProto, recipe: Recipe, plan: Int4Plan, evaluation: Evaluation, directory: Path
-) -> tuple[VariantRecord, list[PassReport]]:
-    """Write and measure the int4 variant of `recipe` (fp16 or fp32 float regions)."""
+    model: onnx.ModelProto,
+    recipe: Recipe,
+    plan: Int4Plan,
+    evaluation: Evaluation,
+    directory: Path,
+    assignment: Mapping[str, str] | None = None,
+    tables: bool = True,
+) -> tuple[VariantRecord, list[PassReport], list[np.ndarray]]:
+    """Write and measure the int4 variant of `recipe` (fp16 or fp32 float regions): every layer of the plan in INT4,
+    or as `assignment` says (int4 / int8 / fp16 per layer, `--precision auto`); vocabulary tables quantized when
+    `tables`. Returns the record, the passes' reports and the variant's outputs on the evaluation feeds."""
     from tensorsmith.passes.embeddings import QuantizeEmbeddings
     from tensorsmith.passes.fp16 import ConvertToFp16
 
     name = recipe.variant
     path = variant_path(directory, name)
+    levels = assignment if assignment is not None else dict.fromkeys(plan.weights, "int4")
     # vocabulary tables: int8 rows gathered first on ONNX Runtime (it cannot Gather INT4); INT4 for TensorRT, where
-    # an output projection tied to the table reads the same INT4 table (so the weight pass leaves it alone)
+    # an output projection tied to the table reads the same INT4 table when it is in INT4 itself
     cpu = recipe.floats == "fp32"
-    tied = set() if cpu else tied_projection_names(model)
-    weights = {node: weight for node, weight in plan.weights.items() if node not in tied}
-    passes: list[GraphPass] = [WeightOnlyInt4(weights, plan.block), QuantizeEmbeddings(gather_first=cpu, int4=not cpu)]
+    tied = set() if cpu else {node for node in tied_projection_names(model) if levels.get(node) == "int4"}
+    weights = {node: weight for node, weight in plan.weights.items() if levels.get(node) == "int4" and node not in tied}
+    int8 = frozenset(node for node, level in levels.items() if level == "int8")
+    passes: list[GraphPass] = [WeightOnlyInt4(weights, plan.block), WeightOnlyInt8(int8)]
+    if tables:
+        passes.append(QuantizeEmbeddings(gather_first=cpu, int4=not cpu, tie=bool(tied)))
     if recipe.floats == "fp16":
         passes.append(ConvertToFp16())
     reports = rewrite(model, passes, path)
@@ -126,12 +139,12 @@ def build_int4_variant(
         name=name,
         path=str(path.relative_to(directory)),
         sha256=sha256_of(path),
-        precisions=["int4", recipe.floats],
+        precisions=[*sorted({"int4", *levels.values()} - {"fp16"}, reverse=True), recipe.floats],
         accuracy=accuracy(evaluation.reference, outputs),
         evaluated_on=evaluation.described,
     )
     logger.info("%s variant (%s, block %d): %s", name, plan.algorithm, plan.block, record.accuracy)
-    return with_text_metrics(record, evaluation, outputs), reports
+    return with_text_metrics(record, evaluation, outputs), reports, outputs
 
 
 def int4_recipe_plan(recipe: Recipe, plan: Int4Plan, targets: list[str], evaluations: int) -> RecipePlan:

@@ -41,7 +41,10 @@ class VariantPlan:
         return VariantPlan(self.request, kept, self.notes)
 
 
-def plan_variants(config: CompileConfig) -> VariantPlan:
+def plan_variants(config: CompileConfig, decoder: bool = False) -> VariantPlan:
+    """A decoder's `auto` chooses weight precisions (int4 / int8 / float per layer, bytes being what decoding
+    pays); any other model's chooses int8 or fp8 layers with calibrated activations."""
     targets = [get_target(name) for name in config.targets]
-    notes = {target.name: note for target in targets if (note := target.fallback(config.precision))}
-    return VariantPlan(config.precision, {target.name: target.recipe(config.precision) for target in targets}, notes)
+    notes = {target.name: note for target in targets if (note := target.fallback(config.precision, decoder))}
+    recipes = {target.name: target.recipe(config.precision, decoder) for target in targets}
+    return VariantPlan(config.precision, recipes, notes)

@@ -10,7 +10,7 @@ Targets that share a variant share its file and engine input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ from tensorsmith.compiler.variants.plan import VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.quantized import Evaluation, build_quantized, search_layers, with_text_metrics
 from tensorsmith.compiler.variants.text_data import is_decoder_graph, text_split
+from tensorsmith.compiler.variants.weight_mix import build_mixed_variant, search_weights
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
@@ -63,7 +64,7 @@ def build_variants(
     """Write every variant the plan needs into `directory` (variants/, calibration files, precision.json)."""
     if plan.quantized():
         variants, precision_plan, tuned_names = _quantized_variants(plan, fused, config, directory, reporter)
-    elif plan.int4():
+    elif plan.int4():  # --precision int4, or a decoder's auto
         (variants, precision_plan), tuned_names = _int4_variants(plan, fused, config, directory, reporter), set()
     else:
         variants, tuned_names = _float_variants(plan, fused, config, directory, reporter), set()
@@ -117,16 +118,30 @@ def _int4_variants(
     evaluation = _int4_evaluation(config, fused, split)
     int4_plan = plan_int4(fused.model, config.int4_algorithm, config.int4_block_size,
                           split.calibration if split else None, reporter)  # fmt: skip
-    records, by_target, reports, recipes = list(floats.records), dict(floats.by_target), [], {}
+    budget = config.accuracy_budget()  # `auto`: each weight layer's precision against it
+    if budget is not None:
+        evaluation = replace(evaluation, budget=budget.on_tokens(split.tokens) if split and split.tokens is not None
+                             else budget)  # fmt: skip
+    search = (
+        search_weights(fused.model, int4_plan, evaluation, config.sensitivity_samples, reporter) if budget else None
+    )
+    records, by_target, reports, recipes, unmet = list(floats.records), dict(floats.by_target), [], {}, []
     for recipe, targets in plan.int4().items():
         reporter.stage(f"{recipe.variant}: writing and measuring the variant ({config.int4_algorithm})")
-        record, passes = build_int4_variant(fused.model, recipe, int4_plan, evaluation, directory)
+        if search is None:
+            record, passes, _ = build_int4_variant(fused.model, recipe, int4_plan, evaluation, directory)
+            recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, evaluations=1)
+        else:
+            mixed = build_mixed_variant(fused.model, recipe, int4_plan, search, evaluation, directory, targets)
+            record, passes, recipes[record.name] = mixed.record, mixed.reports, mixed.plan
+            if not mixed.plan.met:
+                unmet.append(f"{record.name}: {evaluation.budget} not met ({mixed.plan.achieved:.6f})")
         records.append(record)
         by_target.update(dict.fromkeys(targets, record))
         reports += passes
-        recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, evaluations=1)
-    precision_plan = PrecisionPlan(precision=plan.request, evaluated_on=evaluation.described, recipes=recipes)
-    return Variants(records, by_target, reports), precision_plan
+    precision_plan = PrecisionPlan(precision=plan.request, evaluated_on=evaluation.described,
+                                   budget=str(budget) if budget else None, recipes=recipes)  # fmt: skip
+    return Variants(records, by_target, reports, unmet), precision_plan
 
 
 def _int4_evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | None) -> Evaluation:

@@ -93,3 +93,34 @@ def test_a_second_decoder_with_a_smaller_block(tmp_path: Path) -> None:
     quantized = next(record for record in manifest.passes if record.name == "weight_only_int4")
     assert quantized.counts["matmuls_quantized"] == 2 * 7 + 1 and quantized.details["block_size"] == 32
     assert manifest.targets[1].status == "built", manifest.targets[1].reason
+
+
+@pytest.mark.slow
+def test_auto_chooses_each_weight_layer_within_a_perplexity_budget(tmp_path: Path) -> None:
+    """A decoder's `auto`: int4 / int8 weight-only / fp16 per layer, the budget met on held-out text by the
+    verified variant, every layer's choice and reason in precision.json, engines built with both profiles."""
+    import json
+
+    text = calibration_text(tmp_path / "calibration.txt")
+    config = CompileConfig.create(
+        {"source": str(TINYLM / "checkpoint"), "targets": ["cpu", "sm_86"], "precision": "auto",
+         "budget": "perplexity-ratio<=1.03", "calibration": str(text), "calibration_samples": 32,
+         "evaluation": str(TINYLM / "heldout.txt"), "generation": {"max_sequence_length": 256, "max_batch": 4}}
+    )  # fmt: skip
+    result = compile(config, tmp_path / "out")
+    assert result.budget_met, result.unmet_budgets
+    variants = {variant.name: variant for variant in result.manifest.variants}
+    plan = json.loads((tmp_path / "out" / "precision.json").read_text())
+    assert plan["budget"] == "perplexity-ratio<=1.03"
+    for name in ("int4", "cpu-int4"):
+        assert variants[name].accuracy["perplexity-ratio"] <= 1.03
+        recipe = plan["recipes"][name]
+        assert recipe["met"] and recipe["achieved"] <= 1.03
+        levels = {layer["precision"] for layer in recipe["layers"]}
+        assert "int4" in levels and levels <= {"int4", "int8", "fp16", "fp32"}, levels
+        assert all(layer["reason"].startswith("search") and layer["module"] for layer in recipe["layers"])
+    fp32_bytes = os.path.getsize(tmp_path / "out" / "model.onnx")
+    assert os.path.getsize(tmp_path / "out" / variants["int4"].path) < 0.5 * fp32_bytes / 2  # under half of fp16's
+    target = result.manifest.targets[1]
+    assert target.status == "built" and target.variant == "int4" and target.engine is not None, target.reason
+    assert target.engine.profile_names == ["prefill", "decode"]
