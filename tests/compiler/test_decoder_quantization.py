@@ -56,33 +56,33 @@ def test_decode_calibration_feeds_continue_the_prefill(fp32_tinylm: Path, tmp_pa
 
 
 @pytest.mark.slow
-def test_auto_meets_a_perplexity_budget_and_the_variants_generate(tmp_path: Path) -> None:
+def test_int8_and_fp8_calibrate_on_prefill_and_decode_and_the_variants_generate(tmp_path: Path) -> None:
+    """--precision int8 / fp8 for a decoder (every layer the policy allows, calibrated activations), measured as a
+    language model; a decoder's `auto` chooses weight precisions instead (tests/compiler/test_int4.py)."""
     text = calibration_text(tmp_path / "calibration.txt")
-    config = CompileConfig.create(
-        {"source": str(TINYLM / "checkpoint"), "targets": ["cpu", "sm_86", "sm_89"], "precision": "auto",
-         "budget": "perplexity-ratio<=1.03", "calibration": str(text), "calibration_samples": 32,
-         "evaluation": str(TINYLM / "heldout.txt"), "generation": {"max_sequence_length": 256, "max_batch": 4}}
-    )  # fmt: skip
-    result = compile(config, tmp_path / "out")
-    assert result.budget_met, result.unmet_budgets
-    manifest = result.manifest
-    by_name = {variant.name: variant for variant in manifest.variants}
+    common = {
+        "source": str(TINYLM / "checkpoint"),
+        "calibration": str(text),
+        "calibration_samples": 32,
+        "evaluation": str(TINYLM / "heldout.txt"),
+        "generation": {"max_sequence_length": 256, "max_batch": 4},
+    }
+    int8 = compile(CompileConfig.create({**common, "targets": ["cpu", "sm_86"], "precision": "int8"}),
+                   tmp_path / "int8").manifest  # fmt: skip
+    fp8 = compile(CompileConfig.create({**common, "targets": ["sm_89"], "precision": "fp8"}), tmp_path / "fp8").manifest
+    by_name = {variant.name: variant for manifest in (int8, fp8) for variant in manifest.variants}
     assert by_name["fp32"].accuracy["perplexity-ratio"] == 1.0
-    for name in ("int8", "fp8", manifest.targets[0].variant):
+    for name in ("int8", "cpu-int8", "fp8"):
         accuracy = by_name[name].accuracy
-        # (a quantized variant may even score a hair better than fp32 on 8 windows: fp8 did, 0.996)
-        assert 0.95 < accuracy["perplexity-ratio"] <= 1.03 and 0 < accuracy["next-token-agreement"] < 1, name
+        assert 0.95 < accuracy["perplexity-ratio"] < 1.3 and 0 < accuracy["next-token-agreement"] < 1, name
         assert "heldout.txt" in by_name[name].evaluated_on
-    plan = json.loads((tmp_path / "out" / "precision.json").read_text())
-    assert plan["budget"] == "perplexity-ratio<=1.03"
-    assert all(recipe["met"] and recipe["achieved"] <= 1.03 for recipe in plan["recipes"].values())
     # calibration ran prefill and decode steps: 32 windows, 4 feeds each
-    table = json.loads((tmp_path / "out" / "calibration.json").read_text())
+    table = json.loads((tmp_path / "int8" / "calibration.json").read_text())
     assert table["samples"] == 32 * 4
-    for target in manifest.targets[1:]:
+    for target in [*int8.targets[1:], *fp8.targets]:
         assert target.status == "built" and target.variant in ("int8", "fp8"), target.reason
         assert target.engine is not None and target.engine.profile_names == ["prefill", "decode"]
 
-    prompt = np.array([[1, *token_windows(config, TINYLM / "heldout.txt", 16, 1)[0]]], np.int64)
-    quantized = load(tmp_path / "out", backend="onnxruntime").generate(prompt, max_new_tokens=16)
+    prompt = np.array([[1, *token_windows(CompileConfig.create(common), TINYLM / "heldout.txt", 16, 1)[0]]], np.int64)
+    quantized = load(tmp_path / "int8", backend="onnxruntime").generate(prompt, max_new_tokens=16)
     assert quantized.shape == (1, 17 + 16) and (quantized[:, :17] == prompt).all()
