@@ -1,4 +1,5 @@
-"""INT4 weight-only on one checkpoint (samples/tinylm) and the same held-out text, one run: tensorsmith (rtn, awq)
+"""INT4 weight-only on one checkpoint (samples/tinylm) and the same held-out text, one run: tensorsmith (rtn, awq,
+and `auto` under 'perplexity-ratio<=1.03')
 against TensorRT Model Optimizer's ONNX int4 (awq_lite, awq_clip), ONNX Runtime's MatMulNBits quantizer (RTN,
 HQQ, GPTQ) and ONNX Runtime GenAI's model builder `-p int4`.
 
@@ -163,6 +164,12 @@ def run() -> None:
                                    "32"])  # fmt: skip
             graphs[name] = folder / "variants" / "int4.onnx"
             graphs[f"{name} (cpu variant)"] = folder / "variants" / "cpu-int4.onnx"
+        name = "tensorsmith auto perplexity-ratio<=1.03 block 128"
+        made[name] = _process([tensorsmith, "compile", str(CHECKPOINT), "-o", str(work / "auto128"), *common,
+                               "--precision", "auto", "--budget", "perplexity-ratio<=1.03", "--calibration",
+                               str(calibration_text), "--calibration-samples", "32"])  # fmt: skip
+        graphs[name] = work / "auto128" / "variants" / "int4.onnx"
+        graphs[f"{name} (cpu variant)"] = work / "auto128" / "variants" / "cpu-int4.onnx"
         anchors = ["onnxruntime:RTN", "onnxruntime:HQQ", "onnxruntime:GPTQ"]
         if MODELOPT_SITE.is_dir():
             anchors = ["modelopt:awq_lite", "modelopt:awq_clip", *anchors]
@@ -216,8 +223,7 @@ def _files(path: Path) -> list[Path]:
 def _engine(path: Path, work: Path, name: str) -> str:
     """Whether TensorRT for RTX builds the graph for sm_86 (tensorsmith's own: the compile built it)."""
     if name.startswith("tensorsmith") and "cpu variant" not in name:
-        words = name.split()
-        manifest = json.loads((work / f"{words[2]}{words[4]}" / "manifest.json").read_text())
+        manifest = json.loads((path.parent.parent / "manifest.json").read_text())  # OUT/variants/int4.onnx
         target = next(t for t in manifest["targets"] if t["name"] == "sm_86")
         return f"{target['status']} by the compile (profiles {(target.get('engine') or {}).get('profile_names')})"
     if "cpu variant" in name or "reference" in name:

@@ -172,7 +172,7 @@ def test_tinylm_compiles_and_generates_what_transformers_generates(tmp_path: Pat
     # Perplexity on the held-out text: the fp32 graph's is transformers' own; fp16 loses next to nothing.
     variants = {variant["name"]: variant["accuracy"] for variant in result["variants"]}
     ids = tokenizer.encode((sample / "heldout.txt").read_text()).ids
-    windows = torch.tensor([ids[i * 128 : (i + 1) * 128] for i in range(8)])
+    windows = torch.tensor([ids[i * 128 : (i + 1) * 128] for i in range(64)])  # text_data.EVALUATION_WINDOWS
     with torch.no_grad():
         loss = reference(input_ids=windows, labels=windows).loss.item()
     assert abs(variants["fp32"]["perplexity"] / np.exp(loss) - 1) < 1e-4
