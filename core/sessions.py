@@ -49,7 +49,11 @@ def run_onnx(path: Path, feeds: dict[str, np.ndarray], origin: str | None = None
 
 
 def cpu_session(
-    path: Path, disabled_optimizers: tuple[str, ...] | list[str] = (), threads: int = 0, profile: Path | None = None
+    path: Path,
+    disabled_optimizers: tuple[str, ...] | list[str] = (),
+    threads: int = 0,
+    profile: Path | None = None,
+    config: dict[str, str] | None = None,
 ) -> Any:
     """An ONNX Runtime CPU session for timing (and, with `profile`, ONNX Runtime's profiler writing files with
     that prefix). Its threads stop spinning after each run: idle spinning threads of one session otherwise take
@@ -59,6 +63,8 @@ def cpu_session(
     options.log_severity_level = QUIET_SEVERITY
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.force_spinning_stop", "1")
+    for key, value in (config or {}).items():  # e.g. MatMulNBits' accuracy level
+        options.add_session_config_entry(key, value)
     if profile is not None:
         options.enable_profiling = True
         options.profile_file_prefix = str(profile)

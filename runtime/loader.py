@@ -120,15 +120,15 @@ class Model:
         return f"Model({str(self.directory)!r}, backend={self.backend!r})"
 
 
-def _onnx_for_cpu(directory: Path, manifest: Manifest) -> tuple[Path, list[str]]:
+def _onnx_for_cpu(directory: Path, manifest: Manifest) -> tuple[Path, list[str], dict[str, str]]:
     """The variant the manifest assigns to the `cpu` target, else the fp32 reference graph; with the ONNX
-    Runtime optimizers its compile measured slower on the CPU."""
+    Runtime optimizers its compile measured slower on the CPU and the session settings it chose."""
     for target in manifest.targets:
         if target.name == CPU_TARGET:
             variant = manifest.variant(target.variant)
             path = verified_file(directory, variant.path, variant.sha256)
-            return path, variant.onnxruntime_disabled_optimizers
-    return verified_file(directory, manifest.model.path, manifest.model.sha256), []
+            return path, variant.onnxruntime_disabled_optimizers, variant.onnxruntime_session_config
+    return verified_file(directory, manifest.model.path, manifest.model.sha256), [], {}
 
 
 def _onnxruntime_providers(device: Device) -> list[str] | None:
@@ -169,10 +169,11 @@ def load(path: str | Path, backend: BackendChoice = "auto", device: Device | Non
 
     from tensorsmith.runtime.onnxruntime_backend import OnnxRuntimeBackend
 
-    onnx_path, disabled_optimizers = _onnx_for_cpu(directory, manifest)
+    onnx_path, disabled_optimizers, session_config = _onnx_for_cpu(directory, manifest)
     providers = _onnxruntime_providers(device)
+    cpu = providers == ["CPUExecutionProvider"]
     chosen = OnnxRuntimeBackend(
         onnx_path, inputs, outputs, providers, limits=manifest.dims,
-        disabled_optimizers=disabled_optimizers if providers == ["CPUExecutionProvider"] else (),
+        disabled_optimizers=disabled_optimizers if cpu else (), session_config=session_config if cpu else {},
     )  # fmt: skip
     return Model(directory, manifest, chosen, fallback_reason)

@@ -69,6 +69,11 @@ class VariantRecord(FileRecord):
     onnxruntime_disabled_optimizers: list[str] = Field(
         default_factory=list, description="ONNX Runtime optimizers the compile measured slower here (CPU only)"
     )
+    onnxruntime_session_config: dict[str, str] = Field(
+        default_factory=dict,
+        description="ONNX Runtime session config entries the compile chose by measurement (CPU only), e.g. "
+        "session.qdq_matmulnbits_accuracy_level for an INT4 variant",
+    )
 
 
 class EngineRecord(FileRecord):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +35,10 @@ class OnnxRuntimeBackend(Backend):
         providers: Sequence[str] | None = None,
         limits: Limits | None = None,
         disabled_optimizers: Sequence[str] = (),
+        session_config: Mapping[str, str] | None = None,
     ) -> None:
-        """`disabled_optimizers`: ONNX Runtime graph optimizers to switch off (the manifest's measured choice)."""
+        """`disabled_optimizers`: ONNX Runtime graph optimizers to switch off, `session_config`: session config
+        entries (the manifest's measured choices)."""
         super().__init__(inputs, outputs, limits)
         try:
             import onnxruntime
@@ -48,6 +50,8 @@ class OnnxRuntimeBackend(Backend):
         options = onnxruntime.SessionOptions()
         # ONNX Runtime's optimizer notes (e.g. a node it could not eliminate) are for debugging, not a service log.
         options.log_severity_level = WARNING_SEVERITY if logger.isEnabledFor(logging.DEBUG) else ERROR_SEVERITY
+        for key, value in (session_config or {}).items():
+            options.add_session_config_entry(key, value)
         try:
             self._session = onnxruntime.InferenceSession(
                 str(model_path), options, providers=chosen, disabled_optimizers=list(disabled_optimizers)

@@ -17,7 +17,7 @@ from tensorsmith.compiler.variants.cpu_dynamic import build_dynamic_variant
 from tensorsmith.compiler.variants.precision_plan import CpuChoice, SessionChoice
 from tensorsmith.compiler.variants.quantized import Evaluation, flops_fraction, with_text_metrics
 from tensorsmith.core.ir import save_onnx
-from tensorsmith.core.metrics import Budget
+from tensorsmith.core.metrics import Budget, accuracy
 from tensorsmith.core.sessions import cpu_session, latency_ms, run_onnx
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord
@@ -124,3 +124,51 @@ def choose_cpu_variant(
         onnxruntime_session=SessionChoice(disabled_optimizers=disabled, latency_ms_batch8=by_session),
     )
     return CpuOutcome(chosen if chosen.name == static.name else static, chosen, plan)
+
+
+ACCURACY_LEVEL = "session.qdq_matmulnbits_accuracy_level"  # of the MatMulNBits ONNX Runtime fuses INT4 into
+ACCURACY_LEVELS = {"1": "fp32 activations", "4": "int8 activations (ONNX Runtime's default)"}
+ACCURACY_TOLERANCE = 1e-3  # without a budget: the relative change of the metric accepted for speed
+
+
+def choose_accuracy_level(
+    record: VariantRecord, directory: Path, evaluation: Evaluation
+) -> tuple[VariantRecord, CpuChoice]:
+    """An INT4 cpu variant's MatMulNBits accuracy level, by measurement: the int8-activation kernels when they are
+    faster (by MIN_GAIN) and the budget still holds (without one: the metric moves by at most
+    ACCURACY_TOLERANCE), else fp32 activations. The record's accuracy is the chosen level's."""
+    path = directory / record.path
+    timed = evaluation.timing if evaluation.timing is not None else evaluation.feeds
+    batch = {name: array[:TIMING_BATCH] for name, array in timed.items()}
+    sessions = {level: cpu_session(path, config={ACCURACY_LEVEL: level}) for level in ACCURACY_LEVELS}
+    latency = latency_ms(sessions, batch)
+    outputs = {level: list(session.run(None, evaluation.feeds)) for level, session in sessions.items()}
+    del sessions
+    metric = {level: _metric(evaluation, values) for level, values in outputs.items()}
+    fast, exact = "4", "1"
+    faster = latency[fast] < latency[exact] * (1 - MIN_GAIN)
+    if evaluation.budget is not None:
+        holds = evaluation.budget.met(metric[fast])
+    else:
+        holds = abs(metric[fast] - metric[exact]) <= ACCURACY_TOLERANCE * abs(metric[exact])
+    chosen = fast if faster and holds else exact
+    reason = f"accuracy level {chosen} ({ACCURACY_LEVELS[chosen]}): " + (
+        ("faster within the budget" if evaluation.budget is not None else "faster, the metric within tolerance")
+        if chosen == fast else "the int8-activation kernels " +
+        ("were not faster" if not faster else "moved the metric too far"))  # fmt: skip
+    measured = accuracy(evaluation.reference, outputs[chosen])
+    updated = record.model_copy(update={"onnxruntime_session_config": {ACCURACY_LEVEL: chosen}, "accuracy": measured})
+    by_level = {f"accuracy level {level}": value for level, value in latency.items()}
+    plan = CpuChoice(variant=record.name, reason=reason, latency_ms_batch8=by_level)
+    return with_text_metrics(updated, evaluation, outputs[chosen]), plan
+
+
+def _metric(evaluation: Evaluation, outputs: list[np.ndarray]) -> float:
+    """The budget's metric, else perplexity-ratio for a decoder's text, else cosine."""
+    if evaluation.budget is not None:
+        return evaluation.budget.measure(evaluation.reference, outputs)
+    if evaluation.tokens is not None:
+        from tensorsmith.core.language import language_model_metrics
+
+        return language_model_metrics(evaluation.tokens, evaluation.reference[0], outputs[0])["perplexity-ratio"]
+    return accuracy(evaluation.reference, outputs)["cosine"]

@@ -22,7 +22,7 @@ from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.feeds import example_feeds
 from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.variants.calibrated import calibrate_variants
-from tensorsmith.compiler.variants.cpu_choice import choose_cpu_variant, tuned
+from tensorsmith.compiler.variants.cpu_choice import choose_accuracy_level, choose_cpu_variant, tuned
 from tensorsmith.compiler.variants.cpu_dynamic import dynamic_source
 from tensorsmith.compiler.variants.data import READ_BATCH, SplitData, concatenated, split_data
 from tensorsmith.compiler.variants.fp16 import build_fp16_variant
@@ -136,6 +136,8 @@ def _int4_variants(
             record, passes, recipes[record.name] = mixed.record, mixed.reports, mixed.plan
             if not mixed.plan.met:
                 unmet.append(f"{record.name}: {evaluation.budget} not met ({mixed.plan.achieved:.6f})")
+        if recipe.floats == "fp32":  # the cpu's: MatMulNBits' accuracy level by measurement
+            record, recipes[record.name].cpu = choose_accuracy_level(record, directory, evaluation)
         records.append(record)
         by_target.update(dict.fromkeys(targets, record))
         reports += passes

@@ -71,9 +71,14 @@ def test_awq_beats_round_to_nearest_and_engines_build(tmp_path: Path) -> None:
         assert target.status == "built" and target.variant == "int4", target.reason
         assert target.engine is not None and target.engine.profile_names == ["prefill", "decode"]
     assert by_target["sm_75"].variant == "fp16" and "no INT4" in by_target["sm_75"].reason
+    # the cpu variant's MatMulNBits accuracy level was measured, recorded, and the runtime's session has it
+    level = awq["cpu-int4"].onnxruntime_session_config["session.qdq_matmulnbits_accuracy_level"]
+    assert level in ("1", "4")
+    model = load(tmp_path / "awq", backend="onnxruntime")
+    options = model._backend._session.get_session_options()  # type: ignore[attr-defined]
+    assert options.get_session_config_entry("session.qdq_matmulnbits_accuracy_level") == level
     prompt = np.array([[1, 40, 41, 42, 43]], np.int64)
-    generated = load(tmp_path / "awq", backend="onnxruntime").generate(prompt, max_new_tokens=8)
-    assert generated.shape == (1, 13)
+    assert model.generate(prompt, max_new_tokens=8).shape == (1, 13)
 
 
 @pytest.mark.slow
