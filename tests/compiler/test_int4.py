@@ -1,6 +1,6 @@
 """INT4 weight-only variants: the form TensorRT takes (packed INT4, blockwise DequantizeLinear along K, zero points
 0), AWQ against round-to-nearest on tinylm's held-out text, engines for the RTX targets that run INT4 (sm_75
-gets fp16 and says why), and a second decoder of another shape with a smaller block."""
+gets fp16 and says why), a second decoder of another shape with block 64, and a decoder's auto."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.passes.int4 import INT4_MAX, dequantize_int4, quantize_int4
 from tensorsmith.runtime import load
 from tests.compiler.test_decoder_quantization import TINYLM, calibration_text
-from tests.compiler.test_decoders import save_checkpoint
 
 GPU_INT4 = ["sm_86", "sm_89", "sm_120"]
 
@@ -81,23 +80,51 @@ def test_awq_beats_round_to_nearest_and_engines_build(tmp_path: Path) -> None:
     assert model.generate(prompt, max_new_tokens=8).shape == (1, 13)
 
 
+def _second_decoder(directory: Path) -> None:
+    """A Llama of another shape than tinylm: hidden 256, one KV head for 4, vocab 1024, seeded weights."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+                                      vocab_size=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0, 0.15)
+    model.save_pretrained(str(directory))
+
+
 @pytest.mark.slow
-def test_a_second_decoder_with_a_smaller_block(tmp_path: Path) -> None:
-    """A Llama of another shape (hidden 64: no 128-row block fits) quantizes with block 32, from token ids."""
-    save_checkpoint("llama", tmp_path / "checkpoint")
-    ids = np.random.default_rng(0).integers(3, 256, (24, 64)).astype(np.int64)
-    np.savez(tmp_path / "tokens.npz", input_ids=ids)
-    config = CompileConfig.create(
-        {"source": str(tmp_path / "checkpoint"), "targets": ["cpu", "sm_86"], "precision": "int4",
-         "int4_block_size": 32, "calibration": str(tmp_path / "tokens.npz")}
-    )  # fmt: skip
-    manifest = compile(config, tmp_path / "out").manifest
-    variants = {variant.name: variant for variant in manifest.variants}
-    accuracy = variants["cpu-int4"].accuracy  # a random model on random tokens: noise moves perplexity both ways
-    assert 0.8 < accuracy["perplexity-ratio"] < 1.2 and accuracy["next-token-agreement"] > 0.5, accuracy
-    quantized = next(record for record in manifest.passes if record.name == "weight_only_int4")
-    assert quantized.counts["matmuls_quantized"] == 2 * 7 + 1 and quantized.details["block_size"] == 32
-    assert manifest.targets[1].status == "built", manifest.targets[1].reason
+def test_a_second_decoder_with_another_shape_and_block(tmp_path: Path) -> None:
+    """AWQ below RTN, the INT4 variant at most 30 % of fp16's, engines for sm_86/89/120 with both profiles, and
+    generate on ONNX Runtime, for a decoder of another shape with block 64 and token ids as data."""
+    _second_decoder(tmp_path / "checkpoint")
+    for name, seed in (("tokens", 0), ("evaluation", 1)):
+        ids = np.random.default_rng(seed).integers(3, 1024, (32, 64)).astype(np.int64)
+        np.savez(tmp_path / f"{name}.npz", input_ids=ids)
+    results = {}
+    for algorithm in ("rtn", "awq"):
+        config = CompileConfig.create(
+            {"source": str(tmp_path / "checkpoint"), "targets": ["cpu", "sm_75", *GPU_INT4], "precision": "int4",
+             "int4_algorithm": algorithm, "int4_block_size": 64, "calibration": str(tmp_path / "tokens.npz"),
+             "evaluation": str(tmp_path / "evaluation.npz")}
+        )  # fmt: skip
+        results[algorithm] = compile(config, tmp_path / algorithm).manifest
+    variants = {name: {v.name: v for v in manifest.variants} for name, manifest in results.items()}
+    # a random model on random tokens: the ratio may fall below 1, but AWQ's stays below RTN's
+    assert variants["awq"]["int4"].accuracy["perplexity-ratio"] < variants["rtn"]["int4"].accuracy["perplexity-ratio"]
+    sizes = {name: os.path.getsize(tmp_path / "awq" / variants["awq"][name].path) for name in ("int4", "fp16")}
+    assert sizes["int4"] <= 0.30 * sizes["fp16"], sizes
+    quantized = next(record for record in results["awq"].passes if record.name == "weight_only_int4")
+    assert quantized.details["block_size"] == 64
+    for target in results["awq"].targets[2:]:
+        assert target.status == "built" and target.variant == "int4", target.reason
+        assert target.engine is not None and target.engine.profile_names == ["prefill", "decode"]
+    generated = load(tmp_path / "awq", backend="onnxruntime").generate(np.array([[1, 5, 9]]), max_new_tokens=5)
+    assert generated.shape == (1, 8)
 
 
 @pytest.mark.slow
