@@ -170,3 +170,33 @@ class WeightOnlyInt8:
             node.inputs[1] = dequantized
             quantized += 1
         return PassReport(self.name, changed=quantized > 0, counts={"matmuls_quantized": quantized})
+
+
+@dataclass
+class GemmAsMatMul:
+    """Gemm(A, B[, C]) with a constant 2-D weight → MatMul(A, B or Bᵀ) [+ C]: the form INT4 quantizes (and ONNX
+    Runtime fuses into MatMulNBits); GPT-2's Conv1D layers export as Gemm. Only alpha = beta = 1 and no transA."""
+
+    name: str = "gemm_as_matmul"
+
+    def __call__(self, graph: gs.Graph) -> PassReport:
+        rewritten = 0
+        for node in [node for node in graph.nodes if node.op == "Gemm"]:
+            weight = constant_value(node.inputs[1])
+            attrs = node.attrs
+            plain = float(attrs.get("alpha", 1.0)) == 1.0 and float(attrs.get("beta", 1.0)) == 1.0
+            if weight is None or weight.ndim != 2 or int(attrs.get("transA", 0)) or not plain:
+                continue
+            if int(attrs.get("transB", 0)):
+                weight = weight.T
+            (output,) = node.outputs
+            product = output if len(node.inputs) < 3 else f"{node.name}/product"
+            node.outputs = []
+            constant = gs.Constant(f"{node.name}/weight", np.ascontiguousarray(weight))
+            (result,) = graph.layer(op="MatMul", name=f"{node.name}/MatMul", inputs=[node.inputs[0], constant],
+                                    outputs=[product])  # fmt: skip
+            if len(node.inputs) == 3:
+                result.dtype = output.dtype
+                graph.layer(op="Add", name=f"{node.name}/Add", inputs=[result, node.inputs[2]], outputs=[output])
+            rewritten += 1
+        return PassReport(self.name, changed=rewritten > 0, counts={"gemms_rewritten": rewritten})

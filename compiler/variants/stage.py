@@ -31,11 +31,13 @@ from tensorsmith.compiler.variants.language import text_evaluation, with_languag
 from tensorsmith.compiler.variants.plan import VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.quantized import Evaluation, build_quantized, search_layers, with_text_metrics
+from tensorsmith.compiler.variants.rewrite import rewritten
 from tensorsmith.compiler.variants.text_data import is_decoder_graph, text_split
 from tensorsmith.compiler.variants.weight_mix import build_mixed_variant, search_weights
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
+from tensorsmith.passes.int4 import GemmAsMatMul
 from tensorsmith.runtime.manifest import VariantRecord
 
 
@@ -116,23 +118,23 @@ def _int4_variants(
     floats = _float_variants(plan.without_int4(), fused, config, directory, reporter)
     split = _split(config, fused) if config.int4_algorithm == "awq" else None
     evaluation = _int4_evaluation(config, fused, split)
-    int4_plan = plan_int4(fused.model, config.int4_algorithm, config.int4_block_size,
+    model, _ = rewritten(fused.model, [GemmAsMatMul()])  # the same function; Gemm weights become INT4-able
+    int4_plan = plan_int4(model, config.int4_algorithm, config.int4_block_size,
                           split.calibration if split else None, reporter)  # fmt: skip
     budget = config.accuracy_budget()  # `auto`: each weight layer's precision against it
+    search = None
     if budget is not None:
-        evaluation = replace(evaluation, budget=budget.on_tokens(split.tokens) if split and split.tokens is not None
-                             else budget)  # fmt: skip
-    search = (
-        search_weights(fused.model, int4_plan, evaluation, config.sensitivity_samples, reporter) if budget else None
-    )
+        tokens = split.tokens if split is not None else None
+        evaluation = replace(evaluation, budget=budget.on_tokens(tokens) if tokens is not None else budget)
+        search = search_weights(model, int4_plan, evaluation, config.sensitivity_samples, reporter)
     records, by_target, reports, recipes, unmet = list(floats.records), dict(floats.by_target), [], {}, []
     for recipe, targets in plan.int4().items():
         reporter.stage(f"{recipe.variant}: writing and measuring the variant ({config.int4_algorithm})")
         if search is None:
-            record, passes, _ = build_int4_variant(fused.model, recipe, int4_plan, evaluation, directory)
+            record, passes, _ = build_int4_variant(model, recipe, int4_plan, evaluation, directory)
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, evaluations=1)
         else:
-            mixed = build_mixed_variant(fused.model, recipe, int4_plan, search, evaluation, directory, targets)
+            mixed = build_mixed_variant(model, recipe, int4_plan, search, evaluation, directory, targets)
             record, passes, recipes[record.name] = mixed.record, mixed.reports, mixed.plan
             if not mixed.plan.met:
                 unmet.append(f"{record.name}: {evaluation.budget} not met ({mixed.plan.achieved:.6f})")

@@ -156,3 +156,20 @@ def test_auto_chooses_each_weight_layer_within_a_perplexity_budget(tmp_path: Pat
     target = result.manifest.targets[1]
     assert target.status == "built" and target.variant == "int4" and target.engine is not None, target.reason
     assert target.engine.profile_names == ["prefill", "decode"]
+
+
+def test_gemm_weights_become_matmuls_int4_can_take(tmp_path: Path) -> None:
+    """GPT-2's Conv1D and TorchScript's nn.Linear export as Gemm; the int4 stage reads them as MatMul + Add."""
+    import torch
+
+    from tensorsmith.passes.int4 import GemmAsMatMul
+    from tests.passes.graphs import apply, assert_same_outputs, ops
+
+    path = tmp_path / "linear.onnx"
+    torch.onnx.export(torch.nn.Linear(128, 64).eval(), (torch.randn(3, 128),), str(path), dynamo=False,
+                      opset_version=17, input_names=["x"])  # fmt: skip
+    source = onnx.load(str(path))
+    assert ops(source)["Gemm"] == 1
+    rewritten, (report,) = apply(source, [GemmAsMatMul()])
+    assert report.counts["gemms_rewritten"] == 1 and ops(rewritten)["Gemm"] == 0 and ops(rewritten)["MatMul"] == 1
+    assert_same_outputs(source, rewritten, {"x": np.random.default_rng(0).standard_normal((3, 128), np.float32)})
