@@ -50,4 +50,20 @@ with load(sys.argv[1], backend="onnxruntime") as reference, load(sys.argv[1]) as
     print(("VERIFIED" if same else "NOT VERIFIED") + f": tinylm generate on {model.backend} against ONNX Runtime, "
           f"{int((expected != actual).sum())} of 32 greedy tokens differ")
 PY
+# INT4 weight-only (RTN: no calibration text needed) on this GPU's builder, run against its cpu variant: the
+# tokens may differ a little (fp16 regions against fp32), so the check reports the agreement.
+.venv/bin/tensorsmith compile samples/tinylm/tensorsmith.toml -o build/gpu-tinylm-int4 --target cpu --target "$target" \
+  --precision int4 --int4-algorithm rtn || echo "NOT VERIFIED: tinylm INT4 engine for $target"
+.venv/bin/python - build/gpu-tinylm-int4 <<'PY'
+import sys
+import numpy as np
+from tensorsmith.runtime import load
+prompt = np.arange(3, 67, dtype=np.int64)[None]
+with load(sys.argv[1], backend="onnxruntime") as reference, load(sys.argv[1]) as model:
+    expected = reference.generate(prompt, max_new_tokens=32, eos_token_id=[])
+    actual = model.generate(prompt, max_new_tokens=32, eos_token_id=[])
+    agree = float((expected[:, 64:] == actual[:, 64:]).mean())
+    print(("VERIFIED" if model.backend.startswith("tensorrt") else "NOT VERIFIED") +
+          f": tinylm INT4 generate on {model.backend}, {agree:.0%} of 32 greedy tokens as ONNX Runtime's cpu-int4")
+PY
 .venv/bin/python -m pytest -q -m gpu -rs
