@@ -36,9 +36,20 @@ from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, 
 @click.option("--percentile", type=float, help="For --calibrator percentile (default 99.99).")
 @click.option("--int4-algorithm", type=click.Choice(["awq", "rtn"]), help="For --precision int4 (default awq).")
 @click.option("--int4-block-size", type=click.Choice(["32", "64", "128"]), help="For --precision int4 (default 128).")
-@click.option("--calibration", type=click.Path(path_type=Path), help=".npz of inputs (samples on axis 0), or a folder.")
-@click.option("--calibration-samples", type=int, help="Use at most N calibration samples.")
-@click.option("--eval-data", "evaluation", type=click.Path(path_type=Path), help="Held-out .npz for accuracy.")
+@click.option(
+    "--calibration",
+    type=click.Path(path_type=Path),
+    help=".npz of inputs (samples on axis 0), or a folder; for a decoder, a .txt or an .npz of input_ids.",
+)
+@click.option(
+    "--calibration-samples", type=int, help="Use at most N calibration samples (a decoder's text: windows, 64)."
+)
+@click.option(
+    "--eval-data",
+    "evaluation",
+    type=click.Path(path_type=Path),
+    help="Held-out .npz for accuracy (decoders: .txt too).",
+)
 @click.option("--max-sequence-length", type=int, help="A decoder's prompt + new tokens, at most ([generation]).")
 @click.option("--max-batch", type=int, help="A decoder's requests per call, at most ([generation]).")
 @click.option("--engine-cache", type=click.Path(path_type=Path), help="Reuse engines built before (a directory).")
