@@ -7,9 +7,7 @@ dropped, so memory never grows with the number of samples.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -17,9 +15,8 @@ import onnx
 from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.calibration.statistics import TensorStatistics
 from tensorsmith.core.errors import CalibrationError
-from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.progress import LogReporter, Reporter
-from tensorsmith.core.sessions import QUIET_SEVERITY
+from tensorsmith.core.sessions import session_for
 from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 logger = logging.getLogger(__name__)
@@ -40,18 +37,13 @@ class Observer:
                 observed.graph.output.append(onnx.ValueInfoProto(name=name))
         available = set(onnxruntime.get_available_providers())
         chosen = list(providers or [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available])
-        options = onnxruntime.SessionOptions()
-        options.log_severity_level = QUIET_SEVERITY
-        with tempfile.TemporaryDirectory(prefix="tensorsmith-observe-") as scratch:
-            path = Path(scratch) / "observed.onnx"  # a file: models over 2 GB need external data
-            save_onnx(observed, path)
-            try:
-                self.session = onnxruntime.InferenceSession(str(path), options, providers=chosen)
-            except Exception as err:  # onnxruntime's own exception types
-                raise CalibrationError(
-                    f"ONNX Runtime cannot run the graph to calibrate it: {onnxruntime_reason(err)}",
-                    hint="check the source runs on ONNX Runtime: tensorsmith compile it with --precision fp32",
-                ) from err
+        try:
+            self.session = session_for(observed, chosen)
+        except Exception as err:  # onnxruntime's own exception types
+            raise CalibrationError(
+                f"ONNX Runtime cannot run the graph to calibrate it: {onnxruntime_reason(err)}",
+                hint="check the source runs on ONNX Runtime: tensorsmith compile it with --precision fp32",
+            ) from err
         self.input_names = {value.name for value in self.session.get_inputs()}
         self.samples = 0  # counted by pass 1
 

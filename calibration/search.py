@@ -10,19 +10,16 @@ runs. The compiler then verifies the real variant graph.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.progress import LogReporter, Reporter
-from tensorsmith.core.sessions import QUIET_SEVERITY
+from tensorsmith.core.sessions import session_for
 from tensorsmith.passes import run_passes
 from tensorsmith.passes.quantize import SWITCHES, InsertQDQ, Precision
 
@@ -50,7 +47,6 @@ class PrecisionSearch:
         budget: Budget,
         flops: Mapping[str, int] | None = None,
     ) -> None:
-        import onnxruntime
 
         self.candidates = list(candidates)
         self.flops = dict(flops or {})
@@ -58,12 +54,7 @@ class PrecisionSearch:
         self.feeds = feeds
         graph = gs.import_onnx(model)
         run_passes(graph, [InsertQDQ(precision, scales, nodes=self.candidates, switched=True)])
-        options = onnxruntime.SessionOptions()
-        options.log_severity_level = QUIET_SEVERITY
-        with tempfile.TemporaryDirectory(prefix="tensorsmith-search-") as scratch:
-            path = Path(scratch) / "switched.onnx"
-            save_onnx(gs.export_onnx(graph), path)
-            self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.session = session_for(gs.export_onnx(graph))
         self.output_names = [output.name for output in self.session.get_outputs()]
         self.evaluations = 0
         self.reference = self._run(set())

@@ -11,19 +11,16 @@ assignment meets the budget is found by bisection. The compiler then verifies th
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.progress import LogReporter, Reporter
-from tensorsmith.core.sessions import QUIET_SEVERITY
+from tensorsmith.core.sessions import session_for
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +60,6 @@ class WeightSearch:
     def __init__(
         self, model: onnx.ModelProto, options: Mapping[str, LayerOptions], feeds: dict[str, np.ndarray], budget: Budget
     ) -> None:
-        import onnxruntime
 
         self.layers = list(options)
         self.options = options
@@ -86,12 +82,7 @@ class WeightSearch:
                 (blended,) = graph.layer(op="Add", inputs=[blended, moved], outputs=[f"{name}/weight_{offset}"])
                 switch.dtype = moved.dtype = blended.dtype = np.float32
             node.inputs[1] = blended
-        options_ = onnxruntime.SessionOptions()
-        options_.log_severity_level = QUIET_SEVERITY
-        with tempfile.TemporaryDirectory(prefix="tensorsmith-weight-search-") as scratch:
-            path = Path(scratch) / "switched.onnx"
-            save_onnx(gs.export_onnx(graph), path)
-            self.session = onnxruntime.InferenceSession(str(path), options_, providers=["CPUExecutionProvider"])
+        self.session = session_for(gs.export_onnx(graph))
         self.output_names = [output.name for output in self.session.get_outputs()]
         self.evaluations = 0
         self.reference = self._run({})

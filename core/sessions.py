@@ -7,13 +7,17 @@ user's business); onnxruntime is imported inside the functions, so importing thi
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from tensorsmith.core.errors import ExportError
+from tensorsmith.core.ir import save_onnx
 from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 # ONNX Runtime's log severities run 0 verbose … 3 error, 4 fatal. The compiler's sessions log fatal only: an
@@ -46,6 +50,18 @@ def run_onnx(path: Path, feeds: dict[str, np.ndarray], origin: str | None = None
             f"ONNX Runtime cannot run {origin or path}: {onnxruntime_reason(err)}",
             hint="every op must be one ONNX Runtime implements; `tensorsmith inspect FILE` lists them",
         ) from err
+
+
+def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> Any:
+    """A quiet ONNX Runtime session over an in-memory graph (a search's switched graph, an observer's), opened
+    from a temporary file: models over 2 GB need external data. ONNX Runtime's own errors propagate."""
+    onnxruntime = quiet_onnxruntime()
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = QUIET_SEVERITY
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-session-") as scratch:
+        path = Path(scratch) / "model.onnx"
+        save_onnx(model, path)
+        return onnxruntime.InferenceSession(str(path), options, providers=list(providers))
 
 
 def cpu_session(

@@ -13,7 +13,7 @@ standard ops, opset 21: ONNX Runtime's CPU provider fuses the DequantizeLinear â
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -75,19 +75,16 @@ class WeightOnlyInt4:
     weights: Mapping[str, Int4Weight]
     block: int = 128
     name: str = "weight_only_int4"
-    skipped: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, graph: gs.Graph) -> PassReport:
         nodes = {node.name: node for node in graph.nodes if node.name in self.weights}
         scaled = self._apply_input_scales(graph, nodes)
-        quantized, weight_bytes = 0, 0
+        quantized, weight_bytes, skipped = 0, 0, {}
         for name, node in nodes.items():
             weight = constant_value(node.inputs[1])
             plan = self.weights[name]
             if weight is None or weight.ndim != 2 or weight.shape[0] % self.block:
-                self.skipped[name] = (
-                    f"weight {None if weight is None else list(weight.shape)}: not [K, N], K % {self.block}"
-                )
+                skipped[name] = f"weight {None if weight is None else list(weight.shape)}: not [K, N], K % {self.block}"
                 continue
             weight = weight.astype(np.float32)
             if plan.input_scale is not None:
@@ -107,8 +104,8 @@ class WeightOnlyInt4:
         return PassReport(
             self.name,
             changed=quantized > 0,
-            counts={"matmuls_quantized": quantized, "activations_scaled": scaled, "skipped": len(self.skipped)},
-            details={"block_size": self.block, "int4_weight_bytes": weight_bytes, "skipped": dict(self.skipped)},
+            counts={"matmuls_quantized": quantized, "activations_scaled": scaled, "skipped": len(skipped)},
+            details={"block_size": self.block, "int4_weight_bytes": weight_bytes, "skipped": skipped},
         )
 
     def _apply_input_scales(self, graph: gs.Graph, nodes: dict[str, gs.Node]) -> int:

@@ -147,6 +147,15 @@ def build_int4_variant(
     return with_text_metrics(record, evaluation, outputs), reports, outputs
 
 
+def tables_policy(recipe: Recipe, tables: bool) -> str:
+    """What an INT4 variant does with its vocabulary tables (build_int4_variant), in precision.json's words."""
+    if not tables:
+        return "higher precision (the smallest variant within the budget keeps them)"
+    if recipe.floats == "fp32":
+        return "int8 rows, gathered first (ONNX Runtime cannot Gather INT4)"
+    return "INT4 rows, blocks of 32 (a tied output projection in INT4 reads the same table)"
+
+
 def int4_recipe_plan(recipe: Recipe, plan: Int4Plan, targets: list[str], evaluations: int) -> RecipePlan:
     """precision.json's entry: each weight MatMul's precision and why (AWQ's α and its error against RTN's)."""
     choices = []
@@ -168,7 +177,7 @@ def int4_recipe_plan(recipe: Recipe, plan: Int4Plan, targets: list[str], evaluat
         met=True,
         quantized_flops_fraction=round(fraction, 4),
         evaluations=evaluations,
-        embeddings="int8, weight-only, a scale per row",
+        embeddings=tables_policy(recipe, tables=True),
         layers=choices,
         targets=targets,
     )

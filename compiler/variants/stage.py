@@ -152,12 +152,12 @@ def _int4_evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData 
     """What an INT4 variant is measured on: AWQ's held-out split, else the evaluation text or arrays, else the
     verification inputs."""
 
-    def measured_on(feeds: Feeds, described: str, tokens: np.ndarray | None = None) -> Evaluation:
-        return Evaluation(feeds, run_onnx(fused.path, feeds), None, described, tokens)
+    def measured_on(feeds: Feeds, described: str, tokens: np.ndarray | None = None, timing: Feeds | None = None
+                    ) -> Evaluation:  # fmt: skip
+        return Evaluation(feeds, run_onnx(fused.path, feeds), None, described, tokens, timing)
 
     if split is not None:
-        reference = run_onnx(fused.path, split.evaluation)
-        return Evaluation(split.evaluation, reference, None, split.evaluated_on, split.tokens, split.timing)
+        return measured_on(split.evaluation, split.evaluated_on, split.tokens, split.timing)
     text = text_evaluation(config, fused.inputs)
     if text is not None:
         return measured_on(text.feeds, text.described, text.tokens)

@@ -26,6 +26,8 @@ EVALUATION_WINDOWS = 64  # 8 left AWQ and RTN apart by less than the noise (meas
 CALIBRATION_WINDOWS = 64  # without --calibration-samples
 DECODE_POINTS = (0.25, 0.5, 1.0)  # past lengths of the decode steps calibrated, as fractions of a window
 PAST_PREFIX = "past_key_values."
+CHARACTERS_PER_TOKEN = 16  # a prefix this long per token needed holds enough tokens for any BPE on prose or code
+BOUNDARY_TOKENS = 64
 DECODE_TIMING_ROWS = 8  # the decode step the cpu recipe is timed on
 
 
@@ -49,7 +51,8 @@ def token_windows(config: CompileConfig, path: Path, length: int, limit: int | N
                               hint="pass an .npz of input_ids instead")  # fmt: skip
         if not path.is_file():
             raise ConfigError(f"{path} does not exist", hint="check --calibration and --eval-data")
-        ids = Tokenizer.from_file(str(vocabulary)).encode(path.read_text(encoding="utf-8")).ids
+        tokenizer = Tokenizer.from_file(str(vocabulary))
+        ids = _encode_enough(tokenizer, path.read_text(encoding="utf-8"), None if limit is None else limit * length)
         count = len(ids) // length if limit is None else min(limit, len(ids) // length)
         if count == 0:
             raise ConfigError(f"{path} has {len(ids)} tokens, fewer than one window of {length}", hint="add text")
@@ -64,6 +67,19 @@ def token_windows(config: CompileConfig, path: Path, length: int, limit: int | N
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise ConfigError(f"{path}: input_ids has shape {list(tokens.shape)}", hint="save [rows, length>=2] token ids")
     return tokens
+
+
+def _encode_enough(tokenizer: Any, text: str, needed: int | None) -> list[int]:
+    """The token ids of `text`, or at least its first `needed` ones: a bounded read (the check before the export,
+    64 calibration windows of a large corpus) tokenizes a prefix, not the whole file. The prefix runs
+    BOUNDARY_TOKENS past the need, so the word it cuts cannot change the ids kept."""
+    if needed is not None:
+        characters = (needed + BOUNDARY_TOKENS) * CHARACTERS_PER_TOKEN
+        if len(text) > characters:
+            ids = tokenizer.encode(text[:characters]).ids
+            if len(ids) >= needed + BOUNDARY_TOKENS:
+                return list(ids[:needed])
+    return list(tokenizer.encode(text).ids)
 
 
 def prefill_feeds(tokens: np.ndarray, inputs: list[TensorRecord]) -> Feeds:

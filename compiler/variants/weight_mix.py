@@ -15,7 +15,7 @@ import onnx
 
 from tensorsmith.calibration.weight_search import LayerOptions, WeightSearch, WeightSearchResult, assignment_of
 from tensorsmith.compiler.targets import Recipe
-from tensorsmith.compiler.variants.int4 import Int4Plan, build_int4_variant, weight_matmuls
+from tensorsmith.compiler.variants.int4 import Int4Plan, build_int4_variant, tables_policy, weight_matmuls
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.quantized import MAX_VERIFY_RETRIES, Evaluation
 from tensorsmith.core.progress import Reporter
@@ -108,7 +108,7 @@ def build_mixed_variant(
         achieved=achieved,
         quantized_flops_fraction=round(_bytes_fraction(plan, assignment), 4),
         evaluations=search.evaluations + len(tried),
-        embeddings=_tables_policy(tables, recipe),
+        embeddings=tables_policy(recipe, tables),
         verify_retries=len(tried) - 1,
         layers=_choices(plan, assignment, search, recipe),
         targets=targets,
@@ -120,14 +120,6 @@ def _bytes_fraction(plan: Int4Plan, assignment: dict[str, str]) -> float:
     """The share of weight elements below float precision (the plan's `quantized_flops_fraction`)."""
     total = max(sum(elements for _, _, elements in plan.layers.values()), 1)
     return sum(plan.layers[name][2] for name, level in assignment.items() if level != "fp16") / total
-
-
-def _tables_policy(tables: bool, recipe: Recipe) -> str:
-    if not tables:
-        return "higher precision (the smallest variant within the budget keeps them)"
-    return (
-        "int8 rows, gathered first (within the budget)" if recipe.floats == "fp32" else "INT4 rows (within the budget)"
-    )
 
 
 def _choices(

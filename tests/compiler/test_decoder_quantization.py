@@ -36,6 +36,17 @@ def fp32_tinylm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def test_a_bounded_read_tokenizes_a_prefix_to_the_same_ids(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    text = calibration_text(tmp_path / "c.txt")
+    config = CompileConfig.create({"source": str(TINYLM / "checkpoint")})
+    everything = Tokenizer.from_file(str(TINYLM / "checkpoint" / "tokenizer.json")).encode(text.read_text()).ids
+    windows = token_windows(config, text, 128, 3)
+    assert windows.shape == (3, 128) and windows.reshape(-1).tolist() == everything[: 3 * 128]
+    assert len(token_windows(config, text, 128, None)) == len(everything) // 128
+
+
 def test_decode_calibration_feeds_continue_the_prefill(fp32_tinylm: Path, tmp_path: Path) -> None:
     """A decode step over the sliced fp32 cache gives the prefill's logits at that position: the feeds are what
     generation runs, not made-up caches."""
