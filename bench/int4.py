@@ -170,6 +170,12 @@ def run() -> None:
                                str(calibration_text), "--calibration-samples", "32"])  # fmt: skip
         graphs[name] = work / "auto128" / "variants" / "int4.onnx"
         graphs[f"{name} (cpu variant)"] = work / "auto128" / "variants" / "cpu-int4.onnx"
+        name = "tensorsmith auto perplexity-ratio<=1.03 block 128, targets sm_89 + sm_120 (fp8 a candidate)"
+        made[name] = _process([tensorsmith, "compile", str(CHECKPOINT), "-o", str(work / "auto-ada"), "--target",
+                               "sm_89", "--target", "sm_120", "--eval-data", str(HELDOUT), "--precision", "auto",
+                               "--budget", "perplexity-ratio<=1.03", "--calibration", str(calibration_text),
+                               "--calibration-samples", "32"])  # fmt: skip
+        graphs[name] = work / "auto-ada" / "variants" / "int4.onnx"
         anchors = ["onnxruntime:RTN", "onnxruntime:HQQ", "onnxruntime:GPTQ"]
         if MODELOPT_SITE.is_dir():
             anchors = ["modelopt:awq_lite", "modelopt:awq_clip", *anchors]
@@ -221,11 +227,13 @@ def _files(path: Path) -> list[Path]:
 
 
 def _engine(path: Path, work: Path, name: str) -> str:
-    """Whether TensorRT for RTX builds the graph for sm_86 (tensorsmith's own: the compile built it)."""
+    """Whether TensorRT for RTX builds the graph for sm_86 (tensorsmith's own: the compile built it; sm_89 and
+    sm_120 where those are its targets)."""
     if name.startswith("tensorsmith") and "cpu variant" not in name:
         manifest = json.loads((path.parent.parent / "manifest.json").read_text())  # OUT/variants/int4.onnx
-        target = next(t for t in manifest["targets"] if t["name"] == "sm_86")
-        return f"{target['status']} by the compile (profiles {(target.get('engine') or {}).get('profile_names')})"
+        built = [f"{t['name']} {t['status']}" for t in manifest["targets"] if t["name"] != "cpu"]
+        profiles = next((t.get("engine") or {}).get("profile_names") for t in manifest["targets"] if t["name"] != "cpu")
+        return f"{', '.join(built)} by the compile (profiles {profiles})"
     if "cpu variant" in name or "reference" in name:
         return "—"
     if "genai" in name:

@@ -29,7 +29,9 @@ class Override(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     match: str = Field(description="glob over the ONNX node name, the PyTorch module path, or the op type")
-    precision: Literal["fp32", "int8", "fp8"]
+    precision: Literal["fp32", "int8", "fp8", "int4", "int8-weight"] = Field(
+        description="int8 / fp8: weights and activations; int4 / int8-weight: weights only (a decoder's weight layers)"
+    )
 
 
 @dataclass

@@ -1,11 +1,14 @@
-"""Per-layer weight precision for decoders under a budget: each weight MatMul in int4, int8 (weight-only) or its
-float precision, chosen so that the budget holds and the weights take the fewest bytes (what decoding pays).
+"""Per-layer weight precision for decoders under a budget: each weight MatMul in int4, one byte a weight (int8
+weight-only, or int8 / fp8 with calibrated activations where the targets run them) or its float precision,
+chosen so that the budget holds and the weights take the fewest bytes (what decoding pays).
 
 One ONNX Runtime session over a *switched* graph evaluates any assignment: layer i's weight is
-W + s4_i·(W4_i − W) + s8_i·(W8_i − W), with W4 and W8 the weights as the int4 and int8 variants compute them
-(AWQ's scales folded back in), and the switches a graph input. Sensitivity: the metric with one layer moved.
-Moves (fp16 → int8, int8 → int4) are ordered by metric lost per byte saved; the longest prefix of moves whose
-assignment meets the budget is found by bisection. The compiler then verifies the real variant.
+W + Σ_l s_il·(W_l − W), with W_l the weight as level l computes it (AWQ's scales folded back in for int4), and
+its input x + Σ_l s_il·(QDQ_l(x) − x) for the levels that quantize activations; the switches are a graph input.
+Sensitivity: the metric with one layer moved. At one byte a weight, a layer takes the level that loses least
+(weight-only int8 on a tie). Moves (float → one byte, one byte → int4) are ordered by metric lost per byte
+saved; the longest prefix of moves whose assignment meets the budget is found by bisection. The compiler then
+verifies the real variant.
 """
 
 from __future__ import annotations
@@ -21,37 +24,53 @@ import onnx_graphsurgeon as gs
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.core.sessions import session_for
+from tensorsmith.passes.quantize import blend, quantize_activation
 
 logger = logging.getLogger(__name__)
 
 SWITCHES = "tensorsmith_weight_switches"
-LEVELS = ("fp16", "int8", "int4")  # from the most bytes to the fewest
+FLOAT = "fp16"  # the float regions' precision (fp32 in the cpu variant)
+INT8_WEIGHT = "int8-weight"
+ONE_BYTE = (INT8_WEIGHT, "int8", "fp8")  # one byte a weight; a tie goes to the first
+INT4 = "int4"
+DEPTH = {FLOAT: 0, INT8_WEIGHT: 1, "int8": 1, "fp8": 1, INT4: 2}  # fewer bytes deeper
+WITH_ACTIVATIONS = ("int8", "fp8")  # levels that quantize the layer's input too (W8A8)
 
 
 @dataclass(frozen=True)
 class LayerOptions:
-    """One weight MatMul: its weight as each precision computes it, and the bytes each stores."""
+    """One weight MatMul: its weight as each level computes it, the bytes each level stores, its input activation
+    and the per-tensor scale of that input for the levels that quantize it."""
 
-    int4: np.ndarray
-    int8: np.ndarray
-    bytes: Mapping[str, int]  # level → bytes stored
+    weights: Mapping[str, np.ndarray]  # level → the weight it computes with (every level but FLOAT)
+    bytes: Mapping[str, int]  # level → bytes stored (FLOAT too)
+    activation: str = ""
+    activation_scales: Mapping[str, float] = field(default_factory=dict)  # "int8" / "fp8" → scale of `activation`
+    pinned: str | None = None  # a level fixed by an override: never moved
 
 
 @dataclass
 class WeightSearchResult:
-    assignment: dict[str, str]  # layer → fp16 | int8 | int4
+    assignment: dict[str, str]  # layer → level
     moves: list[tuple[str, str]]  # (layer, level it moves to), cheapest per byte first
     chosen: int  # how many of `moves` the assignment takes
     sensitivity: dict[str, dict[str, float]] = field(default_factory=dict)  # layer → level → metric
     estimate: float = 0.0
     evaluations: int = 0
+    pinned: dict[str, str] = field(default_factory=dict)  # layer → level an override fixed
+
+    def assignment_at(self, chosen: int) -> dict[str, str]:
+        """The assignment of the first `chosen` moves (with the pinned layers)."""
+        return assignment_of(self.moves[:chosen], list(self.assignment), self.pinned)
 
 
-def assignment_of(moves: list[tuple[str, str]], layers: list[str]) -> dict[str, str]:
-    """Each layer at the deepest level the moves take it to (fp16 when none does)."""
-    assignment = dict.fromkeys(layers, "fp16")
+def assignment_of(
+    moves: list[tuple[str, str]], layers: list[str], pinned: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Each layer at the deepest level the moves take it to (FLOAT when none does, its pin when pinned)."""
+    assignment = dict.fromkeys(layers, FLOAT) | dict(pinned or {})
     for layer, level in moves:
-        if LEVELS.index(level) > LEVELS.index(assignment[layer]):
+        if DEPTH[level] > DEPTH[assignment[layer]]:
             assignment[layer] = level
     return assignment
 
@@ -65,36 +84,48 @@ class WeightSearch:
         self.options = options
         self.budget = budget
         self.feeds = feeds
+        self.slots = {(name, level): index for index, (name, level) in
+                      enumerate((name, level) for name in self.layers for level in options[name].weights)}  # fmt: skip
         graph = gs.import_onnx(model)
-        switches = gs.Variable(SWITCHES, dtype=np.float32, shape=[2 * len(self.layers)])
+        switches = gs.Variable(SWITCHES, dtype=np.float32, shape=[len(self.slots)])
         graph.inputs.append(switches)
         nodes = {node.name: node for node in graph.nodes}
-        for index, name in enumerate(self.layers):
+        quantized_inputs: dict[tuple[str, str], gs.Variable] = {}  # (tensor, precision) → QDQ(tensor), shared
+
+        def switch(index: int) -> gs.Variable:
+            (value,) = graph.layer(op="Gather", inputs=[switches, np.array(index, np.int64)], outputs=["switch"])
+            value.dtype = np.float32
+            return value
+
+        for name in self.layers:
             node, option = nodes[name], options[name]
-            weight = node.inputs[1]
-            original = np.asarray(weight.values, np.float32)
-            blended = weight
-            for offset, level in ((0, option.int4), (len(self.layers), option.int8)):
-                (switch,) = graph.layer(op="Gather", inputs=[switches, np.array(index + offset, np.int64)],
-                                        outputs=[f"{name}/switch_{offset}"])  # fmt: skip
-                delta = gs.Constant(f"{name}/delta_{offset}", (level - original).astype(np.float32))
-                (moved,) = graph.layer(op="Mul", inputs=[delta, switch], outputs=[f"{name}/moved_{offset}"])
-                (blended,) = graph.layer(op="Add", inputs=[blended, moved], outputs=[f"{name}/weight_{offset}"])
-                switch.dtype = moved.dtype = blended.dtype = np.float32
-            node.inputs[1] = blended
+            original = np.asarray(node.inputs[1].values, np.float32)
+            weight, activation = node.inputs[1], node.inputs[0]
+            for level, values in option.weights.items():
+                on = switch(self.slots[name, level])
+                delta = gs.Constant(f"{name}/delta_{level}", (values - original).astype(np.float32))
+                (moved,) = graph.layer(op="Mul", inputs=[delta, on], outputs=[f"{name}/moved_{level}"])
+                (weight,) = graph.layer(op="Add", inputs=[weight, moved], outputs=[f"{name}/weight_{level}"])
+                moved.dtype = weight.dtype = np.float32
+                if level in WITH_ACTIVATIONS:
+                    key = (node.inputs[0].name, level)
+                    if key not in quantized_inputs:
+                        scale = option.activation_scales[level]
+                        quantized_inputs[key] = quantize_activation(
+                            graph, node.inputs[0], scale, level, f"{node.inputs[0].name}/{level}"
+                        )
+                    activation = blend(graph, activation, quantized_inputs[key], on)
+            node.inputs[0], node.inputs[1] = activation, weight
         self.session = session_for(gs.export_onnx(graph))
         self.output_names = [output.name for output in self.session.get_outputs()]
         self.evaluations = 0
         self.reference = self._run({})
 
     def _run(self, assignment: Mapping[str, str]) -> list[np.ndarray]:
-        switches = np.zeros(2 * len(self.layers), np.float32)
-        for index, name in enumerate(self.layers):
-            level = assignment.get(name, "fp16")
-            if level == "int4":
-                switches[index] = 1.0
-            elif level == "int8":
-                switches[len(self.layers) + index] = 1.0
+        switches = np.zeros(len(self.slots), np.float32)
+        for name, level in assignment.items():
+            if level != FLOAT:
+                switches[self.slots[name, level]] = 1.0
         return list(self.session.run(self.output_names, {**self.feeds, SWITCHES: switches}))
 
     def evaluate(self, assignment: Mapping[str, str]) -> float:
@@ -103,33 +134,45 @@ class WeightSearch:
 
     def search(self, reporter: Reporter | None = None) -> WeightSearchResult:
         reporter = reporter or LogReporter()
-        baseline = self.evaluate({})
+        pinned = {name: option.pinned for name, option in self.options.items() if option.pinned is not None}
+        free = [name for name in self.layers if name not in pinned]
+        baseline = self.evaluate(pinned)
         sensitivity: dict[str, dict[str, float]] = {}
-        with reporter.task("weight precision: sensitivity per layer (int8, int4)", 2 * len(self.layers)) as advance:
-            for name in self.layers:
-                sensitivity[name] = {level: self.evaluate({name: level}) for level in ("int8", "int4")}
-                advance(2)
+        runs = sum(len(self.options[name].weights) for name in free)
+        with reporter.task("weight precision: sensitivity per layer and level", runs) as advance:
+            for name in free:
+                sensitivity[name] = {}
+                for level in self.options[name].weights:
+                    sensitivity[name][level] = self.evaluate({**pinned, name: level})
+                    advance(1)
 
         def lost(value: float, before: float) -> float:
-            return max(before - value if self.budget.higher_is_better else value - before, 1e-12)
+            return before - value if self.budget.higher_is_better else value - before
 
         costs = []
-        for name in self.layers:
-            saved = self.options[name].bytes
-            int8, int4 = sensitivity[name]["int8"], sensitivity[name]["int4"]
-            costs.append((lost(int8, baseline) / max(saved["fp16"] - saved["int8"], 1), name, "int8"))
-            costs.append((lost(int4, int8) / max(saved["int8"] - saved["int4"], 1), name, "int4"))
+        for name in free:
+            stored, measured = self.options[name].bytes, sensitivity[name]
+            one_byte = [level for level in ONE_BYTE if level in measured]
+            before, level_before = baseline, FLOAT
+            if one_byte:  # the level that loses least at one byte a weight (the first on a tie)
+                level_before = min(one_byte, key=lambda level: (lost(measured[level], baseline), ONE_BYTE.index(level)))
+                saved = max(stored[FLOAT] - stored[level_before], 1)
+                costs.append((max(lost(measured[level_before], baseline), 1e-12) / saved, name, level_before))
+                before = measured[level_before]
+            if INT4 in measured:
+                saved = max(stored[level_before] - stored[INT4], 1)
+                costs.append((max(lost(measured[INT4], before), 1e-12) / saved, name, INT4))
         moves = [(name, level) for _, name, level in sorted(costs, key=lambda cost: cost[0])]
         low, high, best = 0, len(moves), baseline  # invariant: the first `low` moves meet the budget
         with reporter.task("weight precision: bisecting the moves within budget", None) as advance:
             while low < high:
                 middle = (low + high + 1) // 2
-                value = self.evaluate(assignment_of(moves[:middle], self.layers))
+                value = self.evaluate(assignment_of(moves[:middle], self.layers, pinned))
                 advance(1)
                 if self.budget.met(value):
                     low, best = middle, value
                 else:
                     high = middle - 1
-        assignment = assignment_of(moves[:low], self.layers)
+        assignment = assignment_of(moves[:low], self.layers, pinned)
         logger.info("%d of %d moves within %s (estimate %.6f)", low, len(moves), self.budget, best)
-        return WeightSearchResult(assignment, moves, low, sensitivity, best, self.evaluations)
+        return WeightSearchResult(assignment, moves, low, sensitivity, best, self.evaluations, pinned)

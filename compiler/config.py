@@ -167,6 +167,10 @@ class CompileConfig(_Strict):
         if self.precision == "int4" and self.int4_algorithm == "awq" and self.calibration is None:
             raise ValueError("precision int4 with awq needs calibration data: --calibration PATH (or --int4-algorithm "
                              "rtn); random inputs are never used in its place")  # fmt: skip
+        for override in self.overrides:
+            if override.precision in ("int4", "int8-weight") and self.precision not in ("int4", "auto"):
+                raise ValueError(f"[[overrides]] match '{override.match}': {override.precision} pins weight layers "
+                                 f"under --precision int4 or a decoder's auto, not {self.precision}")  # fmt: skip
         if self.precision == "int4" and self.opset < INT4_MIN_OPSET and "opset" in self.model_fields_set:
             raise ValueError(f"precision int4 needs opset {INT4_MIN_OPSET} (blockwise DequantizeLinear), not "
                              f"{self.opset}")  # fmt: skip

@@ -80,6 +80,22 @@ def _zero(precision: Precision, shape: tuple[int, ...] = ()) -> np.ndarray:
     return np.zeros(shape, dtype=np.int8 if precision == "int8" else _fp8_dtype())
 
 
+def quantize_activation(
+    graph: gs.Graph, tensor: gs.Tensor, scale: float, precision: Precision, name: str | None = None
+) -> gs.Variable:
+    """DequantizeLinear(QuantizeLinear(tensor)) with a per-tensor `scale` and zero point 0: the activation side
+    (nodes named after `name`, the tensor's name by default)."""
+    name = name or tensor.name
+    scale_constant = gs.Constant(f"{name}/scale", np.array(scale, np.float32))
+    zero = gs.Constant(f"{name}/zero_point", _zero(precision))
+    (quantized,) = graph.layer(op="QuantizeLinear", name=f"{name}/QuantizeLinear",
+                               inputs=[tensor, scale_constant, zero], outputs=[f"{name}/quantized"])  # fmt: skip
+    (dequantized,) = graph.layer(op="DequantizeLinear", name=f"{name}/DequantizeLinear",
+                                 inputs=[quantized, scale_constant, zero], outputs=[f"{name}/dequantized"])  # fmt: skip
+    dequantized.dtype = np.float32
+    return dequantized
+
+
 SWITCHES = "quantization_switches"
 
 
@@ -96,6 +112,7 @@ class InsertQDQ:
     activation_scales: Mapping[str, float]
     nodes: Collection[str] | None = None
     switched: bool = False
+    suffix: str = ""  # appended to the activation Q/DQ's names (two precisions in one graph)
     name: str = "insert_qdq"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
@@ -123,10 +140,12 @@ class InsertQDQ:
             switch = self._switch(graph, switches, switch_index[node.name]) if switches is not None else None
             for tensor in activations:
                 if tensor.name not in dequantized:
-                    dequantized[tensor.name] = self._quantize_activation(graph, tensor)
+                    dequantized[tensor.name] = quantize_activation(
+                        graph, tensor, self.activation_scales[tensor.name], self.precision, tensor.name + self.suffix
+                    )
                 replacement = dequantized[tensor.name]
                 if switch is not None:
-                    replacement = _blend(graph, tensor, replacement, switch)
+                    replacement = blend(graph, tensor, replacement, switch)
                 node.inputs[node.inputs.index(tensor)] = replacement
             weight_index = 1
             weight = constant_value(node.inputs[weight_index]) if len(node.inputs) > 1 else None
@@ -134,7 +153,7 @@ class InsertQDQ:
                 original = node.inputs[weight_index]
                 replacement = self._quantize_weight(graph, node, weight)
                 if switch is not None:
-                    replacement = _blend(graph, original, replacement, switch)
+                    replacement = blend(graph, original, replacement, switch)
                 node.inputs[weight_index] = replacement
                 quantized_weights += 1
             quantized_nodes += 1
@@ -163,24 +182,6 @@ class InsertQDQ:
         switch.dtype = np.float32
         return switch
 
-    def _quantize_activation(self, graph: gs.Graph, tensor: gs.Tensor) -> gs.Variable:
-        scale = gs.Constant(f"{tensor.name}/scale", np.array(self.activation_scales[tensor.name], np.float32))
-        zero = gs.Constant(f"{tensor.name}/zero_point", _zero(self.precision))
-        (quantized,) = graph.layer(
-            op="QuantizeLinear",
-            name=f"{tensor.name}/QuantizeLinear",
-            inputs=[tensor, scale, zero],
-            outputs=[f"{tensor.name}/quantized"],
-        )
-        (dequantized,) = graph.layer(
-            op="DequantizeLinear",
-            name=f"{tensor.name}/DequantizeLinear",
-            inputs=[quantized, scale, zero],
-            outputs=[f"{tensor.name}/dequantized"],
-        )
-        dequantized.dtype = np.float32
-        return dequantized
-
     def _quantize_weight(self, graph: gs.Graph, node: gs.Node, weight: np.ndarray) -> gs.Variable:
         axis = weight_axis(node, weight)
         values, scales = quantize_weights(weight, axis, self.precision)
@@ -200,7 +201,7 @@ class InsertQDQ:
         return dequantized
 
 
-def _blend(graph: gs.Graph, original: gs.Tensor, quantized: gs.Tensor, switch: gs.Tensor) -> gs.Variable:
+def blend(graph: gs.Graph, original: gs.Tensor, quantized: gs.Tensor, switch: gs.Tensor) -> gs.Variable:
     """original + switch · (quantized − original): the float value at 0, the quantized one at 1."""
     (difference,) = graph.layer(op="Sub", inputs=[quantized, original], outputs=[f"{quantized.name}/delta"])
     (scaled,) = graph.layer(op="Mul", inputs=[difference, switch], outputs=[f"{quantized.name}/switched_delta"])

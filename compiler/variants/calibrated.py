@@ -49,15 +49,24 @@ def calibrate_variants(
     if config.smoothing and "int8" in precisions:
         reporter.stage("smoothing activation outliers into the weights (int8)")
         model, smoothing = _smooth(fused, channel_amax, config.smoothing_alpha)
-    reporter.stage(f"calibrating ({config.calibrator}) on {config.calibration}")
     observer = Observer(model, tensors_to_observe(model))
+    table = calibrate_tensors(observer, config, data, directory, reporter)
+    return Calibrated(model, table, observer, channel_amax, smoothing)
+
+
+def calibrate_tensors(
+    observer: Observer, config: CompileConfig, data: CalibrationData, directory: Path, reporter: Reporter
+) -> CalibrationTable:
+    """Per-tensor thresholds of the tensors `observer` returns, by `config.calibrator`; written as calibration.json,
+    TensorRT's calibration cache and the histograms (the report plots them)."""
+    reporter.stage(f"calibrating ({config.calibrator}) on {config.calibration}")
     statistics = observer.collect_histograms(data, observer.collect_ranges(data, reporter), reporter)
     table = build_table(statistics, config.calibrator, samples=observer.samples, percentile=config.percentile)
     table.write_json(directory / "calibration.json")
     (directory / "calibration").mkdir(exist_ok=True)
     table.write_tensorrt_cache(directory / "calibration" / "int8.cache", config.tensorrt_cache_version)
     save_histograms(statistics, directory / "calibration" / HISTOGRAMS_NAME)
-    return Calibrated(model, table, observer, channel_amax, smoothing)
+    return table
 
 
 def _channel_amax(model: onnx.ModelProto, data: CalibrationData, reporter: Reporter) -> dict[str, np.ndarray]:

@@ -28,6 +28,7 @@ from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import GraphPass, PassReport
 from tensorsmith.passes.int4 import Int4Weight, WeightOnlyInt4, WeightOnlyInt8
 from tensorsmith.passes.matching import constant_value
+from tensorsmith.passes.quantize import InsertQDQ
 from tensorsmith.runtime.manifest import VariantRecord, sha256_of
 
 logger = logging.getLogger(__name__)
@@ -112,10 +113,12 @@ def build_int4_variant(
     directory: Path,
     assignment: Mapping[str, str] | None = None,
     tables: bool = True,
+    scales: Mapping[str, Mapping[str, float]] | None = None,
 ) -> tuple[VariantRecord, list[PassReport], list[np.ndarray]]:
     """Write and measure the int4 variant of `recipe` (fp16 or fp32 float regions): every layer of the plan in INT4,
-    or as `assignment` says (int4 / int8 / fp16 per layer, `--precision auto`); vocabulary tables quantized when
-    `tables`. Returns the record, the passes' reports and the variant's outputs on the evaluation feeds."""
+    or as `assignment` says per layer (int4, int8-weight, int8 or fp8 with the activation `scales` of that
+    precision, fp16); vocabulary tables quantized when `tables`. Returns the record, the passes' reports and the
+    variant's outputs on the evaluation feeds."""
     from tensorsmith.passes.embeddings import QuantizeEmbeddings
     from tensorsmith.passes.fp16 import ConvertToFp16
 
@@ -127,8 +130,13 @@ def build_int4_variant(
     cpu = recipe.floats == "fp32"
     tied = set() if cpu else {node for node in tied_projection_names(model) if levels.get(node) == "int4"}
     weights = {node: weight for node, weight in plan.weights.items() if levels.get(node) == "int4" and node not in tied}
-    int8 = frozenset(node for node, level in levels.items() if level == "int8")
+    int8 = frozenset(node for node, level in levels.items() if level == "int8-weight")
     passes: list[GraphPass] = [WeightOnlyInt4(weights, plan.block), WeightOnlyInt8(int8)]
+    for precision in ("int8", "fp8"):  # W8A8: the input activation quantized too, per tensor
+        nodes = [node for node, level in levels.items() if level == precision]
+        if nodes:
+            assert scales is not None and precision in scales, f"{precision} layers need activation scales"
+            passes.append(InsertQDQ(precision, scales[precision], nodes=nodes, suffix=f"/{precision}"))
     if tables:
         passes.append(QuantizeEmbeddings(gather_first=cpu, int4=not cpu, tie=bool(tied)))
     if recipe.floats == "fp16":
@@ -156,21 +164,30 @@ def tables_policy(recipe: Recipe, tables: bool) -> str:
     return "INT4 rows, blocks of 32 (a tied output projection in INT4 reads the same table)"
 
 
-def int4_recipe_plan(recipe: Recipe, plan: Int4Plan, targets: list[str], evaluations: int) -> RecipePlan:
-    """precision.json's entry: each weight MatMul's precision and why (AWQ's α and its error against RTN's)."""
+def int4_recipe_plan(
+    recipe: Recipe,
+    plan: Int4Plan,
+    targets: list[str],
+    evaluations: int,
+    pinned: Mapping[str, tuple[str, str]] | None = None,
+) -> RecipePlan:
+    """precision.json's entry: each weight MatMul's precision and why (AWQ's α and its error against RTN's, or the
+    override that pins it)."""
     choices = []
     for name, (module, activation, elements) in plan.layers.items():
-        quantized = name in plan.weights
-        if not quantized:
+        level = "int4" if name in plan.weights else "fp16"
+        if pinned and name in pinned:
+            level, reason = pinned[name]
+        elif name not in plan.weights:
             reason = plan.skipped.get(name, "policy")
         elif plan.algorithm == "awq":
             reason = f"awq: α={plan.alphas[activation]:g}, sample error {plan.error_vs_rtn[activation]:.3f}× RTN's"
         else:
             reason = "rtn: round to nearest"
         choices.append(LayerChoice(name=name, module=module, op="MatMul", inputs=[activation], flops=elements,
-                                   precision="int4" if quantized else recipe.floats, reason=reason))  # fmt: skip
+                                   precision=recipe.floats if level == "fp16" else level, reason=reason))  # fmt: skip
     total = max(sum(choice.flops for choice in choices), 1)
-    fraction = sum(choice.flops for choice in choices if choice.precision == "int4") / total
+    fraction = sum(choice.flops for choice in choices if choice.precision not in ("fp16", "fp32")) / total
     return RecipePlan(
         precision="int4",
         float_regions=recipe.floats,

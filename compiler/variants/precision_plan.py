@@ -56,6 +56,9 @@ class RecipePlan(BaseModel):
     layers: list[LayerChoice] = Field(default_factory=list)
     targets: list[str] = Field(default_factory=list)
     cpu: CpuChoice | None = None
+    weight_levels: dict[str, str] = Field(
+        default_factory=dict, description="a decoder's auto: each weight precision, considered or why not"
+    )
 
 
 class PrecisionPlan(BaseModel):

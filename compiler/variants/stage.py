@@ -33,7 +33,8 @@ from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.quantized import Evaluation, build_quantized, search_layers, with_text_metrics
 from tensorsmith.compiler.variants.rewrite import rewritten
 from tensorsmith.compiler.variants.text_data import is_decoder_graph, text_split
-from tensorsmith.compiler.variants.weight_mix import build_mixed_variant, search_weights
+from tensorsmith.compiler.variants.weight_mix import build_mixed_variant, plan_weight_levels, search_weights
+from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
@@ -116,25 +117,30 @@ def _int4_variants(
     """The float variants of targets that cannot run INT4 (sm_75: fp16), then one INT4 plan (RTN, or AWQ on one
     pass over the calibration data) written once per kind of float region."""
     floats = _float_variants(plan.without_int4(), fused, config, directory, reporter)
-    split = _split(config, fused) if config.int4_algorithm == "awq" else None
+    split = _split(config, fused) if config.calibration is not None else None  # AWQ's, and W8A8's scales
     evaluation = _int4_evaluation(config, fused, split)
     model, _ = rewritten(fused.model, [GemmAsMatMul()])  # the same function; Gemm weights become INT4-able
-    int4_plan = plan_int4(model, config.int4_algorithm, config.int4_block_size,
-                          split.calibration if split else None, reporter)  # fmt: skip
+    awq_data = split.calibration if split is not None and config.int4_algorithm == "awq" else None
+    int4_plan = plan_int4(model, config.int4_algorithm, config.int4_block_size, awq_data, reporter)
+    int4_targets = [target for targets in plan.int4().values() for target in targets]
+    data = split.calibration if split is not None else None
+    levels = plan_weight_levels(model, int4_plan, config, data, int4_targets, directory, reporter)
     budget = config.accuracy_budget()  # `auto`: each weight layer's precision against it
     search = None
     if budget is not None:
         tokens = split.tokens if split is not None else None
         evaluation = replace(evaluation, budget=budget.on_tokens(tokens) if tokens is not None else budget)
-        search = search_weights(model, int4_plan, evaluation, config.sensitivity_samples, reporter)
+        search = search_weights(model, int4_plan, levels, evaluation, config.sensitivity_samples, reporter)
     records, by_target, reports, recipes, unmet = list(floats.records), dict(floats.by_target), [], {}, []
     for recipe, targets in plan.int4().items():
         reporter.stage(f"{recipe.variant}: writing and measuring the variant ({config.int4_algorithm})")
         if search is None:
-            record, passes, _ = build_int4_variant(model, recipe, int4_plan, evaluation, directory)
-            recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, evaluations=1)
+            assignment = dict.fromkeys(int4_plan.weights, "int4") | {n: lv for n, (lv, _) in levels.pinned.items()}
+            record, passes, _ = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
+                                                   scales=levels.scales)  # fmt: skip
+            recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, levels.pinned)
         else:
-            mixed = build_mixed_variant(model, recipe, int4_plan, search, evaluation, directory, targets)
+            mixed = build_mixed_variant(model, recipe, int4_plan, levels, search, evaluation, directory, targets)
             record, passes, recipes[record.name] = mixed.record, mixed.reports, mixed.plan
             if not mixed.plan.met:
                 unmet.append(f"{record.name}: {evaluation.budget} not met ({mixed.plan.achieved:.6f})")
@@ -180,6 +186,13 @@ def _quantized_variants(
     plan: VariantPlan, fused: FusedGraph, config: CompileConfig, directory: Path, reporter: Reporter
 ) -> tuple[Variants, PrecisionPlan, set[str]]:
     """Calibrate once, search once per precision, then write and verify one variant per recipe."""
+    for override in config.overrides:
+        if override.precision in ("int4", "int8-weight"):
+            raise ConfigError(
+                f"[[overrides]] match '{override.match}': {override.precision} pins the weight layers of a "
+                f"decoder's auto or of --precision int4; this compile quantizes activations ({plan.request})",
+                hint="pin it to fp32, int8 or fp8",
+            )
     split = _split(config, fused)
     budget = config.accuracy_budget()
     if budget is not None and split.tokens is not None:

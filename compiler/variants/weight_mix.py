@@ -1,57 +1,158 @@
-"""A decoder's `--precision auto`: each weight layer in int4, int8 (weight-only) or float, searched against the
-budget on the switched graph (calibration/weight_search.py), then verified for real per variant, with and
-without quantized vocabulary tables (which the search does not cover): the smallest verified file within the
-budget is kept.
+"""A decoder's `--precision auto`: each weight layer in int4, one byte a weight (int8 weight-only, or int8 / fp8
+with calibrated activations where every target runs them) or float, searched against the budget on the switched
+graph (calibration/weight_search.py), then verified for real per variant, with and without quantized vocabulary
+tables (which the search does not cover): the smallest verified file within the budget is kept.
+`[[overrides]]` pin weight layers to a level (`--precision int4` and `auto` alike).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from tensorsmith.calibration.weight_search import LayerOptions, WeightSearch, WeightSearchResult, assignment_of
-from tensorsmith.compiler.targets import Recipe
+from tensorsmith.calibration import CalibrationData, Observer
+from tensorsmith.calibration.layers import Override
+from tensorsmith.calibration.weight_search import (
+    FLOAT,
+    INT4,
+    INT8_WEIGHT,
+    ONE_BYTE,
+    WITH_ACTIVATIONS,
+    LayerOptions,
+    WeightSearch,
+    WeightSearchResult,
+)
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.targets import Recipe, get_target
+from tensorsmith.compiler.variants.calibrated import calibrate_tensors
 from tensorsmith.compiler.variants.int4 import Int4Plan, build_int4_variant, tables_policy, weight_matmuls
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.quantized import MAX_VERIFY_RETRIES, Evaluation
+from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.int4 import dequantize_int4, int8_weight, quantize_int4
+from tensorsmith.passes.quantize import quantize_weights
 from tensorsmith.runtime.manifest import VariantRecord
 
 logger = logging.getLogger(__name__)
 
+OVERRIDE_LEVELS = {"fp32": FLOAT, "int8": "int8", "fp8": "fp8", "int4": INT4, "int8-weight": INT8_WEIGHT}
 
-def layer_options(model: onnx.ModelProto, plan: Int4Plan) -> dict[str, LayerOptions]:
-    """Each INT4-able weight MatMul as int4 (the plan's AWQ scales folded back in) and int8 compute it, and the
-    bytes each stores (fp16 and int8 with fp16 scales; int4 with its block scales)."""
+
+@dataclass(frozen=True)
+class WeightLevels:
+    """What the weight layers may take beyond float, for every target of the INT4 recipes, and the pins."""
+
+    allowed: tuple[str, ...]  # the levels the search may move a layer to
+    notes: dict[str, str]  # level → considered, or why not (precision.json)
+    scales: dict[str, dict[str, float]] = field(default_factory=dict)  # "int8" / "fp8" → activation → scale
+    pinned: dict[str, tuple[str, str]] = field(default_factory=dict)  # layer → (level, the override that pins it)
+
+
+def pinned_levels(plan: Int4Plan, overrides: Sequence[Override]) -> dict[str, tuple[str, str]]:
+    """Weight layers the `[[overrides]]` match (node name, module path or op), first match wins."""
+    pinned = {}
+    for name, (module, _, _) in plan.layers.items():
+        for override in overrides:
+            if any(fnmatch.fnmatchcase(value, override.match) for value in (name, module, "MatMul")):
+                level = OVERRIDE_LEVELS[override.precision]
+                if level != FLOAT and name not in plan.weights:
+                    raise ConfigError(
+                        f"[[overrides]] match '{override.match}' pins {name} to {override.precision}, but it stays "
+                        f"in float: {plan.skipped.get(name, 'not a weight MatMul')}",
+                        hint="narrow the match, or pin it to fp32",
+                    )
+                pinned[name] = (level, f"override '{override.match}'")
+                break
+    return pinned
+
+
+def plan_weight_levels(
+    model: onnx.ModelProto,
+    plan: Int4Plan,
+    config: CompileConfig,
+    data: CalibrationData | None,
+    targets: list[str],
+    directory: Path,
+    reporter: Reporter,
+) -> WeightLevels:
+    """The levels every INT4-recipe target runs (int8 W8A8 and fp8 need calibrated activations, fp8 sm_89+), the
+    pins, and, where a level quantizes activations, their scales from one calibration of the weight inputs."""
+    allowed, notes = [INT8_WEIGHT, INT4], {INT8_WEIGHT: "considered", INT4: "considered"}
+    for precision in WITH_ACTIVATIONS:
+        missing = [name for name in targets if precision not in get_target(name).precisions]
+        if missing:
+            notes[precision] = f"not considered: {', '.join(missing)} cannot run {precision} activations"
+        elif data is None:
+            notes[precision] = "not considered: no calibration data for activation scales"
+        else:
+            allowed.append(precision)
+            notes[precision] = "considered (activations calibrated on the calibration text)"
+    pinned = pinned_levels(plan, config.overrides)
+    for name, (level, reason) in pinned.items():
+        if level != FLOAT and level not in allowed:
+            raise ConfigError(f"{reason} pins {name} to {level}: {notes[level]}",
+                              hint="pin it to int8-weight or int4, or change the targets")  # fmt: skip
+    searching = config.accuracy_budget() is not None
+    wanted = [level for level in WITH_ACTIVATIONS if level in allowed]
+    if not wanted or not (searching or any(level in wanted for level, _ in pinned.values())):
+        return WeightLevels(tuple(allowed), notes, {}, pinned)
+    assert data is not None
+    activations = sorted({plan.layers[name][1] for name in plan.weights})
+    table = calibrate_tensors(Observer(model, activations), config, data, directory, reporter)
+    scales = {"int8": table.int8_scales(), "fp8": table.fp8_scales()}
+    return WeightLevels(tuple(allowed), notes, scales, pinned)
+
+
+def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) -> dict[str, LayerOptions]:
+    """Each INT4-able weight MatMul as every allowed level computes it (int4 with the plan's AWQ scales folded
+    back in), and the bytes each stores (fp16; one byte and a scale per column; int4 with its block scales)."""
     options = {}
-    for name, (_, weight) in weight_matmuls(model, plan.block).chosen.items():
+    for name, (activation, weight) in weight_matmuls(model, plan.block).chosen.items():
         if name not in plan.weights:
             continue
         choice = plan.weights[name]
         scale = choice.input_scale if choice.input_scale is not None else np.ones(weight.shape[0], np.float32)
         q, step = quantize_int4(weight * scale[:, None], plan.block, choice.clip)
-        int4 = dequantize_int4(q, step, plan.block) / scale[:, None]
+        weights = {INT4: dequantize_int4(q, step, plan.block) / scale[:, None]}
         codes, scales = int8_weight(weight)
+        weights[INT8_WEIGHT] = codes * scales
+        activation_scales = {}
+        for precision in WITH_ACTIVATIONS:
+            if precision in levels.allowed and activation in levels.scales.get(precision, {}):
+                values, steps = quantize_weights(weight, 1, precision)
+                weights[precision] = values.astype(np.float32) * steps
+                activation_scales[precision] = levels.scales[precision][activation]
         rows, columns = weight.shape
-        stored = {"fp16": 2 * rows * columns, "int8": rows * columns + 2 * columns,
-                  "int4": rows * columns // 2 + 2 * (rows // plan.block) * columns}  # fmt: skip
-        options[name] = LayerOptions(int4.astype(np.float32), (codes * scales).astype(np.float32), stored)
+        one_byte = rows * columns + 2 * columns
+        stored = {FLOAT: 2 * rows * columns, **dict.fromkeys(ONE_BYTE, one_byte),
+                  INT4: rows * columns // 2 + 2 * (rows // plan.block) * columns}  # fmt: skip
+        pinned = levels.pinned.get(name, (None, ""))[0]
+        options[name] = LayerOptions({level: values.astype(np.float32) for level, values in weights.items()},
+                                     stored, activation, activation_scales, pinned)  # fmt: skip
     return options
 
 
 def search_weights(
-    model: onnx.ModelProto, plan: Int4Plan, evaluation: Evaluation, samples: int, reporter: Reporter
+    model: onnx.ModelProto,
+    plan: Int4Plan,
+    levels: WeightLevels,
+    evaluation: Evaluation,
+    samples: int,
+    reporter: Reporter,
 ) -> WeightSearchResult:
     assert evaluation.budget is not None
-    reporter.stage(f"weight precision per layer (int4, int8, fp16) against {evaluation.budget}")
+    named = ", ".join(level for level in (INT4, *ONE_BYTE) if level in levels.allowed)
+    reporter.stage(f"weight precision per layer ({named}, float) against {evaluation.budget}")
     feeds = {name: array[:samples] for name, array in evaluation.feeds.items()}
-    return WeightSearch(model, layer_options(model, plan), feeds, evaluation.budget).search(reporter)
+    return WeightSearch(model, layer_options(model, plan, levels), feeds, evaluation.budget).search(reporter)
 
 
 @dataclass(frozen=True)
@@ -65,6 +166,7 @@ def build_mixed_variant(
     model: onnx.ModelProto,
     recipe: Recipe,
     plan: Int4Plan,
+    levels: WeightLevels,
     search: WeightSearchResult,
     evaluation: Evaluation,
     directory: Path,
@@ -75,12 +177,11 @@ def build_mixed_variant(
     (an eighth at a time, up to MAX_VERIFY_RETRIES times); the most accurate of them if none holds."""
     budget = evaluation.budget
     assert budget is not None
-    layers = list(search.assignment)
     tried: list[tuple[int, bool, float, int, bool]] = []  # (bytes, met, achieved, moves, tables)
 
     def attempt(chosen: int, tables: bool) -> tuple[VariantRecord, list[PassReport]]:
-        assignment = assignment_of(search.moves[:chosen], layers)
-        record, reports, outputs = build_int4_variant(model, recipe, plan, evaluation, directory, assignment, tables)
+        record, reports, outputs = build_int4_variant(model, recipe, plan, evaluation, directory,
+                                                      search.assignment_at(chosen), tables, levels.scales)  # fmt: skip
         achieved = budget.measure(evaluation.reference, outputs)
         tried.append(((directory / record.path).stat().st_size, budget.met(achieved), achieved, chosen, tables))
         return record, reports
@@ -99,7 +200,7 @@ def build_mixed_variant(
     if best is not tried[-1]:
         record, reports = attempt(best[3], best[4])  # write the chosen one again (the file holds the last tried)
     _, met, achieved, chosen, tables = tried[-1]
-    assignment = assignment_of(search.moves[:chosen], layers)
+    assignment = search.assignment_at(chosen)
     logger.info("%s: %s %.6f with %d of %d moves", record.name, budget.metric, achieved, chosen, len(search.moves))
     recipe_plan = RecipePlan(
         precision="int4",
@@ -110,8 +211,9 @@ def build_mixed_variant(
         evaluations=search.evaluations + len(tried),
         embeddings=tables_policy(recipe, tables),
         verify_retries=len(tried) - 1,
-        layers=_choices(plan, assignment, search, recipe),
+        layers=_choices(plan, assignment, search, levels, recipe, budget.metric),
         targets=targets,
+        weight_levels=levels.notes,
     )
     return MixedVariant(record, reports, recipe_plan)
 
@@ -119,24 +221,36 @@ def build_mixed_variant(
 def _bytes_fraction(plan: Int4Plan, assignment: dict[str, str]) -> float:
     """The share of weight elements below float precision (the plan's `quantized_flops_fraction`)."""
     total = max(sum(elements for _, _, elements in plan.layers.values()), 1)
-    return sum(plan.layers[name][2] for name, level in assignment.items() if level != "fp16") / total
+    return sum(plan.layers[name][2] for name, level in assignment.items() if level != FLOAT) / total
 
 
 def _choices(
-    plan: Int4Plan, assignment: dict[str, str], search: WeightSearchResult, recipe: Recipe
+    plan: Int4Plan,
+    assignment: dict[str, str],
+    search: WeightSearchResult,
+    levels: WeightLevels,
+    recipe: Recipe,
+    metric: str,
 ) -> list[LayerChoice]:
     order = {move: index for index, move in enumerate(search.moves)}
     choices = []
     for name, (module, activation, elements) in plan.layers.items():
-        level = assignment.get(name, "fp16")
-        sensitivity = search.sensitivity.get(name, {})
-        if name not in assignment:
+        level = assignment.get(name, FLOAT)
+        measured = search.sensitivity.get(name, {})
+        if name in levels.pinned:
+            reason = levels.pinned[name][1]
+        elif name not in assignment:
             reason = plan.skipped.get(name, "not an INT4-able weight")
-        elif level == "fp16":
-            reason = "search: int8 costs more per byte than the budget leaves"
+        elif level == FLOAT:
+            reason = "search: one byte a weight costs more per byte than the budget leaves"
         else:
             reason = f"search: move {order[(name, level)] + 1} of {len(search.moves)} by metric lost per byte saved"
+        one_byte = {candidate: measured[candidate] for candidate in ONE_BYTE if candidate in measured}
+        if level != FLOAT and name not in levels.pinned and len(one_byte) > 1:
+            figures = ", ".join(f"{candidate} {value:.5f}" for candidate, value in one_byte.items())
+            reason += f"; at one byte a weight, {metric} with it alone: {figures}"
         choices.append(LayerChoice(name=name, module=module, op="MatMul", inputs=[activation], flops=elements,
-                                   precision=recipe.floats if level == "fp16" else level,
-                                   sensitivity=sensitivity.get("int4"), reason=reason))  # fmt: skip
+                                   precision=recipe.floats if level == FLOAT else level,
+                                   sensitivity=measured.get(level if level != FLOAT else INT4),
+                                   reason=reason))  # fmt: skip
     return choices

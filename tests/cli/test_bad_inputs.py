@@ -246,6 +246,14 @@ def int4_low_opset(tmp: Path) -> list[str]:
     return [str(small_mlp_onnx(tmp / "mlp.onnx")), "--precision", "int4", "--int4-algorithm", "rtn", "--opset", "20"]
 
 
+def weight_only_override_for_int8(tmp: Path) -> list[str]:
+    config = tmp / "tensorsmith.toml"
+    config.write_text(f'source = "{small_mlp_onnx(tmp / "mlp.onnx")}"\nprecision = "int8"\n'
+                      f'calibration = "{tmp / "c.npz"}"\n[[overrides]]\nmatch = "*"\nprecision = "int4"\n')  # fmt: skip
+    np.savez(tmp / "c.npz", x=np.ones((4, 8), np.float32))
+    return [str(config)]
+
+
 BEFORE, AFTER = True, False  # fails before the export and the passes start / can only fail during them
 CASES: dict[str, tuple[Case, str, bool]] = {
     "missing file": (missing_file, "nowhere.onnx", BEFORE),
@@ -283,6 +291,7 @@ CASES: dict[str, tuple[Case, str, bool]] = {
     "decoder text too short": (decoder_text_too_short, "fewer than one window of 128", BEFORE),
     "int4 awq without data": (int4_awq_without_data, "int4 with awq needs calibration data", BEFORE),
     "int4 below opset 21": (int4_low_opset, "needs opset 21", BEFORE),
+    "weight-only override for int8": (weight_only_override_for_int8, "int4 pins weight layers", BEFORE),
 }
 
 

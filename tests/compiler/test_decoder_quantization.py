@@ -97,3 +97,48 @@ def test_int8_and_fp8_calibrate_on_prefill_and_decode_and_the_variants_generate(
     prompt = np.array([[1, *token_windows(CompileConfig.create(common), TINYLM / "heldout.txt", 16, 1)[0]]], np.int64)
     quantized = load(tmp_path / "int8", backend="onnxruntime").generate(prompt, max_new_tokens=16)
     assert quantized.shape == (1, 17 + 16) and (quantized[:, :17] == prompt).all()
+
+
+def test_every_weight_level_in_one_variant_runs_and_builds_for_ada(fp32_tinylm: Path, tmp_path: Path) -> None:
+    """int4, int8 weight-only, int8 and fp8 W8A8 (activations quantized per tensor) and float layers in one
+    variant, as a decoder's auto may mix them: ONNX Runtime runs it close to fp32, and tensorrt-rtx builds it for
+    sm_89 with both profiles."""
+    import onnx
+
+    from tensorsmith.calibration import Observer
+    from tensorsmith.compiler.config import DimRange
+    from tensorsmith.compiler.engines.builder import build_engine
+    from tensorsmith.compiler.engines.profiles import decoder_profiles
+    from tensorsmith.compiler.targets import Recipe
+    from tensorsmith.compiler.variants.int4 import build_int4_variant, plan_int4
+    from tensorsmith.compiler.variants.quantized import Evaluation
+    from tensorsmith.compiler.variants.rewrite import rewritten
+    from tensorsmith.compiler.variants.text_data import prefill_feeds
+    from tensorsmith.core.progress import LogReporter
+    from tensorsmith.passes.int4 import GemmAsMatMul
+
+    manifest = read_manifest(fp32_tinylm)
+    model, _ = rewritten(onnx.load(fp32_tinylm / "model.onnx"), [GemmAsMatMul()])
+    plan = plan_int4(model, "rtn", 128, None, LogReporter())
+    levels = ("int4", "int8-weight", "int8", "fp8", "fp16")
+    assignment = {name: levels[index % len(levels)] for index, name in enumerate(plan.weights)}
+    config = CompileConfig.create({"source": str(TINYLM / "checkpoint")})
+    feeds = prefill_feeds(token_windows(config, calibration_text(tmp_path / "c.txt"), 32, 4), manifest.inputs)
+    activations = sorted({plan.layers[name][1] for name in plan.weights})
+    amax = {name: float(np.abs(value).max()) for name, value in Observer(model, activations).run(feeds).items()}
+    scales = {"int8": {name: value / 127 for name, value in amax.items()},
+              "fp8": {name: value / 448 for name, value in amax.items()}}  # fmt: skip
+    evaluation = Evaluation(feeds, run_onnx(fp32_tinylm / "model.onnx", feeds), None, "four windows")
+    record, _, _ = build_int4_variant(model, Recipe("int4", "fp16"), plan, evaluation, tmp_path, assignment,
+                                      scales=scales)  # fmt: skip
+    assert record.precisions == ["int8-weight", "int8", "int4", "fp8", "fp16"]
+    assert record.accuracy["cosine"] > 0.99, record.accuracy
+    variant = onnx.load(tmp_path / record.path)
+    constants = {tensor.name: tensor.data_type for tensor in variant.graph.initializer}
+    zero_points = {constants[node.input[2]] for node in variant.graph.node if node.op_type == "QuantizeLinear"}
+    assert zero_points == {onnx.TensorProto.INT8, onnx.TensorProto.FLOAT8E4M3FN}
+    assert any(attribute.name == "block_size" for node in variant.graph.node for attribute in node.attribute)
+    dims = {name: DimRange.model_validate(limits) for name, limits in manifest.dims.items()}
+    profiles = decoder_profiles(manifest.inputs, dims, "sm_89")
+    built = build_engine(tmp_path / record.path, "sm_89", profiles)
+    assert built.profile_names == ["prefill", "decode"] and len(built.plan) > 0

@@ -129,15 +129,17 @@ def test_a_second_decoder_with_another_shape_and_block(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_auto_chooses_each_weight_layer_within_a_perplexity_budget(tmp_path: Path) -> None:
-    """A decoder's `auto`: int4 / int8 weight-only / fp16 per layer, the budget met on held-out text by the
-    verified variant, every layer's choice and reason in precision.json, engines built with both profiles."""
+    """A decoder's `auto`: int4 / int8 (weight-only or W8A8) / float per layer, the budget met on held-out text by
+    the verified variant, every layer's choice and reason in precision.json (an override pins one), fp8 left out
+    because the cpu cannot run it, engines built with both profiles."""
     import json
 
     text = calibration_text(tmp_path / "calibration.txt")
     config = CompileConfig.create(
-        {"source": str(TINYLM / "checkpoint"), "targets": ["cpu", "sm_86"], "precision": "auto",
+        {"source": str(TINYLM / "checkpoint"), "targets": ["cpu", "sm_89"], "precision": "auto",
          "budget": "perplexity-ratio<=1.03", "calibration": str(text), "calibration_samples": 32,
-         "evaluation": str(TINYLM / "heldout.txt"), "generation": {"max_sequence_length": 256, "max_batch": 4}}
+         "evaluation": str(TINYLM / "heldout.txt"), "generation": {"max_sequence_length": 256, "max_batch": 4},
+         "overrides": [{"match": "*lm_head", "precision": "int8-weight"}]}
     )  # fmt: skip
     result = compile(config, tmp_path / "out")
     assert result.budget_met, result.unmet_budgets
@@ -148,9 +150,14 @@ def test_auto_chooses_each_weight_layer_within_a_perplexity_budget(tmp_path: Pat
         assert variants[name].accuracy["perplexity-ratio"] <= 1.03
         recipe = plan["recipes"][name]
         assert recipe["met"] and recipe["achieved"] <= 1.03
+        assert recipe["weight_levels"]["int8"].startswith("considered")
+        assert recipe["weight_levels"]["fp8"] == "not considered: cpu cannot run fp8 activations"
         levels = {layer["precision"] for layer in recipe["layers"]}
-        assert "int4" in levels and levels <= {"int4", "int8", "fp16", "fp32"}, levels
-        assert all(layer["reason"].startswith("search") and layer["module"] for layer in recipe["layers"])
+        assert "int4" in levels and levels <= {"int4", "int8-weight", "int8", "fp16", "fp32"}, levels
+        (head,) = [layer for layer in recipe["layers"] if layer["module"].endswith("lm_head")]
+        assert head["precision"] == "int8-weight" and head["reason"] == "override '*lm_head'"
+        others = [layer for layer in recipe["layers"] if layer is not head]
+        assert all(layer["reason"].startswith("search") and layer["module"] for layer in others)
     fp32_bytes = os.path.getsize(tmp_path / "out" / "model.onnx")
     assert os.path.getsize(tmp_path / "out" / variants["int4"].path) < 0.5 * fp32_bytes / 2  # under half of fp16's
     target = result.manifest.targets[1]
