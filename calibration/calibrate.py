@@ -32,6 +32,5 @@ def calibrate(
     reporter: Reporter | None = None,
 ) -> CalibrationTable:
     observer = Observer(model, tensors if tensors is not None else tensors_to_observe(model))
-    ranges = observer.collect_ranges(data, reporter)
-    statistics = observer.collect_histograms(data, ranges, reporter)
-    return build_table(statistics, method, samples=observer.samples, percentile=percentile)
+    statistics = observer.collect(data, reporter)
+    return build_table(statistics.tensors, method, samples=statistics.samples, percentile=percentile)

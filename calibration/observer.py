@@ -7,13 +7,13 @@ dropped, so memory never grows with the number of samples.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import onnx
 
 from tensorsmith.calibration.data import CalibrationData
-from tensorsmith.calibration.statistics import TensorStatistics
+from tensorsmith.calibration.statistics import Statistics, TensorStatistics
 from tensorsmith.core.errors import CalibrationError
 from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.core.sessions import session_for
@@ -45,7 +45,7 @@ class Observer:
                 hint="check the source runs on ONNX Runtime: tensorsmith compile it with --precision fp32",
             ) from err
         self.input_names = {value.name for value in self.session.get_inputs()}
-        self.samples = 0  # counted by pass 1
+        self.samples = 0  # counted by the last pass
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not self.tensors:  # an empty output list would make ONNX Runtime return every output
@@ -53,42 +53,34 @@ class Observer:
         values = self.session.run(self.tensors, {k: v for k, v in feeds.items() if k in self.input_names})
         return dict(zip(self.tensors, values, strict=True))
 
-    def collect_ranges(self, data: CalibrationData, reporter: Reporter | None = None) -> dict[str, TensorStatistics]:
-        """Pass 1: amax and counts of every observed tensor."""
-        statistics = {name: TensorStatistics(name) for name in self.tensors}
-        self.samples = 0
-        with (reporter or LogReporter()).task("calibration pass 1/2 (ranges)", data.limit) as advance:
+    def collect(
+        self,
+        data: CalibrationData,
+        reporter: Reporter | None = None,
+        per_tensor: Collection[str] | None = None,
+        channels: Collection[str] = (),
+    ) -> Statistics:
+        """One pass over `data`: per-tensor statistics of `per_tensor` (every observed tensor by default) and the
+        per-channel max |x| over the last axis of `channels` (for smoothing). Every batch is reduced and dropped."""
+        names = self.tensors if per_tensor is None else [name for name in self.tensors if name in set(per_tensor)]
+        statistics = Statistics({name: TensorStatistics(name) for name in names})
+        wanted, by_channel = set(names), set(channels)
+        with (reporter or LogReporter()).task("calibration: one pass over the data", data.limit) as advance:
             for batch in data.batches():
                 for name, values in self.run(batch).items():
-                    statistics[name].observe_range(values)
+                    if name in wanted:
+                        statistics.tensors[name].observe(values)
+                    if name in by_channel:
+                        flat = np.abs(np.asarray(values, np.float32).reshape(-1, values.shape[-1]))
+                        peak = np.max(np.where(np.isfinite(flat), flat, 0.0), axis=0)
+                        known = statistics.channel_amax.get(name)
+                        statistics.channel_amax[name] = peak if known is None else np.maximum(known, peak)
                 size = next(iter(batch.values())).shape[0]
-                self.samples += size
+                statistics.samples += size
                 advance(size)
-        return statistics
-
-    def collect_histograms(
-        self, data: CalibrationData, ranges: dict[str, TensorStatistics], reporter: Reporter | None = None
-    ) -> dict[str, TensorStatistics]:
-        """Pass 2: histograms of |x| over the ranges of pass 1 (which may be merged from several shards)."""
-        statistics = {name: ranges[name].ranged() for name in self.tensors}
-        with (reporter or LogReporter()).task("calibration pass 2/2 (histograms)", data.limit) as advance:
-            for batch in data.batches():
-                for name, values in self.run(batch).items():
-                    statistics[name].observe_histogram(values)
-                advance(next(iter(batch.values())).shape[0])
+        self.samples = statistics.samples
         return statistics
 
     def collect_channel_amax(self, data: CalibrationData, reporter: Reporter | None = None) -> dict[str, np.ndarray]:
-        """max |x| per channel of the last axis, for smoothing (one array of that axis's size per tensor)."""
-        amax: dict[str, np.ndarray] = {}
-        with (reporter or LogReporter()).task("calibration: per-channel ranges for smoothing", data.limit) as advance:
-            for batch in data.batches():
-                for name, values in self.run(batch).items():
-                    flat = np.abs(np.asarray(values, np.float32).reshape(-1, values.shape[-1]))
-                    peak = np.max(np.where(np.isfinite(flat), flat, 0.0), axis=0)
-                    amax[name] = np.maximum(amax[name], peak) if name in amax else peak
-                advance(next(iter(batch.values())).shape[0])
-        return amax
-
-    def collect(self, data: CalibrationData, reporter: Reporter | None = None) -> dict[str, TensorStatistics]:
-        return self.collect_histograms(data, self.collect_ranges(data, reporter), reporter)
+        """max |x| per channel of the last axis of every observed tensor (one array of that axis's size each)."""
+        return self.collect(data, reporter, per_tensor=(), channels=self.tensors).channel_amax

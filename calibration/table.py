@@ -48,6 +48,7 @@ class TensorCalibration(BaseModel):
     nonfinite: int
     quantize: bool
     reason: str = ""
+    note: str = Field("", description="how the threshold was found where the method did not apply")
     histogram: HistogramSummary
 
 
@@ -79,34 +80,38 @@ def float32_hex(value: float) -> str:
 
 
 def _summary(statistics: TensorStatistics) -> HistogramSummary:
-    histogram = statistics.histogram
-    width = statistics.amax / NUM_BINS if statistics.amax else 0.0
+    histogram, covered = statistics.threshold_histogram()
+    width = covered / len(histogram) if covered and len(histogram) else 0.0
     percentiles = {}
-    if histogram.sum():
+    if histogram.sum() and not statistics.derived:
         for level in (50.0, 99.0, 99.9, 99.99):
-            percentiles[f"{level:g}"] = percentile_threshold(histogram, statistics.amax, level)
+            percentiles[f"{level:g}"] = percentile_threshold(histogram, covered, level)
     return HistogramSummary(
         bins=len(histogram), bin_width=width, nonzero_bins=int(np.count_nonzero(histogram)), percentiles=percentiles
     )
 
 
 def calibrate_tensor(statistics: TensorStatistics, method: Method, percentile: float) -> TensorCalibration:
+    """The threshold of one tensor by `method` over its histogram (the bins up to its amax); a derived tensor
+    (smoothed: no histogram of its own) takes its amax, as SmoothQuant calibrates smoothed activations."""
     reason = ""
     if statistics.nonfinite_fraction > MAX_NONFINITE_FRACTION:
         reason = f"{statistics.nonfinite_fraction:.0%} of its values are not finite (an additive mask?)"
     elif statistics.amax == 0:
         reason = "every value is zero"
-    if reason or method == "minmax":
+    histogram, covered = statistics.threshold_histogram()
+    chosen: Method = "minmax" if reason or statistics.derived else method
+    if chosen == "minmax":
         threshold = max_threshold(statistics.amax)
-    elif method == "entropy":
-        threshold = entropy_threshold(statistics.histogram, statistics.amax)
+    elif chosen == "entropy":
+        threshold = entropy_threshold(histogram, covered)
     else:
-        threshold = percentile_threshold(statistics.histogram, statistics.amax, percentile)
+        threshold = percentile_threshold(histogram, covered, percentile)
     if statistics.amax > 0:
-        threshold = max(threshold, statistics.amax / NUM_BINS)  # a scale must be positive
+        threshold = min(max(threshold, statistics.amax / NUM_BINS), statistics.amax)  # positive; never above amax
     return TensorCalibration(
         name=statistics.name,
-        method=method,
+        method=chosen,
         amax=statistics.amax,
         threshold=threshold,
         int8_scale=int8_scale(threshold),
@@ -115,6 +120,7 @@ def calibrate_tensor(statistics: TensorStatistics, method: Method, percentile: f
         nonfinite=statistics.nonfinite,
         quantize=not reason,
         reason=reason,
+        note=f"amax from {statistics.derived}" if statistics.derived else "",
         histogram=_summary(statistics),
     )
 

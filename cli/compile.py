@@ -45,6 +45,11 @@ from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, 
     "--calibration-samples", type=int, help="Use at most N calibration samples (a decoder's text: windows, 64)."
 )
 @click.option(
+    "--calibration-stats",
+    metavar="GLOB",
+    help="Statistics files from `tensorsmith calibrate` (e.g. 'stats/*.npz'), merged in place of --calibration.",
+)
+@click.option(
     "--eval-data",
     "evaluation",
     type=click.Path(path_type=Path),
@@ -75,6 +80,7 @@ def compile_command(
     int4_block_size: str | None,
     calibration: Path | None,
     calibration_samples: int | None,
+    calibration_stats: str | None,
     evaluation: Path | None,
     max_sequence_length: int | None,
     max_batch: int | None,
@@ -84,7 +90,7 @@ def compile_command(
     as_json: bool,
 ) -> None:
     """Compile SOURCE (a tensorsmith.toml, model.onnx, model.pt2, or pkg.module:function) into OUT."""
-    from tensorsmith.compiler import CompileConfig, compile
+    from tensorsmith.compiler import compile
     from tensorsmith.compiler.config import parse_input_flag
 
     overrides: dict[str, Any] = {
@@ -102,6 +108,7 @@ def compile_command(
         "int4_block_size": int(int4_block_size) if int4_block_size else None,
         "calibration": str(calibration.resolve()) if calibration else None,
         "calibration_samples": calibration_samples,
+        "calibration_stats": str(Path(calibration_stats).expanduser().absolute()) if calibration_stats else None,
         "evaluation": str(evaluation.resolve()) if evaluation else None,
         "fuse": False if no_fuse else None,
         "verify": False if no_verify else None,
@@ -111,17 +118,7 @@ def compile_command(
     lengths = {"max_sequence_length": max_sequence_length, "max_batch": max_batch}
     if any(value is not None for value in lengths.values()):
         overrides["generation"] = {key: value for key, value in lengths.items() if value is not None}
-    if source.endswith(".toml"):
-        config = CompileConfig.from_toml(source, **overrides)
-    else:
-        if source.endswith((".onnx", ".pt2")) or Path(source).is_dir():
-            source = str(Path(source).resolve())
-        if config_path is not None:
-            config = CompileConfig.from_toml(config_path, source=source, **overrides)
-        else:
-            fields = {key: value for key, value in overrides.items() if value is not None}
-            config = CompileConfig.create({"source": source, **fields})
-
+    config = config_from_flags(source, config_path, overrides)
     with progress_reporter() as reporter:
         result = compile(config, out, reporter=reporter)
 
@@ -145,6 +142,20 @@ def compile_command(
         engine += " (engine cache hit)" if target.engine and target.engine.cache == "hit" else ""
         stdout.print(f"  target {target.name}: {target.status} via {target.builder}{engine} {target.reason}".rstrip())
     _exit_if_unmet(result.unmet_budgets, result.out, failed)
+
+
+def config_from_flags(source: str, config_path: Path | None, overrides: dict[str, Any]) -> Any:
+    """The CompileConfig of SOURCE (a tensorsmith.toml, or a model with --config), flags over the file's keys."""
+    from tensorsmith.compiler import CompileConfig
+
+    if source.endswith(".toml"):
+        return CompileConfig.from_toml(source, **overrides)
+    if source.endswith((".onnx", ".pt2")) or Path(source).is_dir():
+        source = str(Path(source).resolve())
+    if config_path is not None:
+        return CompileConfig.from_toml(config_path, source=source, **overrides)
+    fields = {key: value for key, value in overrides.items() if value is not None}
+    return CompileConfig.create({"source": source, **fields})
 
 
 def _failed(manifest: Any) -> list[str]:

@@ -123,6 +123,9 @@ class CompileConfig(_Strict):
     int4_block_size: Literal[32, 64, 128] = Field(128, description="for precision int4: weights per scale, along K")
     calibration: Path | None = Field(None, description=".npz (inputs stacked on axis 0) or a folder of them")
     calibration_samples: int | None = Field(None, ge=1, description="use at most this many calibration samples")
+    calibration_stats: str | None = Field(
+        None, description="glob of statistics files `tensorsmith calibrate` wrote: merged, in place of --calibration"
+    )
     calibration_batch_size: int = Field(16, ge=1, description="samples per ONNX Runtime call while calibrating")
     evaluation: Path | None = Field(
         None, description="held-out .npz to measure variants' accuracy on; default: up to 32 calibration samples"
@@ -162,7 +165,12 @@ class CompileConfig(_Strict):
             check_precision(self.precision, self.targets)
         except ConfigError as err:
             raise _HintedValueError(err) from err
-        if self.precision in ("int8", "fp8", "auto") and self.calibration is None:
+        if self.calibration_stats is not None and self.calibration is not None:
+            raise ValueError("--calibration-stats stands in for --calibration: pass one of them")
+        if self.calibration_stats is not None and self.evaluation is None:
+            raise ValueError("--calibration-stats needs --eval-data: no calibration samples to hold out for "
+                             "measuring the variants")  # fmt: skip
+        if self.precision in ("int8", "fp8", "auto") and self.calibration is None and self.calibration_stats is None:
             raise ValueError(f"precision {self.precision} needs calibration data: --calibration PATH")
         if self.precision == "int4" and self.int4_algorithm == "awq" and self.calibration is None:
             raise ValueError("precision int4 with awq needs calibration data: --calibration PATH (or --int4-algorithm "

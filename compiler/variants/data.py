@@ -18,7 +18,7 @@ READ_BATCH = 256  # samples per read when data is loaded whole
 
 @dataclass(frozen=True)
 class SplitData:
-    calibration: CalibrationData
+    calibration: CalibrationData | None  # None: calibration statistics stand in for the data (--calibration-stats)
     evaluation: Feeds
     evaluated_on: str  # what the evaluation is, for the manifest and precision.json
     tokens: np.ndarray | None = None  # a decoder's evaluation windows (the feeds are their prefill)
@@ -32,14 +32,17 @@ def concatenated(data: CalibrationData) -> Feeds:
 
 def split_data(config: CompileConfig, inputs: list[TensorRecord]) -> SplitData:
     """The calibration samples and the evaluation feeds for the fused graph's `inputs`."""
-    assert config.calibration is not None
     specs = [record.spec() for record in inputs]
-    source = config.resolve(config.calibration)
     if config.evaluation is not None:
         evaluation = config.resolve(config.evaluation)
         feeds = concatenated(CalibrationData(evaluation, specs, batch_size=READ_BATCH))
-        data = CalibrationData(source, specs, config.calibration_batch_size, config.calibration_samples)
+        data = None
+        if config.calibration is not None:
+            data = CalibrationData(config.resolve(config.calibration), specs, config.calibration_batch_size,
+                                   config.calibration_samples)  # fmt: skip
         return SplitData(data, feeds, str(evaluation))
+    assert config.calibration is not None, "checked with the config: --calibration-stats needs --eval-data"
+    source = config.resolve(config.calibration)
     total = CalibrationData(source, specs, batch_size=READ_BATCH).count()
     if config.calibration_samples is not None:
         total = min(total, config.calibration_samples)

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tensorsmith.calibration import CalibrationData
+from tensorsmith.calibration import CalibrationData, Observer, tensors_to_observe
 from tensorsmith.calibration.data import Feeds
 from tensorsmith.calibration.layers import activation_shapes, list_layers
+from tensorsmith.compiler.calibrate import merged_statistics
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.feeds import example_feeds
 from tensorsmith.compiler.frontend.fused import FusedGraph
-from tensorsmith.compiler.variants.calibrated import calibrate_variants
+from tensorsmith.compiler.variants.calibrated import calibrate_variants, collect_statistics
 from tensorsmith.compiler.variants.cpu_choice import choose_accuracy_level, choose_cpu_variant, tuned
 from tensorsmith.compiler.variants.cpu_dynamic import dynamic_source
 from tensorsmith.compiler.variants.data import READ_BATCH, SplitData, concatenated, split_data
@@ -117,6 +118,10 @@ def _int4_variants(
     """The float variants of targets that cannot run INT4 (sm_75: fp16), then one INT4 plan (RTN, or AWQ on one
     pass over the calibration data) written once per kind of float region."""
     floats = _float_variants(plan.without_int4(), fused, config, directory, reporter)
+    if config.calibration_stats is not None:
+        raise ConfigError("--calibration-stats serves int8 and fp8 calibration; INT4 and a decoder's auto read the "
+                          "calibration data itself (AWQ's statistics are not in the files)",
+                          hint="pass --calibration PATH instead")  # fmt: skip
     split = _split(config, fused) if config.calibration is not None else None  # AWQ's, and W8A8's scales
     evaluation = _int4_evaluation(config, fused, split)
     model, _ = rewritten(fused.model, [GemmAsMatMul()])  # the same function; Gemm weights become INT4-able
@@ -198,10 +203,17 @@ def _quantized_variants(
     if budget is not None and split.tokens is not None:
         budget = budget.on_tokens(split.tokens)
     by_precision = plan.quantized()
-    calibrated = calibrate_variants(fused.model, config, split.calibration, set(by_precision), directory, reporter)
+    if config.calibration_stats is not None:
+        reporter.stage(f"calibration statistics: merging {config.calibration_stats}")
+        statistics = merged_statistics(config.calibration_stats, fused.record.sha256, config.base_dir)
+    else:
+        assert split.calibration is not None
+        statistics = collect_statistics(fused.model, split.calibration, reporter)
+    calibrated = calibrate_variants(fused.model, config, statistics, set(by_precision), directory, reporter)
     model = calibrated.model
     one_sample = {name: array[:1] for name, array in split.evaluation.items()}
-    layers = list_layers(model, activation_shapes(calibrated.observer.run(one_sample)), config.overrides)
+    shapes = activation_shapes(Observer(model, tensors_to_observe(model)).run(one_sample))
+    layers = list_layers(model, shapes, config.overrides)
     reference_outputs = run_onnx(fused.path, split.evaluation)
     evaluation = Evaluation(split.evaluation, reference_outputs, budget, split.evaluated_on, split.tokens, split.timing)
 

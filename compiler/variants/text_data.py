@@ -130,7 +130,7 @@ class DecoderFeeds:
 
 @dataclass(frozen=True)
 class TextSplit:
-    calibration: CalibrationData
+    calibration: CalibrationData | None  # None: calibration statistics stand in for the text (--calibration-stats)
     tokens: np.ndarray  # the evaluation windows [rows, length]
     evaluation: Feeds  # their prefill
     evaluated_on: str
@@ -139,14 +139,18 @@ class TextSplit:
 
 def text_split(config: CompileConfig, inputs: list[TensorRecord], reference: Path) -> TextSplit:
     """Calibration windows (and their decode steps) and evaluation windows, never the same text."""
-    assert config.calibration is not None
     length = window_length(config)
-    source = config.resolve(config.calibration)
-    windows = token_windows(config, source, length, config.calibration_samples or CALIBRATION_WINDOWS)
+    windows = None
+    if config.calibration is not None:
+        source = config.resolve(config.calibration)
+        windows = token_windows(config, source, length, config.calibration_samples or CALIBRATION_WINDOWS)
     if config.evaluation is not None:
         evaluation = config.resolve(config.evaluation)
         tokens = token_windows(config, evaluation, length, EVALUATION_WINDOWS)
         described = f"{len(tokens)} windows of {length} tokens of {evaluation.name}"
+    elif windows is None:
+        raise ConfigError("--calibration-stats needs --eval-data (no calibration text to hold any out of)",
+                          hint="pass --eval-data PATH")  # fmt: skip
     elif len(windows) < 2:
         raise ConfigError(f"{source} gives {len(windows)} window of {length} tokens: none left to evaluate on",
                           hint="add text, or pass --eval-data")  # fmt: skip
@@ -154,12 +158,26 @@ def text_split(config: CompileConfig, inputs: list[TensorRecord], reference: Pat
         held = min(EVALUATION_WINDOWS, max(1, len(windows) // 4))
         windows, tokens = windows[:-held], windows[-held:]
         described = f"{held} windows of {length} tokens held out of {source.name} (its last)"
-    specs = [record.spec() for record in inputs]
-    data = CalibrationData(DecoderFeeds(reference, windows, inputs, config.calibration_batch_size), specs,
-                           batch_size=config.calibration_batch_size)  # fmt: skip
+    data = _calibration_feeds(config, inputs, reference, windows) if windows is not None else None
     steps = iter(DecoderFeeds(reference, tokens[:DECODE_TIMING_ROWS], inputs, batch_size=DECODE_TIMING_ROWS))
     _, _, decode_step = next(steps), next(steps), next(steps)  # the prefill, then steps at 1/4 and 1/2
     return TextSplit(data, tokens, prefill_feeds(tokens, inputs), described, decode_step)
+
+
+def decoder_calibration(config: CompileConfig, inputs: list[TensorRecord], reference: Path) -> CalibrationData:
+    """Every calibration window (up to --calibration-samples), as its prefill and decode steps."""
+    assert config.calibration is not None
+    windows = token_windows(config, config.resolve(config.calibration), window_length(config),
+                            config.calibration_samples or CALIBRATION_WINDOWS)  # fmt: skip
+    return _calibration_feeds(config, inputs, reference, windows)
+
+
+def _calibration_feeds(
+    config: CompileConfig, inputs: list[TensorRecord], reference: Path, windows: np.ndarray
+) -> CalibrationData:
+    specs = [record.spec() for record in inputs]
+    return CalibrationData(DecoderFeeds(reference, windows, inputs, config.calibration_batch_size), specs,
+                           batch_size=config.calibration_batch_size)  # fmt: skip
 
 
 def check_text_data(config: CompileConfig) -> None:

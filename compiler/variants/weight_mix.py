@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tensorsmith.calibration import CalibrationData, Observer
+from tensorsmith.calibration import CalibrationData
 from tensorsmith.calibration.layers import Override
 from tensorsmith.calibration.weight_search import (
     FLOAT,
@@ -30,7 +30,7 @@ from tensorsmith.calibration.weight_search import (
 )
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import Recipe, get_target
-from tensorsmith.compiler.variants.calibrated import calibrate_tensors
+from tensorsmith.compiler.variants.calibrated import collect_statistics, write_table
 from tensorsmith.compiler.variants.int4 import Int4Plan, build_int4_variant, tables_policy, weight_matmuls
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.quantized import MAX_VERIFY_RETRIES, Evaluation
@@ -86,15 +86,19 @@ def plan_weight_levels(
     """The levels every INT4-recipe target runs (int8 W8A8 and fp8 need calibrated activations, fp8 sm_89+), the
     pins, and, where a level quantizes activations, their scales from one calibration of the weight inputs."""
     allowed, notes = [INT8_WEIGHT, INT4], {INT8_WEIGHT: "considered", INT4: "considered"}
+    gpus = [name for name in targets if get_target(name).float_regions == "fp16"]  # the cpu: see cpu_levels
     for precision in WITH_ACTIVATIONS:
-        missing = [name for name in targets if precision not in get_target(name).precisions]
+        missing = [name for name in gpus if precision not in get_target(name).precisions]
         if missing:
             notes[precision] = f"not considered: {', '.join(missing)} cannot run {precision} activations"
+        elif not gpus:
+            notes[precision] = "not considered: no GPU target (the cpu variant stores weights only)"
         elif data is None:
             notes[precision] = "not considered: no calibration data for activation scales"
         else:
             allowed.append(precision)
-            notes[precision] = "considered (activations calibrated on the calibration text)"
+            notes[precision] = ("considered for the GPU variant (activations calibrated on the calibration text); "
+                                f"the cpu variant stores such layers {INT8_WEIGHT}")  # fmt: skip
     pinned = pinned_levels(plan, config.overrides)
     for name, (level, reason) in pinned.items():
         if level != FLOAT and level not in allowed:
@@ -105,8 +109,7 @@ def plan_weight_levels(
     if not wanted or not (searching or any(level in wanted for level, _ in pinned.values())):
         return WeightLevels(tuple(allowed), notes, {}, pinned)
     assert data is not None
-    activations = sorted({plan.layers[name][1] for name in plan.weights})
-    table = calibrate_tensors(Observer(model, activations), config, data, directory, reporter)
+    table = write_table(collect_statistics(model, data, reporter, channels=()), config, directory)
     scales = {"int8": table.int8_scales(), "fp8": table.fp8_scales()}
     return WeightLevels(tuple(allowed), notes, scales, pinned)
 
@@ -180,8 +183,11 @@ def build_mixed_variant(
     tried: list[tuple[int, bool, float, int, bool]] = []  # (bytes, met, achieved, moves, tables)
 
     def attempt(chosen: int, tables: bool) -> tuple[VariantRecord, list[PassReport]]:
-        record, reports, outputs = build_int4_variant(model, recipe, plan, evaluation, directory,
-                                                      search.assignment_at(chosen), tables, levels.scales)  # fmt: skip
+        assignment = (
+            cpu_levels(search.assignment_at(chosen)) if recipe.floats == "fp32" else search.assignment_at(chosen)
+        )
+        record, reports, outputs = build_int4_variant(model, recipe, plan, evaluation, directory, assignment, tables,
+                                                      levels.scales)  # fmt: skip
         achieved = budget.measure(evaluation.reference, outputs)
         tried.append(((directory / record.path).stat().st_size, budget.met(achieved), achieved, chosen, tables))
         return record, reports
@@ -200,7 +206,7 @@ def build_mixed_variant(
     if best is not tried[-1]:
         record, reports = attempt(best[3], best[4])  # write the chosen one again (the file holds the last tried)
     _, met, achieved, chosen, tables = tried[-1]
-    assignment = search.assignment_at(chosen)
+    assignment = cpu_levels(search.assignment_at(chosen)) if recipe.floats == "fp32" else search.assignment_at(chosen)
     logger.info("%s: %s %.6f with %d of %d moves", record.name, budget.metric, achieved, chosen, len(search.moves))
     recipe_plan = RecipePlan(
         precision="int4",
@@ -211,11 +217,18 @@ def build_mixed_variant(
         evaluations=search.evaluations + len(tried),
         embeddings=tables_policy(recipe, tables),
         verify_retries=len(tried) - 1,
-        layers=_choices(plan, assignment, search, levels, recipe, budget.metric),
+        layers=_choices(plan, assignment, search, levels, recipe, budget.metric, chosen),
         targets=targets,
         weight_levels=levels.notes,
     )
     return MixedVariant(record, reports, recipe_plan)
+
+
+def cpu_levels(assignment: dict[str, str]) -> dict[str, str]:
+    """The cpu variant's levels: W8A8 layers stored int8 weight-only (the same bytes). ONNX Runtime's CPU runs the
+    static Q/DQ pairs around a decoder's small MatMuls as separate ops: tinylm's cpu variant decoded at 2182
+    tokens/s with them against 3492 weight-only (docs/benchmarks.md); fp8 it does not run at all."""
+    return {name: INT8_WEIGHT if level in WITH_ACTIVATIONS else level for name, level in assignment.items()}
 
 
 def _bytes_fraction(plan: Int4Plan, assignment: dict[str, str]) -> float:
@@ -231,6 +244,7 @@ def _choices(
     levels: WeightLevels,
     recipe: Recipe,
     metric: str,
+    chosen: int,
 ) -> list[LayerChoice]:
     order = {move: index for index, move in enumerate(search.moves)}
     choices = []
@@ -244,7 +258,10 @@ def _choices(
         elif level == FLOAT:
             reason = "search: one byte a weight costs more per byte than the budget leaves"
         else:
-            reason = f"search: move {order[(name, level)] + 1} of {len(search.moves)} by metric lost per byte saved"
+            searched = search.assignment_at(chosen)[name]
+            reason = f"search: move {order[(name, searched)] + 1} of {len(search.moves)} by metric lost per byte saved"
+            if searched != level:
+                reason += f" ({searched} in the GPU variant; weight-only here, as ONNX Runtime's CPU runs it faster)"
         one_byte = {candidate: measured[candidate] for candidate in ONE_BYTE if candidate in measured}
         if level != FLOAT and name not in levels.pinned and len(one_byte) > 1:
             figures = ", ".join(f"{candidate} {value:.5f}" for candidate, value in one_byte.items())

@@ -1,5 +1,5 @@
-"""Two-pass statistics on real ONNX Runtime runs: batch-size and order independence, exact shard merging,
-non-finite values, and bad calibration data."""
+"""One-pass statistics on real ONNX Runtime runs: batch-size and order independence, exact shard merging (the
+power-of-two grid folds exactly as the range grows), non-finite values, and bad calibration data."""
 
 from pathlib import Path
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tensorsmith.calibration import CalibrationData, Observer, build_table, calibrate, tensors_to_observe
-from tensorsmith.calibration.statistics import TensorStatistics
+from tensorsmith.calibration.statistics import BINS, Statistics, TensorStatistics
+from tensorsmith.calibration.thresholds import NUM_BINS
 from tensorsmith.core.errors import CalibrationError
 from tensorsmith.runtime.specs import TensorSpec
 
@@ -57,30 +58,40 @@ def test_scales_are_bit_identical_for_any_batch_size_and_order(model: onnx.Model
     assert scales(model, SAMPLES[::-1].copy(), batch_size=8) == reference
 
 
-def test_shards_merge_exactly_into_the_union(model: onnx.ModelProto) -> None:
+def test_shards_merge_exactly_into_the_union(model: onnx.ModelProto, tmp_path: Path) -> None:
+    """Shards with different ranges (the second holds the largest values), saved and loaded as `tensorsmith
+    calibrate` writes them, merge into exactly what one pass over the union gives."""
     observer = Observer(model, tensors_to_observe(model))
-    shard_a, shard_b = CalibrationData([{"x": SAMPLES[:40]}], SPECS), CalibrationData([{"x": SAMPLES[40:]}], SPECS)
-    union = CalibrationData([{"x": SAMPLES}], SPECS)
+    scaled = SAMPLES * np.linspace(0.1, 3.0, len(SAMPLES), dtype=np.float32)[:, None]
+    shard_a, shard_b = CalibrationData([{"x": scaled[:40]}], SPECS), CalibrationData([{"x": scaled[40:]}], SPECS)
+    a, b = observer.collect(shard_a, channels=observer.tensors), observer.collect(shard_b, channels=observer.tensors)
+    a.save(tmp_path / "a.npz", "graph")
+    loaded, graph = Statistics.load(tmp_path / "a.npz")
+    assert graph == "graph"
+    merged = loaded.merge(b)
+    whole = observer.collect(CalibrationData([{"x": scaled}], SPECS, batch_size=7), channels=observer.tensors)
+    assert merged.samples == whole.samples == 96
+    assert any(a.tensors[name].exponent != b.tensors[name].exponent for name in a.tensors)
+    for name, statistics in whole.tensors.items():
+        assert merged.tensors[name].amax == statistics.amax
+        assert merged.tensors[name].count == statistics.count
+        assert merged.tensors[name].nonfinite == statistics.nonfinite
+        assert merged.tensors[name].exponent == statistics.exponent
+        np.testing.assert_array_equal(merged.tensors[name].histogram, statistics.histogram)
+        np.testing.assert_array_equal(merged.channel_amax[name], whole.channel_amax[name])
 
-    ranges_a, ranges_b = observer.collect_ranges(shard_a), observer.collect_ranges(shard_b)
-    merged_ranges = {name: ranges_a[name].merge(ranges_b[name]) for name in ranges_a}
-    histograms_a = observer.collect_histograms(shard_a, merged_ranges)
-    histograms_b = observer.collect_histograms(shard_b, merged_ranges)
-    merged = {name: histograms_a[name].merge(histograms_b[name]) for name in histograms_a}
-    whole = observer.collect(union)
 
-    for name, statistics in whole.items():
-        assert merged[name].amax == statistics.amax
-        assert merged[name].count == statistics.count
-        assert merged[name].nonfinite == statistics.nonfinite
-        np.testing.assert_array_equal(merged[name].histogram, statistics.histogram)
-
-
-def test_histograms_over_different_ranges_do_not_merge() -> None:
-    a, b = TensorStatistics("t", amax=1.0), TensorStatistics("t", amax=2.0)
-    a.observe_histogram(np.array([0.5], np.float32))
-    with pytest.raises(ValueError, match="different ranges"):
-        a.merge(b)
+def test_a_growing_range_folds_bins_into_exactly_the_larger_range() -> None:
+    values = np.random.default_rng(1).standard_normal(10_000).astype(np.float32)
+    growing = TensorStatistics("t")
+    for part in (values[:10] * 0.01, values[10:100] * 0.5, values[100:]):
+        growing.observe(part)
+    once = TensorStatistics("t")
+    once.observe(np.concatenate([values[:10] * 0.01, values[10:100] * 0.5, values[100:]]))
+    assert growing.exponent == once.exponent and growing.amax == once.amax
+    np.testing.assert_array_equal(growing.histogram, once.histogram)
+    bins, covered = once.threshold_histogram()
+    assert NUM_BINS <= len(bins) <= BINS and covered >= once.amax > covered - covered / len(bins)
 
 
 def test_a_mostly_nonfinite_tensor_is_reported_and_left_unquantized(model: onnx.ModelProto) -> None:
@@ -95,19 +106,18 @@ def test_a_mostly_nonfinite_tensor_is_reported_and_left_unquantized(model: onnx.
 
 def test_statistics_exclude_nonfinite_values() -> None:
     statistics = TensorStatistics("t")
-    values = np.array([1.0, -3.0, np.inf, -np.inf, np.nan, 2.0], np.float32)
-    statistics.observe_range(values)
-    assert statistics.amax == 3.0 and statistics.count == 3 and statistics.nonfinite == 3
-    statistics = statistics.ranged()
-    statistics.observe_histogram(values)
-    assert statistics.count == 3 and statistics.nonfinite == 3
-    assert statistics.histogram.sum() == 3 and statistics.histogram[-1] == 1  # 3.0 lands in the last bin
+    values = np.array([1.0, -3.0, np.inf, -np.inf, np.nan, 2.0, 0.0], np.float32)
+    statistics.observe(values)
+    assert statistics.amax == 3.0 and statistics.count == 4 and statistics.nonfinite == 3
+    bins, covered = statistics.threshold_histogram()
+    assert statistics.exponent == 2 and covered >= 3.0  # [0, 4): 3.0 lands in bin 3072 of 4096
+    assert bins.sum() == 4 and bins[-1] == 1 and bins[0] == 1
 
 
 def test_calibration_table_methods(model: onnx.ModelProto) -> None:
     observer = Observer(model, tensors_to_observe(model))
     statistics = observer.collect(CalibrationData([{"x": SAMPLES}], SPECS))
-    tables = {method: build_table(statistics, method, samples=96) for method in ("entropy", "percentile", "minmax")}
+    tables = {method: build_table(statistics.tensors, method, 96) for method in ("entropy", "percentile", "minmax")}
     for name in tables["minmax"].tensors:
         minmax = tables["minmax"].tensors[name]
         assert minmax.threshold == minmax.amax

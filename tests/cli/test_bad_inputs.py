@@ -254,6 +254,17 @@ def weight_only_override_for_int8(tmp: Path) -> list[str]:
     return [str(config)]
 
 
+def calibration_stats_and_data(tmp: Path) -> list[str]:
+    np.savez(tmp / "c.npz", x=np.ones((4, 8), np.float32))
+    return [str(small_mlp_onnx(tmp / "mlp.onnx")), "--precision", "int8", "--calibration", str(tmp / "c.npz"),
+            "--calibration-stats", str(tmp / "stats" / "*.npz"), "--eval-data", str(tmp / "c.npz")]  # fmt: skip
+
+
+def calibration_stats_without_eval_data(tmp: Path) -> list[str]:
+    return [str(small_mlp_onnx(tmp / "mlp.onnx")), "--precision", "int8", "--calibration-stats",
+            str(tmp / "stats" / "*.npz")]  # fmt: skip
+
+
 BEFORE, AFTER = True, False  # fails before the export and the passes start / can only fail during them
 CASES: dict[str, tuple[Case, str, bool]] = {
     "missing file": (missing_file, "nowhere.onnx", BEFORE),
@@ -292,6 +303,8 @@ CASES: dict[str, tuple[Case, str, bool]] = {
     "int4 awq without data": (int4_awq_without_data, "int4 with awq needs calibration data", BEFORE),
     "int4 below opset 21": (int4_low_opset, "needs opset 21", BEFORE),
     "weight-only override for int8": (weight_only_override_for_int8, "int4 pins weight layers", BEFORE),
+    "calibration stats and data": (calibration_stats_and_data, "--calibration-stats stands in for", BEFORE),
+    "calibration stats, no eval data": (calibration_stats_without_eval_data, "needs --eval-data", BEFORE),
 }
 
 

@@ -1,0 +1,84 @@
+"""`tensorsmith calibrate`: one shard's calibration statistics (or all shards as Ray tasks), for `compile
+--calibration-stats`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tensorsmith.cli.compile import config_from_flags
+from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout
+
+
+@click.command("calibrate")
+@click.argument("source")
+@click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Statistics file (.npz).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="tensorsmith.toml with settings.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), help=".safetensors or .pt/.pth (weights only).")
+@click.option("--input", "inputs", multiple=True, metavar="NAME:DTYPE:DIMS", help="e.g. input_ids:int64:batch,128")
+@click.option("--opset", type=int, help="As for compile: the statistics are of the graph it makes.")
+@click.option("--target", "targets", multiple=True, metavar="TARGET", help="As for compile (the graph depends on it).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8", "int4", "auto"]),
+              help="As for compile (a decoder's graph depends on it).")  # fmt: skip
+@click.option("--calibration", type=click.Path(path_type=Path), help=".npz, a folder of them, or a decoder's .txt.")
+@click.option("--calibration-samples", type=int, help="Use at most N calibration samples.")
+@click.option("--shard", metavar="I/N", help="Only the I-th of N contiguous shards of the samples (0-based).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", metavar="[ADDRESS]",
+              help="Run every shard as a Ray task (a local Ray without ADDRESS) and merge them.")  # fmt: skip
+@click.option("--shards", type=int, default=4, show_default=True, help="With --ray: how many shards.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@handle_errors
+def calibrate_command(
+    source: str,
+    out: Path,
+    config_path: Path | None,
+    checkpoint: Path | None,
+    inputs: tuple[str, ...],
+    opset: int | None,
+    targets: tuple[str, ...],
+    precision: str | None,
+    calibration: Path | None,
+    calibration_samples: int | None,
+    shard: str | None,
+    ray_address: str | None,
+    shards: int,
+    as_json: bool,
+) -> None:
+    """Collect the calibration statistics of SOURCE's fused graph on (a shard of) --calibration into OUT; merge
+    shards with `tensorsmith compile SOURCE --calibration-stats 'DIR/*.npz' --eval-data …`."""
+    from tensorsmith.compiler.calibrate import calibrate, parse_shard
+    from tensorsmith.compiler.config import parse_input_flag
+    from tensorsmith.core.errors import ConfigError
+
+    overrides = {
+        "checkpoint": str(checkpoint.resolve()) if checkpoint else None,
+        "inputs": [parse_input_flag(text) for text in inputs] or None,
+        "opset": opset,
+        "targets": list(targets) or None,
+        "precision": precision,
+        "calibration": str(calibration.resolve()) if calibration else None,
+        "calibration_samples": calibration_samples,
+    }
+    config = config_from_flags(source, config_path, overrides)
+    if ray_address is not None and shard is not None:
+        raise ConfigError("--ray runs every shard itself: drop --shard", hint="or drop --ray to collect one shard")
+    if shards < 1:
+        raise ConfigError(f"--shards {shards}: at least 1", hint="e.g. --shards 4")
+    with progress_reporter() as reporter:
+        if ray_address is not None:
+            from tensorsmith.compiler.distributed import calibrate_on_ray
+
+            address = None if ray_address == "local" else ray_address
+            result = calibrate_on_ray(config, out, shards, address, reporter=reporter)
+        else:
+            result = calibrate(config, out, parse_shard(shard) if shard else None, reporter=reporter)
+    summary = {"ok": True, "out": str(result.out), "graph_sha256": result.graph_sha256, "samples": result.samples,
+               "tensors": result.tensors, "shard": list(result.shard) if result.shard else None,
+               "seconds": result.seconds}  # fmt: skip
+    if as_json:
+        emit_json(summary)
+        return
+    which = f"shard {result.shard[0]}/{result.shard[1]}" if result.shard else "all samples"
+    stdout.print(f"[bold green]calibrated[/] {config.source} ({which}: {result.samples} samples, {result.tensors} "
+                 f"tensors) → {result.out} in {result.seconds:.1f} s")  # fmt: skip
