@@ -56,10 +56,10 @@ def sensitivity_chart(layers: Sequence[dict[str, Any]], metric: str) -> str:
 
 
 def histogram_chart(entry: dict[str, Any]) -> str:
-    """|x| counts over [0, amax] (log counts), with the chosen threshold as a vertical line."""
+    """|x| counts over the calibration grid's range (log counts), with the chosen threshold as a vertical line."""
     plt = _pyplot()
     counts = entry["counts"]
-    width = entry["amax"] / len(counts) if counts else 0.0
+    width = entry.get("range", entry["amax"]) / len(counts) if counts else 0.0
     figure, axes = plt.subplots(figsize=(3.6, 2.2))
     edges = [index * width for index in range(len(counts) + 1)]
     axes.stairs(counts, edges, fill=True, color=HISTOGRAM_COLOUR)

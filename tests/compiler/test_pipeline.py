@@ -107,7 +107,7 @@ def test_onnx_source_gets_its_opset_upgraded_and_declared_dims(tmp_path: Path) -
     )
     manifest = result.manifest
     assert manifest.source.kind == "onnx" and manifest.source.opset == 14
-    assert manifest.passes[0].details == {"opset_before": 14, "opset_after": 20}
+    assert manifest.passes[0].details == {"opset_before": 14, "opset_after": 20, "folded_by": "onnxscript"}
     compiled = onnx.load(str(tmp_path / "out" / "model.onnx"))
     assert compiled.opset_import[0].version == 20
     x = np.ones((5, 8), np.float32)  # batch 5, where the source was exported with batch 2
