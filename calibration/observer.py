@@ -72,7 +72,9 @@ class Observer:
                         statistics.tensors[name].observe(values)
                     if name in by_channel:
                         flat = np.abs(np.asarray(values, np.float32).reshape(-1, values.shape[-1]))
-                        peak = np.max(np.where(np.isfinite(flat), flat, 0.0), axis=0)
+                        peak = np.max(flat, axis=0)
+                        if not np.isfinite(peak).all():  # only then the copy that drops inf and nan
+                            peak = np.max(np.where(np.isfinite(flat), flat, 0.0), axis=0)
                         known = statistics.channel_amax.get(name)
                         statistics.channel_amax[name] = peak if known is None else np.maximum(known, peak)
                 size = next(iter(batch.values())).shape[0]

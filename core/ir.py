@@ -79,13 +79,29 @@ def ai_onnx_opset(model: onnx.ModelProto) -> int:
     raise ExportError("the model imports no ai.onnx opset", hint="re-export it with a standard exporter")
 
 
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """The initializers' stored bytes: nearly all of a large model's size, summed without serializing it
+    (ByteSize walks the whole message: 0.2 s for MiniLM's 90 MB)."""
+    total = 0
+    for tensor in model.graph.initializer:
+        total += len(tensor.raw_data) or 4 * (len(tensor.float_data) + len(tensor.int32_data)) + 8 * len(
+            tensor.int64_data
+        )
+    return total
+
+
 def save_onnx(model: onnx.ModelProto, path: Path) -> None:
     """Save `model` to `path`; over 2 GB the weights go to `<name>.data` beside it."""
-    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+    if weight_bytes(model) > EXTERNAL_DATA_THRESHOLD:
         logger.info("%s is over 2 GB: saving weights as external data", path.name)
         onnx.save(model, str(path), save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)
     else:
-        onnx.save(model, str(path))
+        try:
+            data = model.SerializeToString()
+        except ValueError:  # protobuf refuses over 2 GB: weights in external data after all
+            onnx.save(model, str(path), save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)
+            return
+        path.write_bytes(data)
 
 
 def value_dims(value: onnx.ValueInfoProto) -> list[int | str]:

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from tensorsmith.core.errors import ExportError
-from tensorsmith.core.ir import save_onnx
+from tensorsmith.core.ir import EXTERNAL_DATA_THRESHOLD, save_onnx, weight_bytes
 from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 # ONNX Runtime's log severities run 0 verbose … 3 error, 4 fatal. The compiler's sessions log fatal only: an
@@ -35,14 +35,17 @@ def quiet_onnxruntime() -> Any:
     return onnxruntime
 
 
-def run_onnx(path: Path, feeds: dict[str, np.ndarray], origin: str | None = None) -> list[np.ndarray]:
-    """Outputs of the ONNX file at `path` on ONNX Runtime's CPU provider, in graph order. An error names `origin`
-    (what the file was made from), else the path."""
+def run_onnx(path: Path | onnx.ModelProto, feeds: dict[str, np.ndarray], origin: str | None = None) -> list[np.ndarray]:
+    """Outputs of the ONNX file at `path` (or of an in-memory graph) on ONNX Runtime's CPU provider, in graph
+    order. An error names `origin` (what the file was made from), else the path."""
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
     try:
-        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        if isinstance(path, onnx.ModelProto):
+            session = session_for(path)
+        else:
+            session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         names = {value.name for value in session.get_inputs()}
         return list(session.run(None, {name: array for name, array in feeds.items() if name in names}))
     except Exception as err:  # onnxruntime's own exception types (Fail, InvalidGraph, NotImplemented, ...)
@@ -54,10 +57,17 @@ def run_onnx(path: Path, feeds: dict[str, np.ndarray], origin: str | None = None
 
 def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> Any:
     """A quiet ONNX Runtime session over an in-memory graph (a search's switched graph, an observer's), opened
-    from a temporary file: models over 2 GB need external data. ONNX Runtime's own errors propagate."""
+    from its bytes, or from a temporary file over 2 GB (external data). ONNX Runtime's own errors propagate."""
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
+    if weight_bytes(model) < EXTERNAL_DATA_THRESHOLD:
+        try:
+            data = model.SerializeToString()
+        except ValueError:  # over protobuf's 2 GB after all
+            data = None
+        if data is not None:
+            return onnxruntime.InferenceSession(data, options, providers=list(providers))
     with tempfile.TemporaryDirectory(prefix="tensorsmith-session-") as scratch:
         path = Path(scratch) / "model.onnx"
         save_onnx(model, path)

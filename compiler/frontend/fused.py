@@ -65,10 +65,6 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGra
     config = source.config
     reporter.stage(f"exporting {config.source}")
     exported = export_source(source, example_feeds(config) if config.inputs else {})
-    source_path = None
-    if config.verify and exported.reference is None:
-        source_path = directory / "source.onnx"  # ONNX sources are verified against themselves on ORT
-        save_onnx(exported.model, source_path)
 
     reporter.stage("running graph passes")
     paths = module_paths(exported.model)
@@ -81,10 +77,8 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGra
     accuracy: dict[str, float] = {}
     if config.verify:
         reporter.stage("verifying against the source on ONNX Runtime")
-        errors = verify(config, exported, source_path, model_path, [o.name for o in outputs])
+        errors = verify(config, exported, model_path, [o.name for o in outputs])
         accuracy = {"max_relative_error": max(errors.values(), default=0.0)}
-        if source_path is not None:
-            source_path.unlink()
     record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
     return FusedGraph(model, model_path, record, inputs, outputs, source_record(config, exported), reports, accuracy)
 
@@ -120,18 +114,16 @@ def _directory_digest(path: Path) -> str:
     return hashlib.sha256("".join(f"{f.name}:{sha256_of(f)}\n" for f in files).encode()).hexdigest()
 
 
-def verify(
-    config: CompileConfig, exported: ExportedModel, source_path: Path | None, compiled: Path, names: list[str]
-) -> dict[str, float]:
-    """Per-output error of the compiled graph against the source, at dynamic sizes one above the export's (so an
-    exporter that baked in a dynamic dim is caught here); above `tolerance` is an error."""
+def verify(config: CompileConfig, exported: ExportedModel, compiled: Path, names: list[str]) -> dict[str, float]:
+    """Per-output error of the compiled graph against the source (an ONNX source: the graph as read, on ONNX
+    Runtime), at dynamic sizes one above the export's (so an exporter that baked in a dynamic dim is caught
+    here); above `tolerance` is an error."""
     feeds = example_feeds(config, seed=1, size_offset=1)
     if exported.reference is not None:
         reference = exported.reference(feeds)
     else:
-        assert source_path is not None
         try:
-            reference = run_onnx(source_path, feeds, origin=str(config.resolve(config.source)))
+            reference = run_onnx(exported.model, feeds, origin=str(config.resolve(config.source)))
         except ExportError as err:  # the source itself fails: most often a dynamic dim's example size it rejects
             shapes = ", ".join(f"{name}{list(array.shape)}" for name, array in feeds.items())
             raise ExportError(err.message, hint=f"it ran on example inputs {shapes}; set [dims.NAME] opt to "

@@ -1,73 +1,119 @@
-"""The report's plots, as inline SVG text from matplotlib (the Agg-free SVG backend: no display, no files)."""
+"""The report's plots, as inline SVG text: horizontal bar charts and histograms, a few rectangles, lines and labels
+each. Written directly rather than through a plotting library: matplotlib took two seconds of every compile
+(its import, and the text layout of log-axis labels), for charts this simple.
+"""
 
 from __future__ import annotations
 
-import io
+import math
 from collections.abc import Sequence
+from html import escape
 from typing import Any
 
 # One colour per meaning, so the screenshot test (and a reader) can find each plot's marks.
 BAR_COLOUR = "#1f77b4"
 HISTOGRAM_COLOUR = "#2ca02c"
 THRESHOLD_COLOUR = "#d62728"
+AXIS_COLOUR = "#444444"
 MAX_BARS = 24
+FONT = 'font-family="sans-serif" font-size="11"'
+ROW = 18  # pixels per bar
+LABELS = 260  # pixels for the bar labels
+PLOT = 420  # pixels for the bars
 
 
-def _svg(figure: Any) -> str:
-    import matplotlib.pyplot as plt
-
-    buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", bbox_inches="tight")
-    plt.close(figure)
-    text = buffer.getvalue()
-    return text[text.index("<svg") :]  # drop the XML prolog and DOCTYPE: the SVG sits inside HTML
+def _number(value: float) -> str:
+    return f"{value:.3g}"
 
 
-def _pyplot() -> Any:
-    import matplotlib
+def _svg(width: int, height: int, body: list[str]) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" {FONT}>' + "".join(body) + "</svg>")  # fmt: skip
 
-    matplotlib.use("svg", force=False)  # a headless backend; never opens a window
-    import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "svg.hashsalt": "tensorsmith"})
-    return plt
+def _text(x: float, y: float, text: str, anchor: str = "start") -> str:
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="{AXIS_COLOUR}">{escape(text)}</text>'
+
+
+def _ticks(low: float, high: float, log: bool) -> list[float]:
+    if log:
+        return [10.0**k for k in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)]
+    return [low + (high - low) * index / 4 for index in range(5)]
+
+
+def bar_chart(labels: Sequence[str], values: Sequence[float], xlabel: str, log: bool = False,
+              low: float | None = None, high: float | None = None) -> str:  # fmt: skip
+    """One horizontal bar per label, the first on top, over a linear or log axis from `low` to `high`."""
+    if log:
+        positive = [max(value, 1e-12) for value in values] or [1.0]
+        start = math.log10(low) if low else math.floor(math.log10(min(positive)))
+        stop = math.log10(high) if high else math.ceil(math.log10(max(positive) * 1.0001))
+        stop = max(stop, start + 1)
+        lo, hi = 10.0**start, 10.0**stop
+
+        def place(value: float) -> float:
+            return PLOT * (math.log10(max(value, lo)) - start) / (stop - start)
+    else:
+        lo = 0.0 if low is None else low
+        hi = high if high is not None else (max(max(values, default=0.0), lo) * 1.05 or 1.0)
+        hi = hi if hi > lo else lo + 1.0
+
+        def place(value: float) -> float:
+            return PLOT * (min(max(value, lo), hi) - lo) / (hi - lo)
+
+    top, bottom = 8, 8 + ROW * len(values)
+    body = []
+    for index, (label, value) in enumerate(zip(labels, values, strict=True)):
+        y = top + index * ROW
+        body.append(f'<rect x="{LABELS}" y="{y + 2}" width="{max(place(value), 1):.1f}" height="{ROW - 4}" '
+                    f'fill="{BAR_COLOUR}" shape-rendering="crispEdges"/>')  # fmt: skip
+        body.append(_text(LABELS - 6, y + ROW - 5, label[:48], "end"))
+    body.append(f'<line x1="{LABELS}" y1="{bottom}" x2="{LABELS + PLOT}" y2="{bottom}" stroke="{AXIS_COLOUR}"/>')
+    for tick in _ticks(lo, hi, log):
+        x = LABELS + place(tick)
+        body.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="{AXIS_COLOUR}"/>')
+        body.append(_text(x, bottom + 16, _number(tick), "middle"))
+    body.append(_text(LABELS + PLOT / 2, bottom + 32, xlabel, "middle"))
+    return _svg(LABELS + PLOT + 20, bottom + 40, body)
 
 
 def sensitivity_chart(layers: Sequence[dict[str, Any]], metric: str) -> str:
     """Horizontal bars: the metric's loss when only that layer is quantized, most sensitive on top."""
-    plt = _pyplot()
     shown = list(layers[:MAX_BARS])
-    if metric == "max-abs":
-        losses, label = [layer["sensitivity"] for layer in shown], "max |diff| with only this layer quantized"
-    elif metric == "sqnr-db":
-        losses, label = [layer["sensitivity"] for layer in shown], "SQNR (dB) with only this layer quantized"
-    else:
-        losses = [max(1.0 - layer["sensitivity"], 1e-9) for layer in shown]
-        label = f"1 − {metric} with only this layer quantized (log scale)"
     names = [layer["module"] or layer["name"] for layer in shown]
-    figure, axes = plt.subplots(figsize=(7, 0.25 * len(shown) + 1.0))
-    axes.barh(range(len(shown)), losses, color=BAR_COLOUR)
-    axes.set_yticks(range(len(shown)), names)
-    axes.invert_yaxis()
-    if metric not in ("max-abs", "sqnr-db"):
-        axes.set_xscale("log")
-    axes.set_xlabel(label)
-    return _svg(figure)
+    if metric == "max-abs":
+        return bar_chart(names, [layer["sensitivity"] for layer in shown], "max |diff| with only this layer quantized")
+    if metric == "sqnr-db":
+        return bar_chart(names, [layer["sensitivity"] for layer in shown], "SQNR (dB) with only this layer quantized")
+    losses = [max(abs(1.0 - layer["sensitivity"]), 1e-9) for layer in shown]
+    return bar_chart(names, losses, f"|1 − {metric}| with only this layer quantized (log scale)", log=True)
 
 
 def histogram_chart(entry: dict[str, Any]) -> str:
     """|x| counts over the calibration grid's range (log counts), with the chosen threshold as a vertical line."""
-    plt = _pyplot()
-    counts = entry["counts"]
-    width = entry.get("range", entry["amax"]) / len(counts) if counts else 0.0
-    figure, axes = plt.subplots(figsize=(3.6, 2.2))
-    edges = [index * width for index in range(len(counts) + 1)]
-    axes.stairs(counts, edges, fill=True, color=HISTOGRAM_COLOUR)
-    axes.axvline(entry["threshold"], color=THRESHOLD_COLOUR, linewidth=1.5)
-    axes.set_yscale("symlog")
-    axes.set_title(entry["tensor"][-48:], fontsize=8)
-    axes.set_xlabel(f"|x|  (threshold {entry['threshold']:.3g}, amax {entry['amax']:.3g})")
-    return _svg(figure)
+    counts = [float(count) for count in entry["counts"]]
+    covered = entry.get("range", entry["amax"]) or 1.0
+    width, height, left, top = 340, 150, 8, 22
+    peak = math.log1p(max(counts, default=0.0)) or 1.0
+    step = width / max(len(counts), 1)
+    points = [f"{left},{top + height}"]
+    for index, count in enumerate(counts):
+        y = top + height - height * math.log1p(count) / peak
+        points += [f"{left + index * step:.2f},{y:.2f}", f"{left + (index + 1) * step:.2f},{y:.2f}"]
+    points.append(f"{left + width},{top + height}")
+    threshold = left + width * min(entry["threshold"] / covered, 1.0)
+    body = [
+        _text(left, 14, entry["tensor"][-56:]),
+        f'<polygon points="{" ".join(points)}" fill="{HISTOGRAM_COLOUR}"/>',
+        f'<line x1="{left}" y1="{top + height}" x2="{left + width}" y2="{top + height}" stroke="{AXIS_COLOUR}"/>',
+        f'<rect x="{threshold - 1:.1f}" y="{top}" width="2" height="{height}" fill="{THRESHOLD_COLOUR}" '
+        'shape-rendering="crispEdges"/>',
+        _text(left, top + height + 14, "0"),
+        _text(left + width, top + height + 14, _number(covered), "end"),
+        _text(left + width / 2, top + height + 30,
+              f"|x| (threshold {_number(entry['threshold'])}, amax {_number(entry['amax'])}; log counts)", "middle"),
+    ]  # fmt: skip
+    return _svg(width + 2 * left, top + height + 38, body)
 
 
 def accuracy_chart(variants: Sequence[dict[str, Any]], metric: str = "cosine") -> str | None:
@@ -75,23 +121,11 @@ def accuracy_chart(variants: Sequence[dict[str, Any]], metric: str = "cosine") -
     measured = [variant for variant in variants if metric in variant["accuracy"]]
     if not measured:
         return None
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(5, 0.35 * len(measured) + 0.9))
     values = [variant["accuracy"][metric] for variant in measured]
-    axes.barh(range(len(measured)), values, color=BAR_COLOUR)
-    axes.set_yticks(range(len(measured)), [variant["name"] for variant in measured])
-    axes.invert_yaxis()
-    axes.set_xlim(min(values) - 0.01, 1.0)
-    axes.set_xlabel(f"{metric} against fp32 (held-out data)")
-    return _svg(figure)
+    return bar_chart([variant["name"] for variant in measured], values, f"{metric} against fp32 (held-out data)",
+                     low=min(values) - 0.01, high=1.0)  # fmt: skip
 
 
 def steps_chart(steps: Sequence[tuple[str, float]]) -> str:
     """Where the compile spent its time: one bar per pipeline step."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(7, 0.28 * len(steps) + 0.9))
-    axes.barh(range(len(steps)), [seconds for _, seconds in steps], color=BAR_COLOUR)
-    axes.set_yticks(range(len(steps)), [name[:60] for name, _ in steps])
-    axes.invert_yaxis()
-    axes.set_xlabel("seconds")
-    return _svg(figure)
+    return bar_chart([name[:60] for name, _ in steps], [seconds for _, seconds in steps], "seconds")
