@@ -29,21 +29,21 @@ class Observer:
         import onnxruntime
 
         self.tensors = list(dict.fromkeys(tensors))
-        observed = onnx.ModelProto()
-        observed.CopyFrom(model)
-        outputs = {output.name for output in observed.graph.output}
-        for name in self.tensors:
-            if name not in outputs:
-                observed.graph.output.append(onnx.ValueInfoProto(name=name))
+        outputs = {output.name for output in model.graph.output}
+        added = [onnx.ValueInfoProto(name=name) for name in self.tensors if name not in outputs]
         available = set(onnxruntime.get_available_providers())
         chosen = list(providers or [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available])
+        # the observed tensors as extra outputs, added for the session and taken off again (no copy of the weights)
+        model.graph.output.extend(added)
         try:
-            self.session = session_for(observed, chosen)
+            self.session = session_for(model, chosen)
         except Exception as err:  # onnxruntime's own exception types
             raise CalibrationError(
                 f"ONNX Runtime cannot run the graph to calibrate it: {onnxruntime_reason(err)}",
                 hint="check the source runs on ONNX Runtime: tensorsmith compile it with --precision fp32",
             ) from err
+        finally:
+            del model.graph.output[len(model.graph.output) - len(added) :]
         self.input_names = {value.name for value in self.session.get_inputs()}
         self.samples = 0  # counted by the last pass
 

@@ -14,6 +14,7 @@ whatever the number of samples. Non-finite values (an additive mask's -inf) are 
 
 from __future__ import annotations
 
+import glob
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -230,3 +231,24 @@ def load_histograms(path: Path) -> dict[str, TensorStatistics]:
         )
         for name, peak, e, row in zip(names, amax, exponents, counts, strict=True)
     }
+
+
+def merged_statistics(pattern: str, graph_sha256: str, base: Path) -> Statistics:
+    """The statistics files `pattern` (a glob, relative to `base`) matches, merged, after checking each was
+    collected on this graph."""
+    paths = sorted(Path(path) for path in glob.glob(pattern if Path(pattern).is_absolute() else str(base / pattern)))
+    if not paths:
+        raise CalibrationError(f"--calibration-stats '{pattern}' matches no file",
+                          hint="write them with tensorsmith calibrate")  # fmt: skip
+    merged: Statistics | None = None
+    for path in paths:
+        statistics, collected_on = Statistics.load(path)
+        if collected_on != graph_sha256:
+            raise CalibrationError(
+                f"{path} was collected on another graph (sha256 {collected_on[:12]}…, this compile's fused graph is "
+                f"{graph_sha256[:12]}…)",
+                hint="run tensorsmith calibrate with the same source, opset and targets as the compile",
+            )
+        merged = statistics if merged is None else merged.merge(statistics)
+    assert merged is not None
+    return merged

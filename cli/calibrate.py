@@ -67,7 +67,7 @@ def calibrate_command(
         raise ConfigError(f"--shards {shards}: at least 1", hint="e.g. --shards 4")
     with progress_reporter() as reporter:
         if ray_address is not None:
-            from tensorsmith.compiler.distributed import calibrate_on_ray
+            from tensorsmith.compiler.calibrate import calibrate_on_ray
 
             address = None if ray_address == "local" else ray_address
             result = calibrate_on_ray(config, out, shards, address, reporter=reporter)

@@ -2,19 +2,26 @@
 
     source ─▶ fused graph (as `compile` makes it) ─▶ shard I of N of the calibration samples ─▶ one pass ─▶ stats.npz
 
-The statistics merge exactly (calibration/statistics.py), so shards collected on several machines (or as Ray
-tasks) and merged give the scales one process gives, bit for bit; `compile --calibration-stats 'DIR/*.npz'`
-merges them and calibrates without reading the data again. Each file names the sha256 of the fused graph it was
-collected on: statistics of another graph (another source, opset or target list) are refused.
+The statistics merge exactly (calibration/statistics.py), so shards collected on several machines and merged give
+the scales one process gives, bit for bit; `compile --calibration-stats 'DIR/*.npz'` merges them and calibrates
+without reading the data again. Each file names the sha256 of the fused graph it was collected on: statistics of
+another graph (another source, opset or target list) are refused.
+
+With `--ray [ADDRESS]` the shards run as Ray tasks: the driver makes the fused graph once and puts it in Ray's
+object store; each task opens an ONNX Runtime session over it and collects one shard, returned as the same .npz
+bytes a shard file holds; the driver merges them and writes one file. On a cluster the calibration data must be
+at the same path on every node (a shared filesystem); locally, nothing is needed.
 """
 
 from __future__ import annotations
 
-import glob
+import io
+import logging
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.calibration.statistics import Statistics
@@ -96,22 +103,62 @@ def calibrate(
                            round(time.perf_counter() - started, 3))  # fmt: skip
 
 
-def merged_statistics(pattern: str, graph_sha256: str, base: Path) -> Statistics:
-    """The statistics files `pattern` (a glob, relative to `base`) matches, merged, after checking each was
-    collected on this graph."""
-    paths = sorted(Path(path) for path in glob.glob(pattern if Path(pattern).is_absolute() else str(base / pattern)))
-    if not paths:
-        raise ConfigError(f"--calibration-stats '{pattern}' matches no file",
-                          hint="write them with tensorsmith calibrate")  # fmt: skip
-    merged: Statistics | None = None
-    for path in paths:
-        statistics, collected_on = Statistics.load(path)
-        if collected_on != graph_sha256:
-            raise CalibrationError(
-                f"{path} was collected on another graph (sha256 {collected_on[:12]}…, this compile's fused graph is "
-                f"{graph_sha256[:12]}…)",
-                hint="run tensorsmith calibrate with the same source, opset and targets as the compile",
-            )
-        merged = statistics if merged is None else merged.merge(statistics)
-    assert merged is not None
-    return merged
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray needs Ray", hint="pip install 'tensorsmith[ray]'") from None
+    return ray
+
+
+def shard_statistics(model_bytes: bytes, data: CalibrationData, shard: tuple[int, int]) -> bytes:
+    """One Ray task: the statistics of `shard` of `data` on the graph, as .npz bytes."""
+    import onnx
+
+    from tensorsmith.compiler.variants.calibrated import collect_statistics
+
+    quiet_onnxruntime()
+    model = onnx.load_from_string(model_bytes)
+    statistics = collect_statistics(model, shard_of(data, shard), LogReporter())
+    buffer = io.BytesIO()
+    statistics.save(buffer, "")
+    return buffer.getvalue()
+
+
+def calibrate_on_ray(
+    config: CompileConfig, out: str | Path, shards: int, address: str | None = None, reporter: Reporter | None = None
+) -> CalibrateResult:
+    """`shards` shard tasks on the Ray cluster at `address` (None: a local one on this machine's CPUs), merged
+    into one statistics file at `out`."""
+    ray = _import_ray()
+    started = time.perf_counter()
+    out = Path(out)
+    timed = TimedReporter(reporter or LogReporter())
+    quiet_onnxruntime()
+    source = open_source(config.model_copy(update={"verify": False}))
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-calibrate-") as scratch:
+        fused = fused_graph(source, Path(scratch), timed)
+        data = calibration_samples(source.config, fused.inputs, fused.path)
+        started_here = not ray.is_initialized()
+        if started_here:
+            timed.stage(f"starting Ray ({address or 'local'})")
+            ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+        try:
+            timed.stage(f"calibration statistics: {shards} shards as Ray tasks")
+            task = ray.remote(shard_statistics)
+            model = ray.put(fused.model.SerializeToString())
+            parts = ray.get([task.remote(model, data, (index, shards)) for index in range(shards)])
+        finally:
+            if started_here:
+                ray.shutdown()
+        merged: Statistics | None = None
+        for part in parts:
+            statistics, _ = Statistics.load(io.BytesIO(part))
+            merged = statistics if merged is None else merged.merge(statistics)
+        assert merged is not None
+        written = Path(scratch) / "statistics.npz"
+        merged.save(written, fused.record.sha256)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        replace_file(out, written.read_bytes())
+    return CalibrateResult(out, fused.record.sha256, merged.samples, len(merged.tensors), None,
+                           round(time.perf_counter() - started, 3))  # fmt: skip

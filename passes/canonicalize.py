@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 import onnx
 import onnx_graphsurgeon as gs
+import onnx_ir as ir
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.core.ir import SUBGRAPH_ATTRIBUTES
 from tensorsmith.passes.base import PassReport
 
 logger = logging.getLogger(__name__)
+FOLD_ANY_SIZE = 2**62
 
 
 def _quiet_polygraphy() -> None:
@@ -36,24 +38,21 @@ def _opset(model: onnx.ModelProto) -> int:
     return next(int(e.version) for e in model.opset_import if e.domain in ("", "ai.onnx"))
 
 
-def upgrade_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    """Convert `model` to `opset` if it is older (onnxscript's converter on the onnx-ir model, onnx's where it has
-    no adapter); a newer model is left as it is."""
-    import onnx_ir as ir
+def upgrade_opset(model: ir.Model, opset: int) -> None:
+    """Convert `model` to `opset` in place if it is older (onnxscript's converter, onnx's where it has no
+    adapter); a newer model is left as it is."""
     from onnxscript.version_converter import convert_version
 
-    current = _opset(model)
+    current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
     if current >= opset:
-        return model
-    unknown = sorted({node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")
+        return
+    unknown = sorted({node.op_type for node in model.graph if node.domain in ("", "ai.onnx")
                       and not onnx.defs.has(node.op_type)})  # fmt: skip
     if unknown:  # onnxscript's converter passes them over; onnx's refused them
         raise PassError(f"cannot convert the model from opset {current} to {opset}: ai.onnx has no op "
                         f"{', '.join(unknown)}", hint=f"compile with --opset {current} to keep its opset")  # fmt: skip
     try:
-        converted = ir.from_proto(model)
-        convert_version(converted, opset, fallback=True)
-        return ir.to_proto(converted)
+        convert_version(model, opset, fallback=True)
     except Exception as err:  # the converters raise RuntimeError, their C++ exceptions or their own
         raise PassError(
             f"cannot convert the model from opset {current} to {opset}: {str(err).splitlines()[0]}",
@@ -65,10 +64,9 @@ def _has_subgraphs(model: onnx.ModelProto) -> bool:
     return any(attribute.type in SUBGRAPH_ATTRIBUTES for node in model.graph.node for attribute in node.attribute)
 
 
-def fold_with_onnxscript(model: onnx.ModelProto) -> onnx.ModelProto:
+def fold_with_onnxscript(model: ir.Model) -> onnx.ModelProto:
     """onnxscript's constant folding and shape-aware simplification (standard ops in, standard ops out), Constant
     nodes lifted to initializers, unused nodes dropped, shapes inferred."""
-    import onnx_ir as ir
     from onnx_ir.passes.common import (
         LiftConstantsToInitializersPass,
         RemoveUnusedNodesPass,
@@ -77,12 +75,13 @@ def fold_with_onnxscript(model: onnx.ModelProto) -> onnx.ModelProto:
     )
     from onnxscript.optimizer import fold_constants
 
-    ir_model = ir.from_proto(model)
-    fold_constants(ir_model)
+    # no size limits: a tied output projection's Transpose of the embedding table folds into a weight, as
+    # Polygraphy's loop folds it (onnxscript's defaults leave inputs over 8192 elements unfolded)
+    fold_constants(model, input_size_limit=FOLD_ANY_SIZE, output_size_limit=FOLD_ANY_SIZE)
     for step in (LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0), RemoveUnusedNodesPass(),
                  TopologicalSortPass(), ShapeInferencePass()):  # fmt: skip
-        step(ir_model)
-    return ir.to_proto(ir_model)
+        step(model)
+    return ir.to_proto(model)
 
 
 def fold_with_polygraphy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -114,14 +113,15 @@ class Canonicalize:
         started = time.perf_counter()
         before = Counter(node.op_type for node in model.graph.node)
         opset_before = _opset(model)
-        model = upgrade_opset(model, self.opset)
+        converted = ir.from_proto(model)  # one onnx-ir model for the conversion and the folding: one copy
+        upgrade_opset(converted, self.opset)
         folder = "onnxscript"
         try:
-            model = fold_with_onnxscript(model)
+            model = fold_with_onnxscript(converted)
         except Exception as err:  # the optimizer's own errors, of any type: Polygraphy's loop still folds
             logger.info("onnxscript's optimizer failed (%s): folding with Polygraphy", str(err).splitlines()[0][:200])
             folder = "polygraphy"
-            model = fold_with_polygraphy(model)
+            model = fold_with_polygraphy(ir.to_proto(converted))
         after = Counter(node.op_type for node in model.graph.node)
         report = PassReport(
             name=self.name,

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("compiler.engines",),  # stage: variants → engines
     ("compiler.artifact",),  # staging, inspection, Triton
     ("compiler.report",),
-    ("compiler.pipeline", "compiler.add_engine"),  # compile() and `tensorsmith build`: the stages in order
+    ("compiler.pipeline", "compiler.add_engine", "compiler.calibrate"),  # compile(), `build`, `calibrate`: stages
     ("compiler",),  # the package's public face: compile, CompileConfig
     ("cli",),
     ("samples",),

@@ -18,7 +18,7 @@ import numpy as np
 from tensorsmith.calibration import CalibrationData, Observer, tensors_to_observe
 from tensorsmith.calibration.data import Feeds
 from tensorsmith.calibration.layers import activation_shapes, list_layers
-from tensorsmith.compiler.calibrate import merged_statistics
+from tensorsmith.calibration.statistics import merged_statistics
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.feeds import example_feeds
 from tensorsmith.compiler.frontend.fused import FusedGraph

@@ -75,7 +75,7 @@ def test_shard_files_merge_into_the_unsharded_compile(block: tuple[Path, Path, P
 def test_ray_tasks_give_the_statistics_of_one_process(block: tuple[Path, Path, Path], tmp_path: Path) -> None:
     import ray
 
-    from tensorsmith.compiler.distributed import calibrate_on_ray
+    from tensorsmith.compiler.calibrate import calibrate_on_ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
