@@ -53,17 +53,45 @@ def export(path: Path) -> None:
                       dynamic_axes={name: {0: "batch", 1: "sequence"} for name in names})  # fmt: skip
 
 
+def docstring_sentences(exclude: set[str]) -> list[str]:
+    """More real sentences: the docstrings of the standard library's own sources (read with ast, never imported),
+    filtered as samples/sentences.py filters pydoc's topics."""
+    import ast
+    import re
+    import sysconfig
+
+    found: list[str] = []
+    for source in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        try:
+            tree = ast.parse(source.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        nodes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef)))]
+        for node in nodes:
+            text = re.sub(r"\s+", " ", ast.get_docstring(node) or "")
+            for sentence in re.split(r"(?<=[.!?])\s+", text):
+                words = sentence.split()
+                if not 6 <= len(words) <= 40 or not sentence[0].isupper() or re.search(r"[{}<>=|*\[\]]", sentence):
+                    continue
+                if sentence not in exclude:
+                    exclude.add(sentence)
+                    found.append(sentence)
+    return found
+
+
 def large_calibration(path: Path) -> None:
-    """1,280 sentences of the same source, none of them held out for evaluation (samples/prepare.py)."""
+    """1,280 sentences: the 128 calibration sentences, pydoc's other topics (none of the evaluation sentences),
+    then standard-library docstrings."""
     from tensorsmith.samples.prepare import CALIBRATION_SENTENCES, EVALUATION_SENTENCES, encode
     from tensorsmith.samples.sentences import sentences
 
     texts = sentences()
     held = CALIBRATION_SENTENCES + EVALUATION_SENTENCES
-    chosen = texts[:CALIBRATION_SENTENCES] + texts[held : held + LARGE - CALIBRATION_SENTENCES]
+    chosen = texts[:CALIBRATION_SENTENCES] + texts[held:]
+    chosen += docstring_sentences(set(texts))[: LARGE - len(chosen)]
     if len(chosen) < LARGE:
         raise SystemExit(f"only {len(chosen)} sentences available")
-    arrays = encode(chosen)
+    arrays = encode(chosen[:LARGE])
     with np.load(CALIBRATION) as archive:  # the same sequence length as the 128
         length = archive["input_ids"].shape[1]
     np.savez(path, **{name: array[:, :length] for name, array in arrays.items()})
