@@ -27,9 +27,10 @@ from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.calibration.statistics import Statistics
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.fused import fused_graph
-from tensorsmith.compiler.frontend.source import open_source
+from tensorsmith.compiler.frontend.source import Source, open_source
 from tensorsmith.compiler.variants.calibrated import collect_statistics
-from tensorsmith.compiler.variants.text_data import decoder_calibration, is_decoder_graph
+from tensorsmith.compiler.variants.data import check_data
+from tensorsmith.compiler.variants.text_data import check_text_data, decoder_calibration, is_decoder_graph
 from tensorsmith.core.errors import CalibrationError, ConfigError
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.progress import LogReporter, Reporter, TimedReporter
@@ -61,8 +62,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 def calibration_samples(config: CompileConfig, inputs: list[TensorRecord], reference: Path) -> CalibrationData:
     """The samples a compile with --calibration-stats stands for: all of --calibration (up to
     --calibration-samples); a decoder's as its prefill and decode steps."""
-    if config.calibration is None:
-        raise ConfigError("calibrate needs calibration data: --calibration PATH", hint="an .npz, a folder, or .txt")
+    assert config.calibration is not None, "checked by opened()"
     if is_decoder_graph(inputs):
         return decoder_calibration(config, inputs, reference)
     specs = [record.spec() for record in inputs]
@@ -82,6 +82,19 @@ def shard_of(data: CalibrationData, shard: tuple[int, int] | None) -> Calibratio
     return CalibrationData(data.source, data.inputs, data.batch_size, stop - start, data.skip + start)
 
 
+def opened(config: CompileConfig) -> Source:
+    """The source, its calibration data checked before the export (a wrong array or a missing tokenizer fails in
+    a second, as for `compile`)."""
+    if config.calibration is None:
+        raise ConfigError("calibrate needs calibration data: --calibration PATH", hint="an .npz, a folder, or .txt")
+    source = open_source(config.model_copy(update={"verify": False}))  # the fused graph is the same either way
+    if source.is_decoder:
+        check_text_data(source.config)
+    elif source.config.inputs:
+        check_data(source.config)
+    return source
+
+
 def calibrate(
     config: CompileConfig, out: str | Path, shard: tuple[int, int] | None = None, reporter: Reporter | None = None
 ) -> CalibrateResult:
@@ -90,17 +103,22 @@ def calibrate(
     out = Path(out)
     timed = TimedReporter(reporter or LogReporter())
     quiet_onnxruntime()
-    source = open_source(config.model_copy(update={"verify": False}))  # the fused graph is the same either way
+    source = opened(config)
     with tempfile.TemporaryDirectory(prefix="tensorsmith-calibrate-") as scratch:
         fused = fused_graph(source, Path(scratch), timed)
         data = shard_of(calibration_samples(source.config, fused.inputs, fused.path), shard)
         statistics = collect_statistics(fused.model, data, timed)
-        written = Path(scratch) / "statistics.npz"
-        statistics.save(written, fused.record.sha256)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(out, written.read_bytes())
+    _write(statistics, fused.record.sha256, out)
     return CalibrateResult(out, fused.record.sha256, statistics.samples, len(statistics.tensors), shard,
                            round(time.perf_counter() - started, 3))  # fmt: skip
+
+
+def _write(statistics: Statistics, graph_sha256: str, out: Path) -> None:
+    """The statistics file, written whole or not at all (a temporary file swapped into place)."""
+    buffer = io.BytesIO()
+    statistics.save(buffer, graph_sha256)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    replace_file(out, buffer.getvalue())
 
 
 def _import_ray() -> Any:
@@ -114,8 +132,6 @@ def _import_ray() -> Any:
 def shard_statistics(model_bytes: bytes, data: CalibrationData, shard: tuple[int, int]) -> bytes:
     """One Ray task: the statistics of `shard` of `data` on the graph, as .npz bytes."""
     import onnx
-
-    from tensorsmith.compiler.variants.calibrated import collect_statistics
 
     quiet_onnxruntime()
     model = onnx.load_from_string(model_bytes)
@@ -135,7 +151,7 @@ def calibrate_on_ray(
     out = Path(out)
     timed = TimedReporter(reporter or LogReporter())
     quiet_onnxruntime()
-    source = open_source(config.model_copy(update={"verify": False}))
+    source = opened(config)
     with tempfile.TemporaryDirectory(prefix="tensorsmith-calibrate-") as scratch:
         fused = fused_graph(source, Path(scratch), timed)
         data = calibration_samples(source.config, fused.inputs, fused.path)
@@ -156,9 +172,6 @@ def calibrate_on_ray(
             statistics, _ = Statistics.load(io.BytesIO(part))
             merged = statistics if merged is None else merged.merge(statistics)
         assert merged is not None
-        written = Path(scratch) / "statistics.npz"
-        merged.save(written, fused.record.sha256)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(out, written.read_bytes())
+    _write(merged, fused.record.sha256, out)
     return CalibrateResult(out, fused.record.sha256, merged.samples, len(merged.tensors), None,
                            round(time.perf_counter() - started, 3))  # fmt: skip
