@@ -226,8 +226,8 @@ def build_mixed_variant(
 
 def cpu_levels(assignment: dict[str, str]) -> dict[str, str]:
     """The cpu variant's levels: W8A8 layers stored int8 weight-only (the same bytes). ONNX Runtime's CPU runs the
-    static Q/DQ pairs around a decoder's small MatMuls as separate ops: tinylm's cpu variant decoded at 2182
-    tokens/s with them against 3492 weight-only (docs/benchmarks.md); fp8 it does not run at all."""
+    static Q/DQ pairs around a decoder's small MatMuls as separate ops: a tinylm decode step took 2.8x as long
+    with 11 W8A8 layers (bench/decoder_w8a8_cpu.py); fp8 it does not run at all."""
     return {name: INT8_WEIGHT if level in WITH_ACTIVATIONS else level for name, level in assignment.items()}
 
 
