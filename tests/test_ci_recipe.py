@@ -1,5 +1,6 @@
-"""samples/ci/engines.yml: a GitHub Actions workflow whose jobs chain compile → hopper → publish, and whose every
-`tensorsmith` command line parses with this CLI (flags and commands that exist)."""
+"""samples/ci/engines.yml: a GitHub Actions workflow whose jobs chain compile → hopper → publish; samples/ci/
+calibration.yml: shard jobs of a matrix, then one merge-and-compile job. Every `tensorsmith` command line in them
+parses with this CLI (flags and commands that exist)."""
 
 import shlex
 from pathlib import Path
@@ -10,6 +11,7 @@ import yaml
 from tensorsmith.cli.main import main
 
 WORKFLOW = Path(__file__).resolve().parents[1] / "samples" / "ci" / "engines.yml"
+CALIBRATION = WORKFLOW.with_name("calibration.yml")
 
 
 def commands(workflow: dict) -> list[tuple[str, list[str]]]:
@@ -53,3 +55,24 @@ def test_every_tensorsmith_command_in_the_workflow_parses() -> None:
     assert compile_argv[compile_argv.index("--target", compile_argv.index("sm_120")) + 1] == "sm_90"
     build_argv = next(argv for job, argv in found if argv[0] == "build")
     assert build_argv[1:] == ["build/model", "--target", "sm_90", "--builder", "tensorrt", "--json"]
+
+
+def test_the_calibration_matrix_shards_then_merges_with_the_same_graph() -> None:
+    workflow = yaml.safe_load(CALIBRATION.read_text())
+    jobs = workflow["jobs"]
+    assert list(jobs) == ["calibrate", "compile"] and jobs["compile"]["needs"] == "calibrate"
+    assert len(jobs["calibrate"]["strategy"]["matrix"]["shard"]) == int(workflow["env"]["SHARDS"])
+    found = commands(workflow)
+    for job, argv in found:
+        with click.Context(main) as context:
+            name, command, rest = main.resolve_command(context, argv)
+            assert command is not None, (job, argv)
+            command.make_context(name or "", rest, parent=context)
+    (calibrate,) = [argv for _, argv in found if argv[0] == "calibrate"]
+    (compile_argv,) = [argv for _, argv in found if argv[0] == "compile"]
+    assert "--shard" in calibrate and "--calibration-stats" in compile_argv and "--calibration" not in compile_argv
+
+    def targets(argv: list[str]) -> list[str]:
+        return [argv[index + 1] for index, word in enumerate(argv) if word == "--target"]
+
+    assert targets(calibrate) == targets(compile_argv)  # the same fused graph
