@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import glob
 import math
+import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,7 +191,7 @@ class Statistics:
                 channels = {str(name): archive[f"channel_amax_{index}"].astype(np.float32)
                             for index, name in enumerate(archive["channel_names"])}  # fmt: skip
                 return cls(tensors, channels, int(archive["samples"])), str(archive["graph_sha256"])
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as err:
             raise CalibrationError(f"cannot read calibration statistics {path}: {err}",
                                    hint="pass files written by `tensorsmith calibrate`") from err  # fmt: skip
 

@@ -110,8 +110,10 @@ def bin_width(amax: float, bins: int = NUM_BINS) -> float:
 
 
 def entropy_threshold(histogram: np.ndarray, amax: float) -> float:
-    """TensorRT's published rule: T = (i + 0.5) · bin width for the best i, at most amax."""
-    i = entropy_bins(histogram)
+    """TensorRT's published rule: T = (i + 0.5) · bin width for the best i, at most amax. The search starts at
+    START_BIN of NUM_BINS bins, amax/16, whatever the histogram's resolution (statistics.py gives 2048 to 4096
+    bins over the amax), as TensorRT's does over its 2048."""
+    i = entropy_bins(histogram, start_bin=max(START_BIN, round(START_BIN * len(histogram) / NUM_BINS)))
     return min((i + 0.5) * bin_width(amax, len(histogram)), amax)
 
 

@@ -26,7 +26,7 @@ from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, 
 @click.option("--shard", metavar="I/N", help="Only the I-th of N contiguous shards of the samples (0-based).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", metavar="[ADDRESS]",
               help="Run every shard as a Ray task (a local Ray without ADDRESS) and merge them.")  # fmt: skip
-@click.option("--shards", type=int, default=4, show_default=True, help="With --ray: how many shards.")
+@click.option("--shards", type=int, help="With --ray: how many shards (default 4).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
 def calibrate_command(
@@ -42,7 +42,7 @@ def calibrate_command(
     calibration_samples: int | None,
     shard: str | None,
     ray_address: str | None,
-    shards: int,
+    shards: int | None,
     as_json: bool,
 ) -> None:
     """Collect the calibration statistics of SOURCE's fused graph on (a shard of) --calibration into OUT; merge
@@ -63,14 +63,19 @@ def calibrate_command(
     config = config_from_flags(source, config_path, overrides)
     if ray_address is not None and shard is not None:
         raise ConfigError("--ray runs every shard itself: drop --shard", hint="or drop --ray to collect one shard")
-    if shards < 1:
+    if ray_address is not None and Path(ray_address).exists():
+        raise ConfigError(f"--ray took '{ray_address}' as the Ray address", hint="put --ray after SOURCE, or write "
+                          "--ray=ADDRESS")  # fmt: skip
+    if ray_address is None and shards is not None:
+        raise ConfigError("--shards is for --ray", hint="for one shard of N, pass --shard I/N")
+    if shards is not None and shards < 1:
         raise ConfigError(f"--shards {shards}: at least 1", hint="e.g. --shards 4")
     with progress_reporter() as reporter:
         if ray_address is not None:
             from tensorsmith.compiler.calibrate import calibrate_on_ray
 
             address = None if ray_address == "local" else ray_address
-            result = calibrate_on_ray(config, out, shards, address, reporter=reporter)
+            result = calibrate_on_ray(config, out, shards or 4, address, reporter=reporter)
         else:
             result = calibrate(config, out, parse_shard(shard) if shard else None, reporter=reporter)
     summary = {"ok": True, "out": str(result.out), "graph_sha256": result.graph_sha256, "samples": result.samples,

@@ -35,6 +35,7 @@ from tensorsmith.core.errors import CalibrationError, ConfigError
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.progress import LogReporter, Reporter, TimedReporter
 from tensorsmith.core.sessions import quiet_onnxruntime
+from tensorsmith.passes.canonicalize import first_line
 from tensorsmith.runtime.manifest import TensorRecord
 
 
@@ -155,10 +156,20 @@ def calibrate_on_ray(
     with tempfile.TemporaryDirectory(prefix="tensorsmith-calibrate-") as scratch:
         fused = fused_graph(source, Path(scratch), timed)
         data = calibration_samples(source.config, fused.inputs, fused.path)
+        total = data.count()
+        if shards > total:
+            raise ConfigError(f"--shards {shards} for {total} calibration samples", hint=f"use at most {total}")
+        if address is not None and is_decoder_graph(fused.inputs):
+            raise ConfigError("--ray ADDRESS for a decoder: its calibration feeds read the fused graph from this "
+                              "machine's disk", hint="use a local Ray (--ray), or --shard I/N jobs")  # fmt: skip
         started_here = not ray.is_initialized()
         if started_here:
             timed.stage(f"starting Ray ({address or 'local'})")
-            ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+            try:
+                ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as err:  # no cluster there, or a bad address
+                hint = "check the address (ray://HOST:PORT, or auto on a cluster node)"
+                raise ConfigError(f"cannot reach the Ray cluster at {address}: {first_line(err)}", hint=hint) from err
         try:
             timed.stage(f"calibration statistics: {shards} shards as Ray tasks")
             task = ray.remote(shard_statistics)

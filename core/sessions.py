@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx.external_data_helper import load_external_data_for_model
 
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.ir import EXTERNAL_DATA_THRESHOLD, save_onnx, weight_bytes
@@ -70,8 +71,12 @@ def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutio
             return onnxruntime.InferenceSession(data, options, providers=list(providers))
     with tempfile.TemporaryDirectory(prefix="tensorsmith-session-") as scratch:
         path = Path(scratch) / "model.onnx"
-        save_onnx(model, path)
-        return onnxruntime.InferenceSession(str(path), options, providers=list(providers))
+        save_onnx(model, path)  # over 2 GB: moves the weights out of `model`, into files beside it
+        try:
+            return onnxruntime.InferenceSession(str(path), options, providers=list(providers))
+        finally:
+            if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+                load_external_data_for_model(model, scratch)  # the caller's model holds its weights again
 
 
 def cpu_session(

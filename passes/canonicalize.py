@@ -34,6 +34,10 @@ def _quiet_polygraphy() -> None:
     G_LOGGER.module_severity = G_LOGGER.ERROR
 
 
+def first_line(err: BaseException) -> str:
+    return (str(err).splitlines() or [type(err).__name__])[0]
+
+
 def _opset(model: onnx.ModelProto) -> int:
     return next(int(e.version) for e in model.opset_import if e.domain in ("", "ai.onnx"))
 
@@ -54,10 +58,12 @@ def upgrade_opset(model: ir.Model, opset: int) -> None:
     try:
         convert_version(model, opset, fallback=True)
     except Exception as err:  # the converters raise RuntimeError, their C++ exceptions or their own
-        raise PassError(
-            f"cannot convert the model from opset {current} to {opset}: {str(err).splitlines()[0]}",
-            hint=f"compile with --opset {current} to keep its opset",
-        ) from err
+        raise PassError(f"cannot convert the model from opset {current} to {opset}: {first_line(err)}",
+                        hint=f"compile with --opset {current} to keep its opset") from err  # fmt: skip
+    reached = model.opset_imports.get("", model.opset_imports.get("ai.onnx", current))
+    if reached < opset:  # onnxscript's fallback logs a failed conversion and leaves the model as it was
+        raise PassError(f"cannot convert the model from opset {current} to {opset}: the converter stopped at "
+                        f"{reached}", hint=f"compile with --opset {current} to keep its opset")  # fmt: skip
 
 
 def _has_subgraphs(model: onnx.ModelProto) -> bool:
@@ -119,7 +125,7 @@ class Canonicalize:
         try:
             model = fold_with_onnxscript(converted)
         except Exception as err:  # the optimizer's own errors, of any type: Polygraphy's loop still folds
-            logger.info("onnxscript's optimizer failed (%s): folding with Polygraphy", str(err).splitlines()[0][:200])
+            logger.info("onnxscript's optimizer failed (%s): folding with Polygraphy", first_line(err)[:200])
             folder = "polygraphy"
             model = fold_with_polygraphy(ir.to_proto(converted))
         after = Counter(node.op_type for node in model.graph.node)

@@ -34,7 +34,7 @@ from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.quantized import Evaluation, build_quantized, search_layers, with_text_metrics
 from tensorsmith.compiler.variants.rewrite import rewritten
 from tensorsmith.compiler.variants.text_data import is_decoder_graph, text_split
-from tensorsmith.compiler.variants.weight_mix import build_mixed_variant, plan_weight_levels, search_weights
+from tensorsmith.compiler.variants.weight_mix import build_mixed_variant, cpu_levels, plan_weight_levels, search_weights
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
@@ -141,9 +141,11 @@ def _int4_variants(
         reporter.stage(f"{recipe.variant}: writing and measuring the variant ({config.int4_algorithm})")
         if search is None:
             assignment = dict.fromkeys(int4_plan.weights, "int4") | {n: lv for n, (lv, _) in levels.pinned.items()}
+            assignment = cpu_levels(assignment) if recipe.floats == "fp32" else assignment
             record, passes, _ = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
                                                    scales=levels.scales)  # fmt: skip
-            recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, levels.pinned)
+            pinned = {n: (assignment[n], reason) for n, (_, reason) in levels.pinned.items()}
+            recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
         else:
             mixed = build_mixed_variant(model, recipe, int4_plan, levels, search, evaluation, directory, targets)
             record, passes, recipes[record.name] = mixed.record, mixed.reports, mixed.plan

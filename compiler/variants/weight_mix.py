@@ -111,6 +111,12 @@ def plan_weight_levels(
     assert data is not None
     table = write_table(collect_statistics(model, data, reporter, channels=()), config, directory)
     scales = {"int8": table.int8_scales(), "fp8": table.fp8_scales()}
+    for name, (level, reason) in pinned.items():
+        activation = plan.layers[name][1]
+        if level in WITH_ACTIVATIONS and activation not in scales[level]:
+            raise ConfigError(f"{reason} pins {name} to {level}, but its input {activation} has no activation scale: "
+                              f"{table.tensors[activation].reason if activation in table.tensors else 'not observed'}",
+                              hint="pin it to int8-weight or int4")  # fmt: skip
     return WeightLevels(tuple(allowed), notes, scales, pinned)
 
 
@@ -197,6 +203,8 @@ def build_mixed_variant(
         record, reports = attempt(search.chosen, False)
         chosen = search.chosen
         for _ in range(MAX_VERIFY_RETRIES):
+            if chosen == 0:
+                break
             chosen -= max(1, chosen // 8)
             record, reports = attempt(chosen, True)
             if tried[-1][1] or chosen == 0:
