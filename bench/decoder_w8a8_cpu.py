@@ -1,5 +1,5 @@
 """A decoder's W8A8 layers on ONNX Runtime's CPU: tinylm's cpu-int4 variant with the GPU variant's W8A8 int8 layers
-against the same layers weight-only (what compiler/variants/weight_mix.py's cpu_levels stores), a decode step at
+against the same layers weight-only (what compiler/variants/weight_mix.py's recipe_levels stores), a decode step at
 batch 1 over a 127-token cache, interleaved, median of 200 each.
 
     python bench/decoder_w8a8_cpu.py
@@ -20,13 +20,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from tensorsmith.compiler.variants.int4 import plan_int4
-from tensorsmith.compiler.variants.rewrite import rewrite, rewritten
-from tensorsmith.compiler.variants.weight_mix import cpu_levels
+from tensorsmith.compiler.targets import Recipe
+from tensorsmith.compiler.variants.int4 import build_int4_variant, plan_int4
+from tensorsmith.compiler.variants.quantized import Evaluation
+from tensorsmith.compiler.variants.rewrite import rewritten
+from tensorsmith.compiler.variants.weight_mix import recipe_levels
 from tensorsmith.core.progress import LogReporter
-from tensorsmith.passes.embeddings import QuantizeEmbeddings
-from tensorsmith.passes.int4 import GemmAsMatMul, WeightOnlyInt4, WeightOnlyInt8
-from tensorsmith.passes.quantize import InsertQDQ
+from tensorsmith.core.sessions import run_onnx
+from tensorsmith.passes.int4 import GemmAsMatMul
 from tensorsmith.runtime.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,17 +57,6 @@ def measure(art: Path, work: Path) -> None:
     scales = {name: t["int8_scale"] for name, t in table["tensors"].items() if t["quantize"]}
     model, _ = rewritten(onnx.load(art / "model.onnx"), [GemmAsMatMul()])
     plan = plan_int4(model, "rtn", 128, None, LogReporter())
-    paths = {}
-    for name, assignment in (("with W8A8 layers", levels), ("weight-only (cpu_levels)", cpu_levels(levels))):
-        weights = {k: v for k, v in plan.weights.items() if assignment.get(k) == "int4"}
-        passes = [WeightOnlyInt4(weights, 128),
-                  WeightOnlyInt8(frozenset(k for k, v in assignment.items() if v == "int8-weight"))]  # fmt: skip
-        nodes = [k for k, v in assignment.items() if v == "int8"]
-        if nodes:
-            passes.append(InsertQDQ("int8", scales, nodes=nodes))
-        passes.append(QuantizeEmbeddings(gather_first=True))
-        paths[name] = work / f"{len(paths)}.onnx"
-        rewrite(model, passes, paths[name])
     manifest = read_manifest(art)
     rng = np.random.default_rng(0)
     step = {"input_ids": np.array([[5]], np.int64), "attention_mask": np.ones((1, 128), np.int64),
@@ -74,6 +64,13 @@ def measure(art: Path, work: Path) -> None:
     for record in manifest.inputs:
         if record.name.startswith("past"):
             step[record.name] = rng.standard_normal((1, record.shape[1], 127, record.shape[3])).astype(np.float32)
+    evaluation = Evaluation(step, run_onnx(art / "model.onnx", step), None, "one decode step")
+    cpu = Recipe("int4", "fp32")
+    paths = {}
+    for name, assignment in (("with W8A8 layers", levels), ("weight-only (recipe_levels)", recipe_levels(cpu, levels))):
+        folder = work / str(len(paths))
+        record, _, _ = build_int4_variant(model, cpu, plan, evaluation, folder, assignment, True, {"int8": scales})
+        paths[name] = folder / record.path
     sessions = {k: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for k, p in paths.items()}
     times: dict[str, list[float]] = {k: [] for k in sessions}
     for _ in range(5):

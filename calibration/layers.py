@@ -23,6 +23,9 @@ from tensorsmith.passes.quantize import activation_inputs, quantizable_nodes
 PASS_THROUGH = ("Add", "Reshape", "Transpose", "Identity", "Flatten", "Squeeze", "Unsqueeze", "Cast")
 
 
+WEIGHT_ONLY = ("int4", "int8-weight")  # override precisions for weight layers only (a decoder's, or --precision int4)
+
+
 class Override(BaseModel):
     """`[[overrides]]`: pin the matching layers to a precision before any search."""
 

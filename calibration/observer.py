@@ -45,7 +45,6 @@ class Observer:
         finally:
             del model.graph.output[len(model.graph.output) - len(added) :]
         self.input_names = {value.name for value in self.session.get_inputs()}
-        self.samples = 0  # counted by the last pass
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not self.tensors:  # an empty output list would make ONNX Runtime return every output
@@ -62,9 +61,9 @@ class Observer:
     ) -> Statistics:
         """One pass over `data`: per-tensor statistics of `per_tensor` (every observed tensor by default) and the
         per-channel max |x| over the last axis of `channels` (for smoothing). Every batch is reduced and dropped."""
-        names = self.tensors if per_tensor is None else [name for name in self.tensors if name in set(per_tensor)]
-        statistics = Statistics({name: TensorStatistics(name) for name in names})
-        wanted, by_channel = set(names), set(channels)
+        wanted = set(self.tensors if per_tensor is None else per_tensor)
+        statistics = Statistics({name: TensorStatistics(name) for name in self.tensors if name in wanted})
+        by_channel = set(channels)
         with (reporter or LogReporter()).task("calibration: one pass over the data", data.limit) as advance:
             for batch in data.batches():
                 for name, values in self.run(batch).items():
@@ -80,7 +79,6 @@ class Observer:
                 size = next(iter(batch.values())).shape[0]
                 statistics.samples += size
                 advance(size)
-        self.samples = statistics.samples
         return statistics
 
     def collect_channel_amax(self, data: CalibrationData, reporter: Reporter | None = None) -> dict[str, np.ndarray]:

@@ -107,10 +107,11 @@ class TensorStatistics:
             raise ValueError(f"cannot merge statistics of '{self.name}' and '{other.name}'")
         exponents = [e for e in (self.exponent, other.exponent) if e is not None]
         exponent = max(exponents) if exponents else None
-        histogram = self.histogram + other.histogram
-        if exponent is not None:
-            histogram = sum(fold(s.histogram, exponent - (s.exponent if s.exponent is not None else exponent))
-                            for s in (self, other))  # fmt: skip
+
+        def aligned(side: TensorStatistics) -> np.ndarray:  # over the wider range (only zeros: bin 0 under any)
+            return side.histogram if side.exponent is None else fold(side.histogram, max(exponents) - side.exponent)
+
+        histogram = aligned(self) + aligned(other)
         return TensorStatistics(self.name, max(self.amax, other.amax), self.count + other.count,
                                 self.nonfinite + other.nonfinite, exponent, histogram, self.derived)  # fmt: skip
 

@@ -7,19 +7,17 @@ from pathlib import Path
 
 import click
 
-from tensorsmith.cli.compile import config_from_flags
+from tensorsmith.cli.compile import PRECISIONS, config_from_flags, source_options, source_overrides
 from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout
 
 
 @click.command("calibrate")
 @click.argument("source")
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Statistics file (.npz).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), help="tensorsmith.toml with settings.")
-@click.option("--checkpoint", type=click.Path(path_type=Path), help=".safetensors or .pt/.pth (weights only).")
-@click.option("--input", "inputs", multiple=True, metavar="NAME:DTYPE:DIMS", help="e.g. input_ids:int64:batch,128")
+@source_options
 @click.option("--opset", type=int, help="As for compile: the statistics are of the graph it makes.")
 @click.option("--target", "targets", multiple=True, metavar="TARGET", help="As for compile (the graph depends on it).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "fp8", "int4", "auto"]),
+@click.option("--precision", type=click.Choice(PRECISIONS),
               help="As for compile (a decoder's graph depends on it).")  # fmt: skip
 @click.option("--calibration", type=click.Path(path_type=Path), help=".npz, a folder of them, or a decoder's .txt.")
 @click.option("--calibration-samples", type=int, help="Use at most N calibration samples.")
@@ -48,12 +46,10 @@ def calibrate_command(
     """Collect the calibration statistics of SOURCE's fused graph on (a shard of) --calibration into OUT; merge
     shards with `tensorsmith compile SOURCE --calibration-stats 'DIR/*.npz' --eval-data …`."""
     from tensorsmith.compiler.calibrate import calibrate, parse_shard
-    from tensorsmith.compiler.config import parse_input_flag
     from tensorsmith.core.errors import ConfigError
 
     overrides = {
-        "checkpoint": str(checkpoint.resolve()) if checkpoint else None,
-        "inputs": [parse_input_flag(text) for text in inputs] or None,
+        **source_overrides(checkpoint, inputs),
         "opset": opset,
         "targets": list(targets) or None,
         "precision": precision,

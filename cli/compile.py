@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,20 +11,41 @@ import click
 
 from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout
 
+PRECISIONS = ["fp32", "fp16", "int8", "fp8", "int4", "auto"]  # --precision (compiler.targets.Request)
+
+
+def source_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """--config, --checkpoint and --input: what finds and declares SOURCE, for every command that reads one."""
+    path = click.Path(path_type=Path)
+    for option in reversed([
+        click.option("--config", "config_path", type=path, help="tensorsmith.toml with settings."),
+        click.option("--checkpoint", type=path, help=".safetensors or .pt/.pth (weights only)."),
+        click.option("--input", "inputs", multiple=True, metavar="NAME:DTYPE:DIMS",
+                     help="e.g. input_ids:int64:batch,128"),
+    ]):  # fmt: skip
+        function = option(function)
+    return function
+
+
+def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[str, Any]:
+    """The config keys of --checkpoint and --input."""
+    from tensorsmith.compiler.config import parse_input_flag
+
+    return {"checkpoint": str(checkpoint.resolve()) if checkpoint else None,
+            "inputs": [parse_input_flag(text) for text in inputs] or None}  # fmt: skip
+
 
 @click.command("compile")
 @click.argument("source")
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Artifact directory.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), help="tensorsmith.toml with settings.")
-@click.option("--checkpoint", type=click.Path(path_type=Path), help=".safetensors or .pt/.pth (weights only).")
-@click.option("--input", "inputs", multiple=True, metavar="NAME:DTYPE:DIMS", help="e.g. input_ids:int64:batch,128")
+@source_options
 @click.option("--output-name", "outputs", multiple=True, help="Names for the model's outputs, in order.")
 @click.option("--opset", type=int, help="ai.onnx opset of the compiled graph (default 20).")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), help="PyTorch exporter.")
 @click.option("--target", "targets", multiple=True, metavar="TARGET", help="Architecture to compile for (cpu).")
 @click.option(
     "--precision",
-    type=click.Choice(["fp32", "fp16", "int8", "fp8", "int4", "auto"]),
+    type=click.Choice(PRECISIONS),
     help="int8/fp8: quantize every layer the policy allows; int4: weight-only (AWQ); auto: choose per layer and "
     "target within --budget.",
 )
@@ -91,11 +113,9 @@ def compile_command(
 ) -> None:
     """Compile SOURCE (a tensorsmith.toml, model.onnx, model.pt2, or pkg.module:function) into OUT."""
     from tensorsmith.compiler import compile
-    from tensorsmith.compiler.config import parse_input_flag
 
     overrides: dict[str, Any] = {
-        "checkpoint": str(checkpoint.resolve()) if checkpoint else None,
-        "inputs": [parse_input_flag(text) for text in inputs] or None,
+        **source_overrides(checkpoint, inputs),
         "outputs": list(outputs) or None,
         "opset": opset,
         "exporter": exporter,

@@ -19,6 +19,8 @@ import io
 import logging
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,16 +28,16 @@ from typing import Any
 from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.calibration.statistics import Statistics
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.frontend.fused import fused_graph
+from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
 from tensorsmith.compiler.frontend.source import Source, open_source
 from tensorsmith.compiler.variants.calibrated import collect_statistics
 from tensorsmith.compiler.variants.data import check_data
 from tensorsmith.compiler.variants.text_data import check_text_data, decoder_calibration, is_decoder_graph
 from tensorsmith.core.errors import CalibrationError, ConfigError
 from tensorsmith.core.files import replace_file
+from tensorsmith.core.importing import first_line
 from tensorsmith.core.progress import LogReporter, Reporter, TimedReporter
 from tensorsmith.core.sessions import quiet_onnxruntime
-from tensorsmith.passes.canonicalize import first_line
 from tensorsmith.runtime.manifest import TensorRecord
 
 
@@ -71,12 +73,12 @@ def calibration_samples(config: CompileConfig, inputs: list[TensorRecord], refer
                            config.calibration_samples)  # fmt: skip
 
 
-def shard_of(data: CalibrationData, shard: tuple[int, int] | None) -> CalibrationData:
-    """Shard I of N: the I-th of N contiguous, nearly equal runs of the samples."""
+def shard_of(data: CalibrationData, shard: tuple[int, int] | None, total: int | None = None) -> CalibrationData:
+    """Shard I of N: the I-th of N contiguous, nearly equal runs of the `total` samples (counted when not given)."""
     if shard is None:
         return data
     index, count = shard
-    total = data.count()
+    total = data.count() if total is None else total
     start, stop = total * index // count, total * (index + 1) // count
     if start == stop:
         raise CalibrationError(f"shard {index}/{count} of {total} samples is empty", hint="use fewer shards")
@@ -96,30 +98,41 @@ def opened(config: CompileConfig) -> Source:
     return source
 
 
+@contextmanager
+def _fused_samples(config: CompileConfig, reporter: Reporter) -> Iterator[tuple[FusedGraph, CalibrationData]]:
+    """The fused graph as `compile` makes it (in a scratch directory for as long as it is needed) and the
+    calibration samples it stands for."""
+    quiet_onnxruntime()
+    source = opened(config)
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-calibrate-") as scratch:
+        fused = fused_graph(source, Path(scratch), reporter)
+        yield fused, calibration_samples(source.config, fused.inputs, fused.path)
+
+
 def calibrate(
     config: CompileConfig, out: str | Path, shard: tuple[int, int] | None = None, reporter: Reporter | None = None
 ) -> CalibrateResult:
     """Write the statistics of `shard` of the calibration data, collected on the fused graph, to `out`."""
-    started = time.perf_counter()
-    out = Path(out)
+    started, out = time.perf_counter(), Path(out)
     timed = TimedReporter(reporter or LogReporter())
-    quiet_onnxruntime()
-    source = opened(config)
-    with tempfile.TemporaryDirectory(prefix="tensorsmith-calibrate-") as scratch:
-        fused = fused_graph(source, Path(scratch), timed)
-        data = shard_of(calibration_samples(source.config, fused.inputs, fused.path), shard)
-        statistics = collect_statistics(fused.model, data, timed)
+    with _fused_samples(config, timed) as (fused, data):
+        statistics = collect_statistics(fused.model, shard_of(data, shard), timed)
     _write(statistics, fused.record.sha256, out)
     return CalibrateResult(out, fused.record.sha256, statistics.samples, len(statistics.tensors), shard,
                            round(time.perf_counter() - started, 3))  # fmt: skip
 
 
-def _write(statistics: Statistics, graph_sha256: str, out: Path) -> None:
-    """The statistics file, written whole or not at all (a temporary file swapped into place)."""
+def _npz(statistics: Statistics, graph_sha256: str) -> bytes:
+    """The statistics as the .npz bytes a statistics file holds."""
     buffer = io.BytesIO()
     statistics.save(buffer, graph_sha256)
+    return buffer.getvalue()
+
+
+def _write(statistics: Statistics, graph_sha256: str, out: Path) -> None:
+    """The statistics file, written whole or not at all (a temporary file swapped into place)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(out, buffer.getvalue())
+    replace_file(out, _npz(statistics, graph_sha256))
 
 
 def _import_ray() -> Any:
@@ -130,16 +143,12 @@ def _import_ray() -> Any:
     return ray
 
 
-def shard_statistics(model_bytes: bytes, data: CalibrationData, shard: tuple[int, int]) -> bytes:
-    """One Ray task: the statistics of `shard` of `data` on the graph, as .npz bytes."""
+def shard_statistics(model_bytes: bytes, shard: CalibrationData) -> bytes:
+    """One Ray task: the statistics of one shard's samples on the graph, as .npz bytes."""
     import onnx
 
     quiet_onnxruntime()
-    model = onnx.load_from_string(model_bytes)
-    statistics = collect_statistics(model, shard_of(data, shard), LogReporter())
-    buffer = io.BytesIO()
-    statistics.save(buffer, "")
-    return buffer.getvalue()
+    return _npz(collect_statistics(onnx.load_from_string(model_bytes), shard, LogReporter()), "")
 
 
 def calibrate_on_ray(
@@ -148,15 +157,10 @@ def calibrate_on_ray(
     """`shards` shard tasks on the Ray cluster at `address` (None: a local one on this machine's CPUs), merged
     into one statistics file at `out`."""
     ray = _import_ray()
-    started = time.perf_counter()
-    out = Path(out)
+    started, out = time.perf_counter(), Path(out)
     timed = TimedReporter(reporter or LogReporter())
-    quiet_onnxruntime()
-    source = opened(config)
-    with tempfile.TemporaryDirectory(prefix="tensorsmith-calibrate-") as scratch:
-        fused = fused_graph(source, Path(scratch), timed)
-        data = calibration_samples(source.config, fused.inputs, fused.path)
-        total = data.count()
+    with _fused_samples(config, timed) as (fused, data):
+        total = data.count()  # once, here: each task is handed its own run of the samples
         if shards > total:
             raise ConfigError(f"--shards {shards} for {total} calibration samples", hint=f"use at most {total}")
         if address is not None and is_decoder_graph(fused.inputs):
@@ -174,7 +178,7 @@ def calibrate_on_ray(
             timed.stage(f"calibration statistics: {shards} shards as Ray tasks")
             task = ray.remote(shard_statistics)
             model = ray.put(fused.model.SerializeToString())
-            parts = ray.get([task.remote(model, data, (index, shards)) for index in range(shards)])
+            parts = ray.get([task.remote(model, shard_of(data, (index, shards), total)) for index in range(shards)])
         finally:
             if started_here:
                 ray.shutdown()

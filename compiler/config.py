@@ -8,7 +8,7 @@ from typing import Literal
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tensorsmith.calibration.layers import Override
+from tensorsmith.calibration.layers import WEIGHT_ONLY, Override
 from tensorsmith.compiler.settings import BuildConfig, GenerationConfig
 from tensorsmith.compiler.targets import TARGETS, Request, check_precision
 from tensorsmith.core.errors import ConfigError
@@ -176,7 +176,7 @@ class CompileConfig(_Strict):
             raise ValueError("precision int4 with awq needs calibration data: --calibration PATH (or --int4-algorithm "
                              "rtn); random inputs are never used in its place")  # fmt: skip
         for override in self.overrides:
-            if override.precision in ("int4", "int8-weight") and self.precision not in ("int4", "auto"):
+            if override.precision in WEIGHT_ONLY and self.precision not in ("int4", "auto"):
                 raise ValueError(f"[[overrides]] match '{override.match}': {override.precision} pins weight layers "
                                  f"under --precision int4 or a decoder's auto, not {self.precision}")  # fmt: skip
         if self.precision == "int4" and self.opset < INT4_MIN_OPSET and "opset" in self.model_fields_set:

@@ -90,18 +90,24 @@ def weight_bytes(model: onnx.ModelProto) -> int:
     return total
 
 
+def serialized(model: onnx.ModelProto) -> bytes | None:
+    """The model's bytes, or None over 2 GB (it then needs its weights in external data)."""
+    if weight_bytes(model) > EXTERNAL_DATA_THRESHOLD:
+        return None
+    try:
+        return model.SerializeToString()
+    except ValueError:  # protobuf refuses over 2 GB: the weights count was short of the whole
+        return None
+
+
 def save_onnx(model: onnx.ModelProto, path: Path) -> None:
     """Save `model` to `path`; over 2 GB the weights go to `<name>.data` beside it."""
-    if weight_bytes(model) > EXTERNAL_DATA_THRESHOLD:
-        logger.info("%s is over 2 GB: saving weights as external data", path.name)
-        onnx.save(model, str(path), save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)
-    else:
-        try:
-            data = model.SerializeToString()
-        except ValueError:  # protobuf refuses over 2 GB: weights in external data after all
-            onnx.save(model, str(path), save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)
-            return
+    data = serialized(model)
+    if data is not None:
         path.write_bytes(data)
+        return
+    logger.info("%s is over 2 GB: saving weights as external data", path.name)
+    onnx.save(model, str(path), save_as_external_data=True, location=f"{path.name}.data", size_threshold=1024)
 
 
 def value_dims(value: onnx.ValueInfoProto) -> list[int | str]:

@@ -18,7 +18,7 @@ import onnx
 from onnx.external_data_helper import load_external_data_for_model
 
 from tensorsmith.core.errors import ExportError
-from tensorsmith.core.ir import EXTERNAL_DATA_THRESHOLD, save_onnx, weight_bytes
+from tensorsmith.core.ir import save_onnx, serialized
 from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 # ONNX Runtime's log severities run 0 verbose … 3 error, 4 fatal. The compiler's sessions log fatal only: an
@@ -62,13 +62,9 @@ def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutio
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
-    if weight_bytes(model) < EXTERNAL_DATA_THRESHOLD:
-        try:
-            data = model.SerializeToString()
-        except ValueError:  # over protobuf's 2 GB after all
-            data = None
-        if data is not None:
-            return onnxruntime.InferenceSession(data, options, providers=list(providers))
+    data = serialized(model)
+    if data is not None:
+        return onnxruntime.InferenceSession(data, options, providers=list(providers))
     with tempfile.TemporaryDirectory(prefix="tensorsmith-session-") as scratch:
         path = Path(scratch) / "model.onnx"
         save_onnx(model, path)  # over 2 GB: moves the weights out of `model`, into files beside it

@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 import onnx_ir as ir
 
 from tensorsmith.core.errors import PassError
+from tensorsmith.core.importing import first_line
 from tensorsmith.core.ir import SUBGRAPH_ATTRIBUTES
 from tensorsmith.passes.base import PassReport
 
@@ -32,10 +33,6 @@ def _quiet_polygraphy() -> None:
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.module_severity = G_LOGGER.ERROR
-
-
-def first_line(err: BaseException) -> str:
-    return (str(err).splitlines() or [type(err).__name__])[0]
 
 
 def _opset(model: onnx.ModelProto) -> int:

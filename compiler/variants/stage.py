@@ -17,7 +17,7 @@ import numpy as np
 
 from tensorsmith.calibration import CalibrationData, Observer, tensors_to_observe
 from tensorsmith.calibration.data import Feeds
-from tensorsmith.calibration.layers import activation_shapes, list_layers
+from tensorsmith.calibration.layers import WEIGHT_ONLY, activation_shapes, list_layers
 from tensorsmith.calibration.statistics import merged_statistics
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.feeds import example_feeds
@@ -34,7 +34,12 @@ from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.quantized import Evaluation, build_quantized, search_layers, with_text_metrics
 from tensorsmith.compiler.variants.rewrite import rewritten
 from tensorsmith.compiler.variants.text_data import is_decoder_graph, text_split
-from tensorsmith.compiler.variants.weight_mix import build_mixed_variant, cpu_levels, plan_weight_levels, search_weights
+from tensorsmith.compiler.variants.weight_mix import (
+    build_mixed_variant,
+    plan_weight_levels,
+    recipe_levels,
+    search_weights,
+)
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
@@ -141,7 +146,7 @@ def _int4_variants(
         reporter.stage(f"{recipe.variant}: writing and measuring the variant ({config.int4_algorithm})")
         if search is None:
             assignment = dict.fromkeys(int4_plan.weights, "int4") | {n: lv for n, (lv, _) in levels.pinned.items()}
-            assignment = cpu_levels(assignment) if recipe.floats == "fp32" else assignment
+            assignment = recipe_levels(recipe, assignment)
             record, passes, _ = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
                                                    scales=levels.scales)  # fmt: skip
             pinned = {n: (assignment[n], reason) for n, (_, reason) in levels.pinned.items()}
@@ -194,7 +199,7 @@ def _quantized_variants(
 ) -> tuple[Variants, PrecisionPlan, set[str]]:
     """Calibrate once, search once per precision, then write and verify one variant per recipe."""
     for override in config.overrides:
-        if override.precision in ("int4", "int8-weight"):
+        if override.precision in WEIGHT_ONLY:
             raise ConfigError(
                 f"[[overrides]] match '{override.match}': {override.precision} pins the weight layers of a "
                 f"decoder's auto or of --precision int4; this compile quantizes activations ({plan.request})",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,7 +86,7 @@ def plan_weight_levels(
     """The levels every INT4-recipe target runs (int8 W8A8 and fp8 need calibrated activations, fp8 sm_89+), the
     pins, and, where a level quantizes activations, their scales from one calibration of the weight inputs."""
     allowed, notes = [INT8_WEIGHT, INT4], {INT8_WEIGHT: "considered", INT4: "considered"}
-    gpus = [name for name in targets if get_target(name).float_regions == "fp16"]  # the cpu: see cpu_levels
+    gpus = [name for name in targets if get_target(name).float_regions == "fp16"]  # the cpu: see recipe_levels
     for precision in WITH_ACTIVATIONS:
         missing = [name for name in gpus if precision not in get_target(name).precisions]
         if missing:
@@ -136,8 +136,11 @@ def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) 
         activation_scales = {}
         for precision in WITH_ACTIVATIONS:
             if precision in levels.allowed and activation in levels.scales.get(precision, {}):
-                values, steps = quantize_weights(weight, 1, precision)
-                weights[precision] = values.astype(np.float32) * steps
+                if precision == "int8":  # W8A8's weights are the weight-only level's, a scale per column
+                    weights[precision] = weights[INT8_WEIGHT]
+                else:
+                    values, steps = quantize_weights(weight, 1, precision)
+                    weights[precision] = values.astype(np.float32) * steps
                 activation_scales[precision] = levels.scales[precision][activation]
         rows, columns = weight.shape
         one_byte = rows * columns + 2 * columns
@@ -189,9 +192,7 @@ def build_mixed_variant(
     tried: list[tuple[int, bool, float, int, bool]] = []  # (bytes, met, achieved, moves, tables)
 
     def attempt(chosen: int, tables: bool) -> tuple[VariantRecord, list[PassReport]]:
-        assignment = (
-            cpu_levels(search.assignment_at(chosen)) if recipe.floats == "fp32" else search.assignment_at(chosen)
-        )
+        assignment = recipe_levels(recipe, search.assignment_at(chosen))
         record, reports, outputs = build_int4_variant(model, recipe, plan, evaluation, directory, assignment, tables,
                                                       levels.scales)  # fmt: skip
         achieved = budget.measure(evaluation.reference, outputs)
@@ -207,14 +208,14 @@ def build_mixed_variant(
                 break
             chosen -= max(1, chosen // 8)
             record, reports = attempt(chosen, True)
-            if tried[-1][1] or chosen == 0:
+            if tried[-1][1]:
                 break
     held = [entry for entry in tried if entry[1]]
     best = min(held) if held else max(tried, key=lambda entry: entry[2] if budget.higher_is_better else -entry[2])
     if best is not tried[-1]:
         record, reports = attempt(best[3], best[4])  # write the chosen one again (the file holds the last tried)
     _, met, achieved, chosen, tables = tried[-1]
-    assignment = cpu_levels(search.assignment_at(chosen)) if recipe.floats == "fp32" else search.assignment_at(chosen)
+    assignment = recipe_levels(recipe, search.assignment_at(chosen))
     logger.info("%s: %s %.6f with %d of %d moves", record.name, budget.metric, achieved, chosen, len(search.moves))
     recipe_plan = RecipePlan(
         precision="int4",
@@ -232,10 +233,13 @@ def build_mixed_variant(
     return MixedVariant(record, reports, recipe_plan)
 
 
-def cpu_levels(assignment: dict[str, str]) -> dict[str, str]:
-    """The cpu variant's levels: W8A8 layers stored int8 weight-only (the same bytes). ONNX Runtime's CPU runs the
-    static Q/DQ pairs around a decoder's small MatMuls as separate ops: a tinylm decode step took 2.8x as long
-    with 11 W8A8 layers (bench/decoder_w8a8_cpu.py); fp8 it does not run at all."""
+def recipe_levels(recipe: Recipe, assignment: Mapping[str, str]) -> dict[str, str]:
+    """The levels `recipe`'s variant stores: as assigned, but the cpu variant's (fp32 regions) W8A8 layers int8
+    weight-only (the same bytes). ONNX Runtime's CPU runs the static Q/DQ pairs around a decoder's small MatMuls
+    as separate ops: a tinylm decode step took 2.8x as long with 11 W8A8 layers (bench/decoder_w8a8_cpu.py); fp8
+    it does not run at all."""
+    if recipe.floats != "fp32":
+        return dict(assignment)
     return {name: INT8_WEIGHT if level in WITH_ACTIVATIONS else level for name, level in assignment.items()}
 
 
