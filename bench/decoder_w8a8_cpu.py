@@ -69,6 +69,7 @@ def measure(art: Path, work: Path) -> None:
     paths = {}
     for name, assignment in (("with W8A8 layers", levels), ("weight-only (recipe_levels)", recipe_levels(cpu, levels))):
         folder = work / str(len(paths))
+        folder.mkdir()
         record, _, _ = build_int4_variant(model, cpu, plan, evaluation, folder, assignment, True, {"int8": scales})
         paths[name] = folder / record.path
     sessions = {k: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for k, p in paths.items()}

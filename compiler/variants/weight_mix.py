@@ -236,7 +236,7 @@ def build_mixed_variant(
 def recipe_levels(recipe: Recipe, assignment: Mapping[str, str]) -> dict[str, str]:
     """The levels `recipe`'s variant stores: as assigned, but the cpu variant's (fp32 regions) W8A8 layers int8
     weight-only (the same bytes). ONNX Runtime's CPU runs the static Q/DQ pairs around a decoder's small MatMuls
-    as separate ops: a tinylm decode step took 2.8x as long with 11 W8A8 layers (bench/decoder_w8a8_cpu.py); fp8
+    as separate ops: a tinylm decode step took 2.8-3.7x as long with 11 W8A8 layers (bench/decoder_w8a8_cpu.py); fp8
     it does not run at all."""
     if recipe.floats != "fp32":
         return dict(assignment)
