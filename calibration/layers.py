@@ -8,22 +8,19 @@ import fnmatch
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tensorsmith.core.module_paths import MODULE_KEY, module_path_from_name
+from tensorsmith.core.precisions import FP32, overridable
 from tensorsmith.passes.matching import constant_value
 from tensorsmith.passes.quantize import activation_inputs, quantizable_nodes
 
 # Ops a final projection's output may pass through on its way to a graph output.
 PASS_THROUGH = ("Add", "Reshape", "Transpose", "Identity", "Flatten", "Squeeze", "Unsqueeze", "Cast")
-
-
-WEIGHT_ONLY = ("int4", "int8-weight")  # override precisions for weight layers only (a decoder's, or --precision int4)
 
 
 class Override(BaseModel):
@@ -32,9 +29,17 @@ class Override(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     match: str = Field(description="glob over the ONNX node name, the PyTorch module path, or the op type")
-    precision: Literal["fp32", "int8", "fp8", "int4", "int8-weight"] = Field(
-        description="int8 / fp8: weights and activations; int4 / int8-weight: weights only (a decoder's weight layers)"
+    precision: str = Field(
+        description="a precision of the table that [[overrides]] take (core/precisions.py): calibrated ones "
+        "quantize weights and activations, weight-only ones a decoder's weight layers"
     )
+
+    @field_validator("precision")
+    @classmethod
+    def _overridable(cls, name: str) -> str:
+        if name not in overridable():
+            raise ValueError(f"[[overrides]] precision '{name}' is not one of {', '.join(overridable())}")
+        return name
 
 
 @dataclass
@@ -112,7 +117,7 @@ def list_layers(
                 break
         else:
             if _feeds_an_output(graph, node):
-                layer.pinned, layer.reason = "fp32", "policy: final projection"
+                layer.pinned, layer.reason = FP32.name, "policy: final projection"
         layers.append(layer)
     return layers
 

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from tensorsmith.core.budget_search import largest_prefix
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.core.sessions import session_for
@@ -82,15 +83,9 @@ class PrecisionSearch:
             return max(lost, 1e-12) / max(self.flops.get(name, 1), 1)
 
         order = sorted(self.candidates, key=cost)
-        low, high, best_value = 0, len(order), baseline  # invariant: the first `low` layers meet the budget
         with reporter.task("bisecting the largest set within budget", None) as advance:
-            while low < high:
-                middle = (low + high + 1) // 2
-                value = self.evaluate(set(order[:middle]))
-                advance(1)
-                if self.budget.met(value):
-                    low, best_value = middle, value
-                else:
-                    high = middle - 1
+            prefix = largest_prefix(len(order), lambda n: self.evaluate(set(order[:n])), self.budget.met, baseline,
+                                    advance)  # fmt: skip
+        low, best_value = prefix.length, prefix.value
         logger.info("%d of %d layers within %s (estimate %.6f)", low, len(order), self.budget, best_value)
         return SearchResult(order[:low], order, sensitivity, best_value, baseline, self.evaluations)

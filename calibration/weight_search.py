@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from tensorsmith.core import precisions
+from tensorsmith.core.budget_search import largest_prefix
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.core.sessions import session_for
@@ -29,12 +31,15 @@ from tensorsmith.passes.quantize import blend, quantize_activation
 logger = logging.getLogger(__name__)
 
 SWITCHES = "tensorsmith_weight_switches"
-FLOAT = "fp16"  # the float regions' precision (fp32 in the cpu variant)
-INT8_WEIGHT = "int8-weight"
-ONE_BYTE = (INT8_WEIGHT, "int8", "fp8")  # one byte a weight; a tie goes to the first
-INT4 = "int4"
-DEPTH = {FLOAT: 0, INT8_WEIGHT: 1, "int8": 1, "fp8": 1, INT4: 2}  # fewer bytes deeper
-WITH_ACTIVATIONS = ("int8", "fp8")  # levels that quantize the layer's input too (W8A8)
+# The levels, by their names in the precision table.
+FLOAT = precisions.FP16.name  # the float regions' precision (fp32 in the cpu variant)
+INT8_WEIGHT = precisions.INT8_WEIGHT.name
+INT4 = precisions.INT4.name
+ONE_BYTE = (INT8_WEIGHT, precisions.INT8.name, precisions.FP8.name)  # one byte a weight; a tie goes to the first
+HALF_BYTE = (INT4, precisions.NVFP4.name)  # about half a byte a weight; a tie goes to the first
+DEPTH = {FLOAT: 0, **dict.fromkeys(ONE_BYTE, 1), **dict.fromkeys(HALF_BYTE, 2)}  # fewer bytes deeper
+# levels that quantize the layer's input too (W8A8)
+WITH_ACTIVATIONS = tuple(name for name in ONE_BYTE if precisions.precision(name).quantizes_activations)
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class LayerOptions:
     weights: Mapping[str, np.ndarray]  # level → the weight it computes with (every level but FLOAT)
     bytes: Mapping[str, int]  # level → bytes stored (FLOAT too)
     activation: str = ""
-    activation_scales: Mapping[str, float] = field(default_factory=dict)  # "int8" / "fp8" → scale of `activation`
+    activation_scales: Mapping[str, float] = field(default_factory=dict)  # W8A8 level → scale of `activation`
     pinned: str | None = None  # a level fixed by an override: never moved
 
 
@@ -159,20 +164,16 @@ class WeightSearch:
                 saved = max(stored[FLOAT] - stored[level_before], 1)
                 costs.append((max(lost(measured[level_before], baseline), 1e-12) / saved, name, level_before))
                 before = measured[level_before]
-            if INT4 in measured:
-                saved = max(stored[level_before] - stored[INT4], 1)
-                costs.append((max(lost(measured[INT4], before), 1e-12) / saved, name, INT4))
+            half_byte = [level for level in HALF_BYTE if level in measured]
+            if half_byte:  # likewise at about half a byte (int4, or nvfp4 where every target runs it)
+                deepest = min(half_byte, key=lambda level: (lost(measured[level], baseline), HALF_BYTE.index(level)))
+                saved = max(stored[level_before] - stored[deepest], 1)
+                costs.append((max(lost(measured[deepest], before), 1e-12) / saved, name, deepest))
         moves = [(name, level) for _, name, level in sorted(costs, key=lambda cost: cost[0])]
-        low, high, best = 0, len(moves), baseline  # invariant: the first `low` moves meet the budget
         with reporter.task("weight precision: bisecting the moves within budget", None) as advance:
-            while low < high:
-                middle = (low + high + 1) // 2
-                value = self.evaluate(assignment_of(moves[:middle], self.layers, pinned))
-                advance(1)
-                if self.budget.met(value):
-                    low, best = middle, value
-                else:
-                    high = middle - 1
+            prefix = largest_prefix(len(moves), lambda n: self.evaluate(assignment_of(moves[:n], self.layers, pinned)),
+                                    self.budget.met, baseline, advance)  # fmt: skip
+        low, best = prefix.length, prefix.value
         assignment = assignment_of(moves[:low], self.layers, pinned)
         logger.info("%d of %d moves within %s (estimate %.6f)", low, len(moves), self.budget, best)
         return WeightSearchResult(assignment, moves, low, sensitivity, best, self.evaluations, pinned)

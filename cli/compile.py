@@ -10,8 +10,9 @@ from typing import Any
 import click
 
 from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout
+from tensorsmith.core.precisions import requestable
 
-PRECISIONS = ["fp32", "fp16", "int8", "fp8", "int4", "auto"]  # --precision (compiler.targets.Request)
+PRECISIONS = requestable()  # --precision: the precision table's requestable names, and auto
 
 
 def source_options(function: Callable[..., Any]) -> Callable[..., Any]:

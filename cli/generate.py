@@ -35,7 +35,9 @@ def _tokenizer(artifact: Path) -> Any:
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, help="Seed for --do-sample.")
 @click.option("--num-beams", type=int, default=1, show_default=True)
-@click.option("--backend", type=click.Choice(["auto", "tensorrt", "onnxruntime"]), default="auto", show_default=True)
+@click.option(
+    "--backend", type=click.Choice(["auto", "tensorrt", "onnxruntime", "openvino"]), default="auto", show_default=True
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
 def generate_command(

@@ -34,7 +34,9 @@ main.add_command(generate_command)
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--inputs", "inputs_path", required=True, type=click.Path(path_type=Path), help="Feeds (.npz).")
 @click.option("--output", "output_path", type=click.Path(path_type=Path), help="Write the outputs here (.npz).")
-@click.option("--backend", type=click.Choice(["auto", "tensorrt", "onnxruntime"]), default="auto", show_default=True)
+@click.option(
+    "--backend", type=click.Choice(["auto", "tensorrt", "onnxruntime", "openvino"]), default="auto", show_default=True
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
 def run_command(artifact: Path, inputs_path: Path, output_path: Path | None, backend: str, as_json: bool) -> None:

@@ -14,13 +14,11 @@ from tensorsmith.compiler.report.collect import write_report
 from tensorsmith.compiler.targets import Builder, get_target
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.core.errors import BuildError
+from tensorsmith.core.precisions import by_preference
 from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.runtime.manifest import Manifest, TargetRecord, VariantRecord, read_manifest
 
 logger = logging.getLogger(__name__)
-
-# For an artifact written before compile recorded its request: the most quantized variant the target runs.
-PREFERENCE = ("fp8", "int8", "fp16", "fp32")
 
 
 def variant_for(manifest: Manifest, plan: PrecisionPlan | None, target: str) -> VariantRecord:
@@ -39,9 +37,9 @@ def variant_for(manifest: Manifest, plan: PrecisionPlan | None, target: str) -> 
             f"(variants: {names})",
             hint=f"recompile with --target {target}",
         )
-    for name in PREFERENCE:
-        if name in names and name in row.precisions:
-            return manifest.variant(name)
+    for record in by_preference():  # an artifact written before compile recorded its request: the most quantized
+        if record.name in names and row.runs_precision(record):
+            return manifest.variant(record.name)
     raise BuildError(
         f"the artifact has no variant that {target} can run (variants: {names})",
         hint=f"recompile with --target {target}",

@@ -8,17 +8,17 @@ from typing import Literal
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tensorsmith.calibration.layers import WEIGHT_ONLY, Override
+from tensorsmith.calibration.layers import Override
 from tensorsmith.compiler.settings import BuildConfig, GenerationConfig
 from tensorsmith.compiler.targets import TARGETS, Request, check_precision
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.metrics import Budget
+from tensorsmith.core.precisions import AUTO, FP32, INT4, Calibration, Family, precision, requestable
 
-DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
+DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]  # dtypes, not precisions
 SourceKind = Literal["factory", "exported_program", "onnx", "huggingface"]
 
 DEFAULT_OPSET = 20
-INT4_MIN_OPSET = 21  # blockwise DequantizeLinear and the INT4 type
 # Sizes used for a dynamic dim when exporting and verifying, unless `[dims.NAME] opt` says otherwise. Distinct
 # sizes, none of them 0 or 1, so the exporters neither specialise a dim nor confuse two of them.
 DEFAULT_DYNAMIC_SIZES = (2, 3, 5, 7, 11, 13)
@@ -99,10 +99,10 @@ class CompileConfig(_Strict):
     )
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
     precision: Request = Field(
-        "fp32",
-        description="fp16: GPU targets get an fp16 variant (LayerNorm kept fp32); int8/fp8: calibrate and "
-        "quantize every layer the policy allows; auto: per target (int8, or fp8 from sm_89), each layer chosen so "
-        "that `budget` holds on held-out data",
+        FP32.name,
+        description="a precision of the table (core/precisions.py): fp16/bf16: GPU targets compute in it (LayerNorm "
+        "kept fp32); int8/fp8: calibrate and quantize every layer the policy allows; int4/nvfp4: weight-only; auto: "
+        "per target (int8, or fp8 from sm_89), each layer chosen so that `budget` holds on held-out data",
     )
     budget: str = Field("cosine>=0.995", description="for precision auto: METRIC>=VALUE or METRIC<=VALUE")
     overrides: list[Override] = Field(
@@ -161,6 +161,8 @@ class CompileConfig(_Strict):
 
     @model_validator(mode="after")
     def _precision_runs_on_targets(self) -> CompileConfig:
+        if self.precision not in requestable():
+            raise ValueError(f"unknown precision '{self.precision}'; precision is one of {', '.join(requestable())}")
         try:
             check_precision(self.precision, self.targets)
         except ConfigError as err:
@@ -170,18 +172,22 @@ class CompileConfig(_Strict):
         if self.calibration_stats is not None and self.evaluation is None:
             raise ValueError("--calibration-stats needs --eval-data: no calibration samples to hold out for "
                              "measuring the variants")  # fmt: skip
-        if self.precision in ("int8", "fp8", "auto") and self.calibration is None and self.calibration_stats is None:
+        record = None if self.precision == AUTO else precision(self.precision)
+        calibrated = record is None or record.calibration is Calibration.ACTIVATIONS
+        if calibrated and self.calibration is None and self.calibration_stats is None:
             raise ValueError(f"precision {self.precision} needs calibration data: --calibration PATH")
-        if self.precision == "int4" and self.int4_algorithm == "awq" and self.calibration is None:
-            raise ValueError("precision int4 with awq needs calibration data: --calibration PATH (or --int4-algorithm "
-                             "rtn); random inputs are never used in its place")  # fmt: skip
+        if record is INT4 and self.int4_algorithm == "awq" and self.calibration is None:
+            raise ValueError(f"precision {self.precision} with awq needs calibration data: --calibration PATH (or "
+                             "--int4-algorithm rtn); random inputs are never used in its place")  # fmt: skip
+        weight_only = record is None or record.family is Family.WEIGHT_ONLY
         for override in self.overrides:
-            if override.precision in WEIGHT_ONLY and self.precision not in ("int4", "auto"):
-                raise ValueError(f"[[overrides]] match '{override.match}': {override.precision} pins weight layers "
-                                 f"under --precision int4 or a decoder's auto, not {self.precision}")  # fmt: skip
-        if self.precision == "int4" and self.opset < INT4_MIN_OPSET and "opset" in self.model_fields_set:
-            raise ValueError(f"precision int4 needs opset {INT4_MIN_OPSET} (blockwise DequantizeLinear), not "
-                             f"{self.opset}")  # fmt: skip
+            if precision(override.precision).family is Family.WEIGHT_ONLY and not weight_only:
+                raise ValueError(
+                    f"[[overrides]] match '{override.match}': {override.precision} pins weight layers "
+                    f"under a weight-only precision or a decoder's auto, not {self.precision}"
+                )
+        if record is not None and self.opset < record.min_opset and "opset" in self.model_fields_set:
+            raise ValueError(f"precision {record.name} needs opset {record.min_opset} or newer, not {self.opset}")
         return self
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ from tensorsmith.compiler.variants.stage import Variants, build_variants
 from tensorsmith.compiler.variants.text_data import check_text_data
 from tensorsmith.compiler.version import __version__
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.precisions import AUTO, precision
 from tensorsmith.core.progress import LogReporter, Reporter, TimedReporter
 from tensorsmith.core.sessions import quiet_onnxruntime
 from tensorsmith.runtime.manifest import FileRecord, Manifest, PassRecord, StepRecord, TargetRecord
@@ -55,7 +56,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     # before the export: a wrong array name, a missing tokenizer or a budget the model cannot measure fails at once
     if source.is_decoder:
         check_text_data(config)
-    elif config.precision not in ("fp32", "fp16") and config.inputs:
+    elif (config.precision == AUTO or not precision(config.precision).is_float) and config.inputs:
         check_data(config)
     budget = config.accuracy_budget()
     if budget is not None and budget.is_language and not source.is_decoder:

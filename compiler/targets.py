@@ -1,6 +1,8 @@
 """The target table (DESIGN.md "Targets and builders"): one row per architecture, and the only place that says
-what a target runs, which variant recipe it gets for each `--precision`, who builds its engine, and how large
-its default batch is. `compile`, `tensorsmith build` and `export-triton` all ask it.
+what a target is, which variant recipe it gets for each `--precision`, who builds its engine, and how large its
+default batch is. What a target runs comes from the precision table (core/precisions.py): a row names its
+compute capability (or none: the cpu) and its backend. `compile`, `tensorsmith build` and `export-triton` all
+ask it.
 
 Adding a target is one row here (and its tests).
 """
@@ -11,48 +13,82 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.precisions import (
+    AUTO,
+    BF16,
+    CPU_BACKENDS,
+    FP8,
+    FP16,
+    FP32,
+    INT4,
+    INT8,
+    PRECISIONS,
+    Backend,
+    Family,
+    Precision,
+    precision,
+)
 
 Builder = Literal["tensorrt-rtx", "tensorrt"]
-Request = Literal["fp32", "fp16", "int8", "fp8", "int4", "auto"]  # what `--precision` asks for
-Quantized = Literal["int8", "fp8"]  # activations and weights, calibrated
-WeightOnly = Literal["int4"]  # weights only (blockwise DequantizeLinear)
-Floats = Literal["fp32", "fp16"]
-
-# INT4 weight-only: TensorRT for RTX builds it for sm_86, sm_89 and sm_120, not sm_75 (checked: a 256×128 block-128
-# INT4 MatMul), data-centre TensorRT from Ampere on; ONNX Runtime's CPU provider fuses it into MatMulNBits.
-AMPERE = ("fp32", "fp16", "bf16", "int8", "int4")
+Request = str  # what `--precision` asks for: a requestable name of the precision table, or auto
 
 
 @dataclass(frozen=True)
 class Recipe:
     """How one variant is made: layers quantized to `quantized` (None: none), everything else computed in
-    `floats`. Targets whose recipes are equal share one variant file (and an engine input)."""
+    `floats`, run by `backend`. Targets whose recipes are equal share one variant file (and an engine input)."""
 
-    quantized: Quantized | WeightOnly | None
-    floats: Floats
+    quantized: Precision | None
+    floats: Precision
+    backend: Backend = Backend.TENSORRT
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the cpu target's backends run it (ONNX Runtime or OpenVINO), not a TensorRT engine."""
+        return self.backend in CPU_BACKENDS
 
     @property
     def variant(self) -> str:
-        """The variant's name: fp32/fp16 for float variants; int8/fp8 for GPU ones (fp16 regions); cpu-int8 for
-        the cpu's (fp32 regions)."""
+        """The variant's name: the float precision for float variants; the quantized one for a GPU's (fp16
+        regions), `cpu-` before it for the cpu's (fp32 regions), `-bf16` after it for bf16 regions."""
         if self.quantized is None:
-            return self.floats
-        return self.quantized if self.floats == "fp16" else f"cpu-{self.quantized}"
+            return self.floats.name
+        if self.on_cpu:
+            return f"cpu-{self.quantized.name}"
+        return self.quantized.name if self.floats is FP16 else f"{self.quantized.name}-{self.floats.name}"
 
 
 @dataclass(frozen=True)
 class Target:
     name: str
     gpus: str
-    precisions: tuple[str, ...]
+    capability: int | None  # compute capability × 10; None: the cpu target
     rtx_capability: str | None = None  # TensorRT for RTX's ComputeCapability member; None: it cannot build for it
     datacenter: bool = False  # data-centre TensorRT builds for it, on a GPU of this architecture
     max_batch: int = 64  # the profile's max for a dim named `batch` that the config gives no max
-    float_regions: Floats = "fp16"  # what a quantized variant computes its unquantized layers in
+
+    @property
+    def backend(self) -> Backend:
+        """What runs its variant by default: TensorRT on a GPU, ONNX Runtime on the cpu (the compile may measure
+        OpenVINO faster and record that instead)."""
+        return Backend.TENSORRT if self.capability is not None else Backend.ONNXRUNTIME
+
+    @property
+    def float_regions(self) -> Precision:
+        """What a quantized variant computes its unquantized layers in."""
+        return FP16 if self.capability is not None else FP32
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The names of the precisions it runs, in the table's order."""
+        return tuple(name for name, record in PRECISIONS.items() if record.runs_on(self.capability))
+
+    def runs_precision(self, record: Precision) -> bool:
+        return record.runs_on(self.capability)
 
     @property
     def builders(self) -> tuple[Builder, ...]:
-        """Who can build its engine, in order of preference; empty: it runs the variant on ONNX Runtime."""
+        """Who can build its engine, in order of preference; empty: it runs the variant on a cpu backend."""
         rtx: tuple[Builder, ...] = ("tensorrt-rtx",) if self.rtx_capability else ()
         return (*rtx, "tensorrt") if self.datacenter else rtx
 
@@ -63,45 +99,63 @@ class Target:
 
     def fallback(self, request: Request, weight_only: bool = False) -> str | None:
         """Why this target gets another variant than `request` asks for, where it does (the manifest says it)."""
-        if (request == "int4" or (request == "auto" and weight_only)) and "int4" not in self.precisions:
-            return f"{self.name} ({self.gpus}) has no INT4 weight-only kernels: {self.recipe('int4').variant} instead"
+        wanted = self._weight_only_request(request, weight_only)
+        if wanted is not None and not self.runs_precision(wanted):
+            kind = "INT4 weight-only kernels" if wanted is INT4 else f"{wanted.name} kernels"
+            return f"{self.name} ({self.gpus}) has no {kind}: {self.recipe(request, weight_only).variant} instead"
+        if request == BF16.name and self.capability is not None and not self.runs_precision(BF16):
+            return f"{self.name} ({self.gpus}) has no bf16 kernels: {self.recipe(request).variant} instead"
         return None
 
-    def runs(self, precision: str) -> bool:
+    def runs(self, request: Request) -> bool:
         """Whether a `--precision` request can be served (fp32 on a target without fp32 GEMM gets fp16)."""
-        return (
-            precision == "auto" or precision in self.precisions or (precision == "fp32" and "fp16" in self.precisions)
-        )
+        if request == AUTO:
+            return True
+        return self.runs_precision(precision(request)) or (request == FP32.name and self.runs_precision(FP16))
+
+    @staticmethod
+    def _weight_only_request(request: Request, weight_only: bool) -> Precision | None:
+        """The weight-only precision a request asks for: itself, or INT4 for a decoder's auto."""
+        if request == AUTO:
+            return INT4 if weight_only else None
+        record = precision(request)
+        return record if record.family is Family.WEIGHT_ONLY else None
 
     def recipe(self, request: Request, weight_only: bool = False) -> Recipe:
         """The variant this target runs for `--precision request`. `weight_only`: a decoder's `auto`, which chooses
         each weight layer's precision (int4, int8 weight-only, float): an INT4-recipe variant, like `int4`."""
-        if request == "int8" or request == "fp8":
-            return Recipe(request, self.float_regions)
-        if request == "int4" or (request == "auto" and weight_only):
-            if "int4" in self.precisions:
-                return Recipe("int4", self.float_regions)
-            return self.recipe("fp16")  # the best it runs (sm_75): `fallback` says why
-        if request == "auto":
-            return Recipe("fp8" if "fp8" in self.precisions else "int8", self.float_regions)
-        half = "fp16" in self.precisions and (request == "fp16" or "fp32" not in self.precisions)
-        return Recipe(None, "fp16" if half else "fp32")
+        wanted = self._weight_only_request(request, weight_only)
+        if wanted is not None:
+            if self.runs_precision(wanted):
+                return Recipe(wanted, self.float_regions, self.backend)
+            return self.recipe(FP16.name)  # the best it runs (sm_75, or nvfp4 before Blackwell): `fallback` says why
+        if request == AUTO:
+            return Recipe(FP8 if self.runs_precision(FP8) else INT8, self.float_regions, self.backend)
+        record = precision(request)
+        if record.family is Family.CALIBRATED:
+            return Recipe(record, self.float_regions, self.backend)
+        if self.capability is None:
+            return Recipe(None, FP32, self.backend)  # the cpu computes in fp32 whatever float the GPUs take
+        if record is BF16 and self.runs_precision(BF16):
+            return Recipe(None, BF16, self.backend)
+        half = self.runs_precision(FP16) and (record is not FP32 or not self.runs_precision(FP32))
+        return Recipe(None, FP16 if half else FP32, self.backend)
 
 
 TARGETS = {
     target.name: target
     for target in (
-        Target("cpu", "x86-64 / arm64", ("fp32", "int8", "int4"), float_regions="fp32"),
+        Target("cpu", "x86-64 / arm64", None),
         # TensorRT-RTX has no fp32 GEMM on Turing.
-        Target("sm_75", "Turing", ("fp16", "int8"), rtx_capability="SM75", datacenter=True, max_batch=32),
-        Target("sm_80", "Ampere (A100)", AMPERE, rtx_capability="SM80", datacenter=True, max_batch=128),
-        Target("sm_86", "Ampere (RTX 30, A10)", AMPERE, rtx_capability="SM86", datacenter=True),
-        Target("sm_87", "Ampere (Orin)", AMPERE, datacenter=True),
-        Target("sm_89", "Ada", (*AMPERE, "fp8"), rtx_capability="SM89", datacenter=True),
-        Target("sm_90", "Hopper (H100, H200)", (*AMPERE, "fp8"), datacenter=True, max_batch=256),
-        Target("sm_100", "Blackwell (B200)", (*AMPERE, "fp8"), datacenter=True, max_batch=256),
-        Target("sm_120", "Blackwell (RTX 50)", (*AMPERE, "fp8"), rtx_capability="SM120", datacenter=True),
-        Target("sm_121", "Blackwell (DGX Spark)", (*AMPERE, "fp8"), rtx_capability="SM121", datacenter=True),
+        Target("sm_75", "Turing", 75, rtx_capability="SM75", datacenter=True, max_batch=32),
+        Target("sm_80", "Ampere (A100)", 80, rtx_capability="SM80", datacenter=True, max_batch=128),
+        Target("sm_86", "Ampere (RTX 30, A10)", 86, rtx_capability="SM86", datacenter=True),
+        Target("sm_87", "Ampere (Orin)", 87, datacenter=True),
+        Target("sm_89", "Ada", 89, rtx_capability="SM89", datacenter=True),
+        Target("sm_90", "Hopper (H100, H200)", 90, datacenter=True, max_batch=256),
+        Target("sm_100", "Blackwell (B200)", 100, datacenter=True, max_batch=256),
+        Target("sm_120", "Blackwell (RTX 50)", 120, rtx_capability="SM120", datacenter=True),
+        Target("sm_121", "Blackwell (DGX Spark)", 121, rtx_capability="SM121", datacenter=True),
     )
 }
 RTX_TARGETS = tuple(name for name, target in TARGETS.items() if target.rtx_capability)
@@ -114,16 +168,19 @@ def get_target(name: str) -> Target:
         raise ConfigError(f"unknown target '{name}'", hint=f"targets are {', '.join(TARGETS)}") from None
 
 
-def check_precision(precision: str, target_names: list[str]) -> None:
-    """Refuse, before any work starts, a precision that one of the targets cannot run. fp16 is a request for the
-    GPU targets: the cpu target keeps fp32 beside them (refused only when no target runs fp16)."""
-    if precision in ("fp16", "int4") and any(get_target(name).runs(precision) for name in target_names):
-        return  # the others get the best they run (`Target.recipe`)
+def check_precision(request: Request, target_names: list[str]) -> None:
+    """Refuse, before any work starts, a precision that one of the targets cannot run. A float or weight-only
+    request is one for the targets that run it: the others get the best they run (`Target.recipe`), and it is
+    refused only when no target runs it."""
+    if request != AUTO:
+        record = precision(request)
+        if record.family is not Family.CALIBRATED and any(get_target(name).runs(request) for name in target_names):
+            return
     for name in target_names:
         target = get_target(name)
-        if not target.runs(precision):
-            newer = [t.name for t in TARGETS.values() if precision in t.precisions]
+        if not target.runs(request):
+            newer = [t.name for t in TARGETS.values() if request in t.precisions]
             raise ConfigError(
-                f"target {name} ({target.gpus}) cannot run {precision}; it runs {', '.join(target.precisions)}",
-                hint=f"{precision} needs one of {', '.join(newer)}" if newer else "choose another precision",
+                f"target {name} ({target.gpus}) cannot run {request}; it runs {', '.join(target.precisions)}",
+                hint=f"{request} needs one of {', '.join(newer)}" if newer else "choose another precision",
             )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from tensorsmith.core.precisions import INT8
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.quantize import quantize_weights
 
@@ -44,7 +45,7 @@ class QuantizeEmbeddings:
             values = table.values
             if values.dtype not in (np.float32, np.float16) or values.shape[0] < self.min_rows:
                 continue
-            codes, scales = quantize_weights(values, axis=0, precision="int8")
+            codes, scales = quantize_weights(values, axis=0, precision=INT8.name)
             prefix = f"{table.name}/int8"
             if self.gather_first:
                 readers = list(table.outputs)

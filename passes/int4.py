@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from tensorsmith.core.precisions import INT4, INT8
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.matching import constant_value
 
@@ -26,7 +27,7 @@ INT4_MIN, INT4_MAX = -8, 7
 # one), as ONNX Runtime's MLAS quantizer does; amax/7 leaves -8 unused: on tinylm, round-to-nearest's perplexity
 # ratio went from 1.105 to 1.057 with this alone (measured, docs/benchmarks.md).
 AMAX_LEVEL = 7.5
-INT4_MIN_OPSET = 21
+INT4_MIN_OPSET = INT4.min_opset
 NORMALIZATIONS = ("RMSNormalization", "LayerNormalization", "SimplifiedLayerNormalization")
 
 
@@ -140,7 +141,7 @@ def int8_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """int8 weight-only, a scale per output column of `weight` [K, N]: (codes [K, N], scales [N])."""
     from tensorsmith.passes.quantize import quantize_weights
 
-    return quantize_weights(weight.astype(np.float32), 1, "int8")
+    return quantize_weights(weight.astype(np.float32), 1, INT8.name)
 
 
 @dataclass

@@ -16,21 +16,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.core.formats import FP8_E4M3_MAX, INT8_MAX, per_channel_amax
+from tensorsmith.core.precisions import FP8, INT8
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.matching import constant_value
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["int8", "fp8"]
+Precision = str  # the name of a calibrated precision of the table: int8 or fp8
 QUANTIZABLE_OPS = ("MatMul", "Gemm", "Conv")
-FP8_MIN_OPSET = 19
+FP8_MIN_OPSET = FP8.min_opset
 FLOAT_TYPES = (np.float32, np.float16)
 
 
@@ -65,19 +65,19 @@ def _fp8_dtype() -> np.dtype:
 
 def quantize_weights(weights: np.ndarray, axis: int, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
     """(quantized weights, per-channel scales): int8 in [-127, 127], or float8e4m3fn saturating at ±448."""
-    limit = INT8_MAX if precision == "int8" else FP8_E4M3_MAX
+    limit = INT8_MAX if precision == INT8.name else FP8_E4M3_MAX
     amax = per_channel_amax(weights.astype(np.float32), axis)
     scales = np.where(amax > 0, amax / limit, 1.0).astype(np.float32)  # an all-zero channel: any positive scale
     shape = [1] * weights.ndim
     shape[axis % weights.ndim] = -1
     scaled = weights.astype(np.float32) / scales.reshape(shape)
-    if precision == "int8":
+    if precision == INT8.name:
         return np.clip(np.rint(scaled), -limit, limit).astype(np.int8), scales
     return np.clip(scaled, -limit, limit).astype(_fp8_dtype()), scales
 
 
 def _zero(precision: Precision, shape: tuple[int, ...] = ()) -> np.ndarray:
-    return np.zeros(shape, dtype=np.int8 if precision == "int8" else _fp8_dtype())
+    return np.zeros(shape, dtype=np.int8 if precision == INT8.name else _fp8_dtype())
 
 
 def quantize_activation(
@@ -116,7 +116,7 @@ class InsertQDQ:
     name: str = "insert_qdq"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
-        if self.precision == "fp8" and graph.opset < FP8_MIN_OPSET:
+        if self.precision == FP8.name and graph.opset < FP8_MIN_OPSET:
             raise PassError(
                 f"fp8 Q/DQ needs opset {FP8_MIN_OPSET}, the graph has {graph.opset}",
                 hint=f"compile with --opset {FP8_MIN_OPSET} or newer",

@@ -13,13 +13,13 @@ import numpy as np
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.device import Device, detect_device
 from tensorsmith.runtime.errors import RuntimeLoadError
-from tensorsmith.runtime.manifest import EngineRecord, Manifest, read_manifest, verified_file
+from tensorsmith.runtime.manifest import EngineRecord, Manifest, VariantRecord, read_manifest, verified_file
 from tensorsmith.runtime.selection import select_engine
 from tensorsmith.runtime.specs import TensorSpec
 
 logger = logging.getLogger(__name__)
 
-BackendChoice = Literal["auto", "tensorrt", "onnxruntime"]
+BackendChoice = Literal["auto", "tensorrt", "onnxruntime", "openvino"]
 CPU_TARGET = "cpu"
 
 
@@ -120,15 +120,50 @@ class Model:
         return f"Model({str(self.directory)!r}, backend={self.backend!r})"
 
 
-def _onnx_for_cpu(directory: Path, manifest: Manifest) -> tuple[Path, list[str], dict[str, str]]:
-    """The variant the manifest assigns to the `cpu` target, else the fp32 reference graph; with the ONNX
-    Runtime optimizers its compile measured slower on the CPU and the session settings it chose."""
+def _cpu_variant(directory: Path, manifest: Manifest) -> tuple[Path, VariantRecord | None]:
+    """The variant the manifest assigns to the `cpu` target (its record: the backend and ONNX Runtime settings
+    the compile measured), else the fp32 reference graph."""
     for target in manifest.targets:
         if target.name == CPU_TARGET:
             variant = manifest.variant(target.variant)
-            path = verified_file(directory, variant.path, variant.sha256)
-            return path, variant.onnxruntime_disabled_optimizers, variant.onnxruntime_session_config
-    return verified_file(directory, manifest.model.path, manifest.model.sha256), [], {}
+            return verified_file(directory, variant.path, variant.sha256), variant
+    return verified_file(directory, manifest.model.path, manifest.model.sha256), None
+
+
+def _cpu_backend(
+    directory: Path,
+    manifest: Manifest,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    device: Device,
+    choice: BackendChoice,
+) -> tuple[Backend, str | None]:
+    """The cpu variant on the backend its record names (OpenVINO where the compile measured it faster and it is
+    installed) or `choice` asks for, else ONNX Runtime (CUDA first on a GPU); with why it is not the recorded
+    one, if it is not."""
+    from tensorsmith.runtime.onnxruntime_backend import OnnxRuntimeBackend
+
+    path, variant = _cpu_variant(directory, manifest)
+    providers = _onnxruntime_providers(device)
+    cpu = providers == ["CPUExecutionProvider"]
+    reason = None
+    recorded = variant is not None and variant.backend == "openvino" and cpu and choice != "onnxruntime"
+    if recorded or choice == "openvino":
+        from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
+
+        reason = openvino_unavailable()
+        if reason is None:
+            return OpenVinoBackend(path, inputs, outputs, limits=manifest.dims), None
+        if choice == "openvino":
+            raise RuntimeLoadError(f"cannot load {directory} on OpenVINO: {reason}", hint="use backend='auto'")
+        assert variant is not None
+        reason = f"the compile chose OpenVINO for {variant.name}, but {reason}: ONNX Runtime instead"
+        logger.info("%s", reason)
+    disabled = variant.onnxruntime_disabled_optimizers if variant is not None and cpu else []
+    config = variant.onnxruntime_session_config if variant is not None and cpu else {}
+    chosen = OnnxRuntimeBackend(path, inputs, outputs, providers, limits=manifest.dims,
+                                disabled_optimizers=disabled, session_config=config)  # fmt: skip
+    return chosen, reason
 
 
 def _onnxruntime_providers(device: Device) -> list[str] | None:
@@ -167,13 +202,6 @@ def load(path: str | Path, backend: BackendChoice = "auto", device: Device | Non
             raise RuntimeLoadError(f"cannot load {directory} on TensorRT: {fallback_reason}", hint="use backend='auto'")
         logger.info("falling back to ONNX Runtime: %s", fallback_reason)
 
-    from tensorsmith.runtime.onnxruntime_backend import OnnxRuntimeBackend
-
-    onnx_path, disabled_optimizers, session_config = _onnx_for_cpu(directory, manifest)
-    providers = _onnxruntime_providers(device)
-    cpu = providers == ["CPUExecutionProvider"]
-    chosen = OnnxRuntimeBackend(
-        onnx_path, inputs, outputs, providers, limits=manifest.dims,
-        disabled_optimizers=disabled_optimizers if cpu else (), session_config=session_config if cpu else {},
-    )  # fmt: skip
-    return Model(directory, manifest, chosen, fallback_reason)
+    chosen, cpu_reason = _cpu_backend(directory, manifest, inputs, outputs, device, backend)
+    reasons = [reason for reason in (fallback_reason, cpu_reason) if reason]
+    return Model(directory, manifest, chosen, "; ".join(reasons) or None)

@@ -66,6 +66,12 @@ class VariantRecord(FileRecord):
     precisions: list[str]
     accuracy: dict[str, float] = Field(default_factory=dict)
     evaluated_on: str = Field("", description="the data `accuracy` was measured on")
+    backend: Literal["onnxruntime", "openvino"] = Field(
+        "onnxruntime", description="what runs it on the cpu target: the backend the compile measured faster"
+    )
+    backend_latency_ms: dict[str, float] = Field(
+        default_factory=dict, description="the cpu backends' median latency on the compile's timing batch"
+    )
     onnxruntime_disabled_optimizers: list[str] = Field(
         default_factory=list, description="ONNX Runtime optimizers the compile measured slower here (CPU only)"
     )

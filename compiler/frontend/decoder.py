@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.targets import get_target
+from tensorsmith.core.precisions import FP16
 from tensorsmith.runtime.manifest import GenerationRecord
 
 if TYPE_CHECKING:
@@ -79,8 +80,8 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
                                  "outputs": config.outputs or ["logits", *present_names(layers)]}  # fmt: skip
     if "opset" not in config.model_fields_set:
         update["opset"] = DECODER_OPSET  # RMSNormalization: ONNX Runtime and TensorRT for RTX take it (measured)
-    if "precision" not in config.model_fields_set and any(get_target(t).runs("fp16") for t in config.targets):
-        update["precision"] = "fp16"  # a decoder's GPU targets default to fp16 (the cpu target keeps fp32)
+    if "precision" not in config.model_fields_set and any(get_target(t).runs(FP16.name) for t in config.targets):
+        update["precision"] = FP16.name  # a decoder's GPU targets default to fp16 (the cpu target keeps fp32)
     return config.model_copy(update=update)
 
 

@@ -19,6 +19,7 @@ from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ExportError, VerificationError
 from tensorsmith.core.ir import ai_onnx_opset, io_records, save_onnx
 from tensorsmith.core.module_paths import attach_module_paths, module_paths
+from tensorsmith.core.precisions import FP32
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import Canonicalize, GraphPass, PassReport, default_passes, run_passes
@@ -44,7 +45,7 @@ def graph_passes(config: CompileConfig) -> list[GraphPass]:
     if not config.fuse:
         return []
     gpu = [name for name in config.targets if get_target(name).builders]
-    if config.precision == "fp32" and gpu:  # TensorRT for RTX 1.7 has no fp32 Attention kernel (measured)
+    if config.precision == FP32.name and gpu:  # TensorRT for RTX 1.7 has no fp32 Attention kernel (measured)
         return default_passes(f"fp32 on {', '.join(gpu)}: TensorRT for RTX builds Attention in fp16 or lower only")
     return default_passes()
 

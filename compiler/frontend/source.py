@@ -9,11 +9,12 @@ from typing import get_args
 
 import onnx
 
-from tensorsmith.compiler.config import INT4_MIN_OPSET, CompileConfig, DType, InputDecl
+from tensorsmith.compiler.config import CompileConfig, DType, InputDecl
 from tensorsmith.compiler.frontend.dims import declare_dims
 from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, declare_model_inputs, read_model_directory
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import io_records, load_onnx, value_dims, value_record
+from tensorsmith.core.precisions import AUTO, precision
 from tensorsmith.runtime.manifest import TensorRecord
 
 
@@ -35,8 +36,9 @@ def open_source(config: CompileConfig) -> Source:
     are exported later, by the export stage."""
     directory = read_model_directory(config.resolve(config.source)) if config.source_kind == "huggingface" else None
     decoder = directory is not None and directory.is_decoder  # exported at opset 23 unless the config says
-    if config.precision == "int4" and config.opset < INT4_MIN_OPSET and not decoder:  # (a lower one is refused)
-        config = config.model_copy(update={"opset": INT4_MIN_OPSET})
+    floor = 0 if config.precision == AUTO else precision(config.precision).min_opset  # the request's graph form
+    if config.opset < floor and not decoder:  # (a lower one given explicitly is refused by the config)
+        config = config.model_copy(update={"opset": floor})
     if config.generation.model_fields_set and not (directory and directory.is_decoder):
         what = f"a {directory.architecture}" if directory else f"a {config.source_kind} source"
         raise ConfigError(f"[generation] is for decoders (a *ForCausalLM checkpoint directory); {config.source} is "

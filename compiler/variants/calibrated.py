@@ -22,6 +22,7 @@ from tensorsmith.calibration import CalibrationData, CalibrationTable, Observer,
 from tensorsmith.calibration.statistics import HISTOGRAMS_NAME, Statistics, save_histograms, smoothed_statistics
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.variants.rewrite import rewritten
+from tensorsmith.core.precisions import INT8
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.quantize import Precision
@@ -35,7 +36,7 @@ class Calibrated:
     smoothing: PassReport | None
 
     def scales(self, precision: Precision) -> dict[str, float]:
-        return self.table.int8_scales() if precision == "int8" else self.table.fp8_scales()
+        return self.table.int8_scales() if precision == INT8.name else self.table.fp8_scales()
 
 
 def channel_tensors(model: onnx.ModelProto) -> list[str]:
@@ -65,7 +66,7 @@ def calibrate_variants(
 ) -> Calibrated:
     """Thresholds for the quantized `precisions` the plan has, from `statistics` of the fused graph."""
     model, smoothing = fused, None
-    if config.smoothing and "int8" in precisions:
+    if config.smoothing and INT8.name in precisions:
         reporter.stage("smoothing activation outliers into the weights (int8)")
         model, smoothing = _smooth(fused, statistics.channel_amax, config.smoothing_alpha)
     table = write_table(_statistics_of(model, statistics), config, directory)

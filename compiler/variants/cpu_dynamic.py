@@ -26,9 +26,11 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from tensorsmith.compiler.variants.rewrite import rewrite, variant_path
+from tensorsmith.core.budget_search import largest_prefix
 from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.metrics import Budget, accuracy
 from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
+from tensorsmith.core.precisions import FP32, INT8
 from tensorsmith.core.sessions import quiet_onnxruntime, run_onnx
 from tensorsmith.passes import GraphPass, PassReport, run_passes
 from tensorsmith.passes.outlier_neurons import SplitOutlierNeurons
@@ -117,18 +119,13 @@ def build_dynamic_variant(
             return value
 
     path.parent.mkdir(exist_ok=True)
-    low, high = 0, len(order)
-    value = achieved(high)  # the common case: every weight MatMul fits
+    value = achieved(len(order))  # the common case: every weight MatMul fits
     if budget.met(value):
-        best = (high, value)
-    else:
-        while low < high:
-            middle = (low + high + 1) // 2
-            value = achieved(middle)
-            if budget.met(value):
-                low, best = middle, (middle, value)
-            else:
-                high = middle - 1
+        best = (len(order), value)
+    else:  # the full set missed: the largest shorter prefix
+        prefix = largest_prefix(len(order) - 1, achieved, budget.met, value)
+        if prefix.length:
+            best = (prefix.length, prefix.value)
     if best is None or best[0] == 0:
         path.unlink(missing_ok=True)
         return None
@@ -139,7 +136,7 @@ def build_dynamic_variant(
         name=DYNAMIC_NAME,
         path=str(path.relative_to(directory)),
         sha256=sha256_of(path),
-        precisions=["int8", "fp32"],
+        precisions=[INT8.name, FP32.name],
         accuracy=measured,
     )
     return DynamicVariant(record, order[:count], value, evaluations)

@@ -20,16 +20,19 @@ from tensorsmith.calibration.awq import collect_statistics, search_clip, search_
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.quantized import Evaluation, with_text_metrics
-from tensorsmith.compiler.variants.rewrite import rewrite, variant_path
+from tensorsmith.compiler.variants.records import variant_record
+from tensorsmith.compiler.variants.rewrite import rewrite, rewritten, variant_path
+from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.metrics import accuracy
 from tensorsmith.core.module_paths import module_paths_recorded
+from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT, NVFP4
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import GraphPass, PassReport
 from tensorsmith.passes.int4 import Int4Weight, WeightOnlyInt4, WeightOnlyInt8
 from tensorsmith.passes.matching import constant_value
 from tensorsmith.passes.quantize import InsertQDQ
-from tensorsmith.runtime.manifest import VariantRecord, sha256_of
+from tensorsmith.runtime.manifest import VariantRecord
 
 logger = logging.getLogger(__name__)
 
@@ -121,36 +124,41 @@ def build_int4_variant(
     variant's outputs on the evaluation feeds."""
     from tensorsmith.passes.embeddings import QuantizeEmbeddings
     from tensorsmith.passes.fp16 import ConvertToFp16
+    from tensorsmith.passes.nvfp4 import SimulatedNvfp4, WeightOnlyNvfp4
 
     name = recipe.variant
     path = variant_path(directory, name)
-    levels = assignment if assignment is not None else dict.fromkeys(plan.weights, "int4")
+    levels = assignment if assignment is not None else dict.fromkeys(plan.weights, INT4.name)
     # vocabulary tables: int8 rows gathered first on ONNX Runtime (it cannot Gather INT4); INT4 for TensorRT, where
     # an output projection tied to the table reads the same INT4 table when it is in INT4 itself
-    cpu = recipe.floats == "fp32"
-    tied = set() if cpu else {node for node in tied_projection_names(model) if levels.get(node) == "int4"}
-    weights = {node: weight for node, weight in plan.weights.items() if levels.get(node) == "int4" and node not in tied}
-    int8 = frozenset(node for node, level in levels.items() if level == "int8-weight")
+    cpu = recipe.on_cpu
+    tied = set() if cpu else {node for node in tied_projection_names(model) if levels.get(node) == INT4.name}
+    weights = {node: weight for node, weight in plan.weights.items()
+               if levels.get(node) == INT4.name and node not in tied}  # fmt: skip
+    int8 = frozenset(node for node, level in levels.items() if level == INT8_WEIGHT.name)
+    nvfp4 = frozenset(node for node, level in levels.items() if level == NVFP4.name)
     passes: list[GraphPass] = [WeightOnlyInt4(weights, plan.block), WeightOnlyInt8(int8)]
-    for precision in ("int8", "fp8"):  # W8A8: the input activation quantized too, per tensor
-        nodes = [node for node, level in levels.items() if level == precision]
+    if nvfp4:
+        passes.append(WeightOnlyNvfp4(nvfp4))
+    for precision in (INT8, FP8):  # W8A8: the input activation quantized too, per tensor
+        nodes = [node for node, level in levels.items() if level == precision.name]
         if nodes:
-            assert scales is not None and precision in scales, f"{precision} layers need activation scales"
-            passes.append(InsertQDQ(precision, scales[precision], nodes=nodes, suffix=f"/{precision}"))
+            assert scales is not None and precision.name in scales, f"{precision.name} layers need activation scales"
+            passes.append(InsertQDQ(precision.name, scales[precision.name], nodes=nodes, suffix=f"/{precision.name}"))
     if tables:
         passes.append(QuantizeEmbeddings(gather_first=cpu, int4=not cpu, tie=bool(tied)))
-    if recipe.floats == "fp16":
+    if recipe.floats is FP16:
         passes.append(ConvertToFp16())
     reports = rewrite(model, passes, path)
-    outputs = run_onnx(path, evaluation.feeds)
-    record = VariantRecord(
-        name=name,
-        path=str(path.relative_to(directory)),
-        sha256=sha256_of(path),
-        precisions=[*sorted({"int4", *levels.values()} - {"fp16"}, reverse=True), recipe.floats],
-        accuracy=accuracy(evaluation.reference, outputs),
-        evaluated_on=evaluation.described,
-    )
+    if nvfp4:  # ONNX Runtime has no FLOAT4E2M1 DequantizeLinear: measured on the same weights held in fp32
+        simulated = [SimulatedNvfp4(nvfp4) if isinstance(p, WeightOnlyNvfp4) else p for p in passes]
+        outputs = run_onnx(rewritten(model, simulated)[0], evaluation.feeds)
+    else:
+        outputs = run_onnx(path, evaluation.feeds)
+    assert recipe.quantized is not None
+    stored = sorted({recipe.quantized.name, *levels.values()} - {FP16.name}, reverse=True)
+    record = variant_record(directory, path, name, [*stored, recipe.floats.name],
+                            accuracy(evaluation.reference, outputs), evaluation.described)  # fmt: skip
     logger.info("%s variant (%s, block %d): %s", name, plan.algorithm, plan.block, record.accuracy)
     return with_text_metrics(record, evaluation, outputs), reports, outputs
 
@@ -159,7 +167,7 @@ def tables_policy(recipe: Recipe, tables: bool) -> str:
     """What an INT4 variant does with its vocabulary tables (build_int4_variant), in precision.json's words."""
     if not tables:
         return "higher precision (the smallest variant within the budget keeps them)"
-    if recipe.floats == "fp32":
+    if recipe.on_cpu:
         return "int8 rows, gathered first (ONNX Runtime cannot Gather INT4)"
     return "INT4 rows, blocks of 32 (a tied output projection in INT4 reads the same table)"
 
@@ -173,24 +181,29 @@ def int4_recipe_plan(
 ) -> RecipePlan:
     """precision.json's entry: each weight MatMul's precision and why (AWQ's α and its error against RTN's, or the
     override that pins it)."""
+    assert recipe.quantized is not None
+    requested = recipe.quantized
     choices = []
     for name, (module, activation, elements) in plan.layers.items():
-        level = "int4" if name in plan.weights else "fp16"
+        level = requested.name if name in plan.weights else recipe.floats.name
         if pinned and name in pinned:
             level, reason = pinned[name]
         elif name not in plan.weights:
             reason = plan.skipped.get(name, "policy")
+        elif requested is NVFP4:
+            reason = "nvfp4: e2m1 in blocks of 16, fp8 block scales (Model Optimizer's form)"
         elif plan.algorithm == "awq":
             reason = f"awq: α={plan.alphas[activation]:g}, sample error {plan.error_vs_rtn[activation]:.3f}× RTN's"
         else:
             reason = "rtn: round to nearest"
+        floats = level in (FP16.name, FP32.name)
         choices.append(LayerChoice(name=name, module=module, op="MatMul", inputs=[activation], flops=elements,
-                                   precision=recipe.floats if level == "fp16" else level, reason=reason))  # fmt: skip
-    total = max(sum(choice.flops for choice in choices), 1)
-    fraction = sum(choice.flops for choice in choices if choice.precision not in ("fp16", "fp32")) / total
+                                   precision=recipe.floats.name if floats else level, reason=reason))  # fmt: skip
+    quantized = {choice.name for choice in choices if choice.precision != recipe.floats.name}
+    fraction = quantized_fraction({choice.name: choice.flops for choice in choices}, quantized)
     return RecipePlan(
-        precision="int4",
-        float_regions=recipe.floats,
+        precision=requested.name,
+        float_regions=recipe.floats.name,
         met=True,
         quantized_flops_fraction=round(fraction, 4),
         evaluations=evaluations,

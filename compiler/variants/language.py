@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.variants.text_data import (
@@ -39,11 +40,16 @@ def text_evaluation(config: CompileConfig, inputs: list[TensorRecord]) -> TextEv
 
 
 def with_language_metrics(
-    record: VariantRecord, reference: Path, directory: Path, evaluation: TextEvaluation
+    record: VariantRecord,
+    reference: Path,
+    directory: Path,
+    evaluation: TextEvaluation,
+    measured_on: onnx.ModelProto | None = None,
 ) -> VariantRecord:
-    """`record` with perplexity, perplexity-ratio and next-token-agreement on the evaluation text added."""
+    """`record` with perplexity, perplexity-ratio and next-token-agreement on the evaluation text added, measured
+    on its file or on `measured_on` (a graph with its values in fp32, where ONNX Runtime cannot run the file)."""
     expected = run_onnx(reference, evaluation.feeds)[0]
-    actual = run_onnx(directory / record.path, evaluation.feeds)[0]
+    actual = run_onnx(measured_on if measured_on is not None else directory / record.path, evaluation.feeds)[0]
     measured = language_model_metrics(evaluation.tokens, expected, actual)
     where = f"{record.evaluated_on}; language-model metrics on {evaluation.described}"
     return record.model_copy(update={"accuracy": {**record.accuracy, **measured}, "evaluated_on": where})

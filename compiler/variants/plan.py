@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.targets import Quantized, Recipe, get_target
+from tensorsmith.compiler.targets import Recipe, get_target
+from tensorsmith.core.precisions import Family, Precision
+
+
+def family_of(recipe: Recipe) -> Family:
+    """The builder family a recipe belongs to: its quantized precision's, or float."""
+    return Family.FLOAT if recipe.quantized is None else recipe.quantized.family
 
 
 @dataclass(frozen=True)
@@ -23,22 +29,21 @@ class VariantPlan:
             shared.setdefault(recipe, []).append(target)
         return shared
 
-    def quantized(self) -> dict[Quantized, dict[Recipe, list[str]]]:
+    def by_family(self) -> dict[Family, VariantPlan]:
+        """The plan split by builder family, each part with only its targets (the float part always: it
+        measures the fp32 reference)."""
+        parts: dict[Family, dict[str, Recipe]] = {Family.FLOAT: {}}
+        for target, recipe in self.by_target.items():
+            parts.setdefault(family_of(recipe), {})[target] = recipe
+        return {family: VariantPlan(self.request, recipes, self.notes) for family, recipes in parts.items()}
+
+    def by_precision(self) -> dict[Precision, dict[Recipe, list[str]]]:
         """The quantized recipes grouped by precision (one calibration and one search serve each precision)."""
-        grouped: dict[Quantized, dict[Recipe, list[str]]] = {}
+        grouped: dict[Precision, dict[Recipe, list[str]]] = {}
         for recipe, targets in self.recipes().items():
-            if recipe.quantized == "int8" or recipe.quantized == "fp8":
+            if recipe.quantized is not None:
                 grouped.setdefault(recipe.quantized, {})[recipe] = targets
         return grouped
-
-    def int4(self) -> dict[Recipe, list[str]]:
-        """The INT4 weight-only recipes (no calibration of activations; AWQ's statistics at most)."""
-        return {recipe: targets for recipe, targets in self.recipes().items() if recipe.quantized == "int4"}
-
-    def without_int4(self) -> VariantPlan:
-        """The targets whose recipes are float (those that cannot run INT4)."""
-        kept = {target: recipe for target, recipe in self.by_target.items() if recipe.quantized != "int4"}
-        return VariantPlan(self.request, kept, self.notes)
 
 
 def plan_variants(config: CompileConfig, decoder: bool = False) -> VariantPlan:

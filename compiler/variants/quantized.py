@@ -15,18 +15,18 @@ from tensorsmith.calibration.layers import Layer
 from tensorsmith.calibration.search import PrecisionSearch
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
+from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import variant_path, write_quantized
+from tensorsmith.core.budget_search import give_back_until_met, quantized_fraction
 from tensorsmith.core.language import language_model_metrics
 from tensorsmith.core.metrics import Budget, accuracy
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.quantize import Precision
-from tensorsmith.runtime.manifest import VariantRecord, sha256_of
+from tensorsmith.runtime.manifest import VariantRecord
 
 logger = logging.getLogger(__name__)
-
-MAX_VERIFY_RETRIES = 4
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,7 @@ def search_layers(
 
 def flops_fraction(layers: list[Layer], quantized: set[str]) -> float:
     """The share of the layers' FLOPs that `quantized` covers."""
-    total = max(sum(layer.flops for layer in layers), 1)
-    return sum(layer.flops for layer in layers if layer.name in quantized) / total
+    return quantized_fraction({layer.name: layer.flops for layer in layers}, quantized)
 
 
 def build_quantized(
@@ -105,7 +104,7 @@ def build_quantized(
 ) -> QuantizedVariant:
     """Write and verify the variant of `recipe`; under a budget, give back the costliest layers until it holds."""
     assert recipe.quantized is not None
-    precision, name, budget = recipe.quantized, recipe.variant, evaluation.budget
+    precision, name, budget = recipe.quantized.name, recipe.variant, evaluation.budget
     pinned = [layer.name for layer in layers if layer.pinned == precision]
     path = variant_path(directory, name)
     reporter.stage(f"{name}: building and verifying the variant")
@@ -114,7 +113,7 @@ def build_quantized(
     def write_and_measure(nodes: list[str], embeddings: bool) -> tuple[PassReport, list[np.ndarray], float | None]:
         nonlocal verifications
         verifications += 1
-        report = write_quantized(model, precision, scales, [*pinned, *nodes], recipe.floats, path, embeddings)
+        report = write_quantized(model, precision, scales, [*pinned, *nodes], recipe, path, embeddings)
         outputs = run_onnx(path, evaluation.feeds)
         return report, outputs, budget.measure(evaluation.reference, outputs) if budget is not None else None
 
@@ -126,20 +125,22 @@ def build_quantized(
         embeddings = False
         report, outputs, achieved = write_and_measure(chosen, embeddings)
     retries = 0
-    while budget is not None and achieved is not None and not budget.met(achieved) and chosen:
-        if retries == MAX_VERIFY_RETRIES:
-            break
+    if budget is not None and achieved is not None and not budget.met(achieved):
         # The switched graph's estimate was optimistic: give back the costliest layers and verify again.
-        retries += 1
-        chosen = search.order[: len(chosen) - max(1, len(chosen) // 8)]
-        report, outputs, achieved = write_and_measure(chosen, embeddings)
+        def holds(count: int) -> bool:
+            nonlocal report, outputs, achieved
+            report, outputs, achieved = write_and_measure(search.order[:count], embeddings)
+            return achieved is not None and budget.met(achieved)
+
+        given = give_back_until_met(len(chosen), holds)
+        chosen, retries = search.order[: given.chosen] if given.tries else chosen, given.tries
     measured = accuracy(evaluation.reference, outputs)
 
     quantized = set(pinned) | set(chosen)
     fraction = flops_fraction(layers, quantized)
     plan = RecipePlan(
         precision=precision,
-        float_regions=recipe.floats,
+        float_regions=recipe.floats.name,
         met=bool(budget is None or (achieved is not None and budget.met(achieved))),
         achieved=achieved,
         quantized_flops_fraction=round(fraction, 4),
@@ -149,14 +150,8 @@ def build_quantized(
         layers=_layer_choices(layers, quantized, recipe, search, budget),
     )
     logger.info("%s variant: %s, %.0f%% of FLOPs quantized", name, measured, 100 * fraction)
-    record = VariantRecord(
-        name=name,
-        path=str(path.relative_to(directory)),
-        sha256=sha256_of(path),
-        precisions=[precision, recipe.floats],
-        accuracy={**measured, "quantized_flops_fraction": fraction},
-        evaluated_on=evaluation.described,
-    )
+    record = variant_record(directory, path, name, [precision, recipe.floats.name],
+                            {**measured, "quantized_flops_fraction": fraction}, evaluation.described)  # fmt: skip
     return QuantizedVariant(with_text_metrics(record, evaluation, outputs), report, plan)
 
 
@@ -169,9 +164,9 @@ def _embeddings_policy(embeddings: bool, budget: Budget | None) -> str:
 def _layer_choices(
     layers: list[Layer], quantized: set[str], recipe: Recipe, search: Search, budget: Budget | None
 ) -> list[LayerChoice]:
-    default_reason = (
-        "search" if budget is not None else f"--precision {recipe.quantized}: every layer the policy allows"
-    )
+    assert recipe.quantized is not None
+    precision = recipe.quantized.name
+    default_reason = "search" if budget is not None else f"--precision {precision}: every layer the policy allows"
     return [
         LayerChoice(
             name=layer.name,
@@ -179,7 +174,7 @@ def _layer_choices(
             op=layer.op,
             inputs=list(layer.inputs),
             flops=layer.flops,
-            precision=recipe.quantized if layer.name in quantized else (layer.pinned or recipe.floats),
+            precision=precision if layer.name in quantized else (layer.pinned or recipe.floats.name),
             sensitivity=search.sensitivity.get(layer.name),
             reason=layer.reason or default_reason,
         )

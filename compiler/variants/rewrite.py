@@ -7,8 +7,10 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 
+from tensorsmith.compiler.targets import Recipe
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
+from tensorsmith.core.precisions import FP16
 from tensorsmith.passes import GraphPass, PassReport, run_passes
 from tensorsmith.passes.quantize import InsertQDQ, Precision
 
@@ -47,7 +49,7 @@ def write_quantized(
     precision: Precision,
     scales: dict[str, float],
     nodes: list[str],
-    floats: str,
+    recipe: Recipe,
     path: Path,
     embeddings: bool = False,
 ) -> PassReport:
@@ -58,7 +60,7 @@ def write_quantized(
 
     passes: list[GraphPass] = [InsertQDQ(precision, scales, nodes=nodes)]
     if embeddings:
-        passes.append(QuantizeEmbeddings(gather_first=floats == "fp32"))  # fp32 regions: the cpu, ONNX Runtime
-    if floats == "fp16":
+        passes.append(QuantizeEmbeddings(gather_first=recipe.on_cpu))  # the cpu's backends gather int8 rows first
+    if recipe.floats is FP16:
         passes.append(ConvertToFp16())
     return rewrite(model, passes, path)[0]

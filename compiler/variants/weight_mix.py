@@ -20,6 +20,7 @@ from tensorsmith.calibration import CalibrationData
 from tensorsmith.calibration.layers import Override
 from tensorsmith.calibration.weight_search import (
     FLOAT,
+    HALF_BYTE,
     INT4,
     INT8_WEIGHT,
     ONE_BYTE,
@@ -33,17 +34,20 @@ from tensorsmith.compiler.targets import Recipe, get_target
 from tensorsmith.compiler.variants.calibrated import collect_statistics, write_table
 from tensorsmith.compiler.variants.int4 import Int4Plan, build_int4_variant, tables_policy, weight_matmuls
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
-from tensorsmith.compiler.variants.quantized import MAX_VERIFY_RETRIES, Evaluation
+from tensorsmith.compiler.variants.quantized import Evaluation
+from tensorsmith.core.budget_search import give_back_until_met, quantized_fraction
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.precisions import FP8, FP32, INT8, NVFP4, overridable
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.int4 import dequantize_int4, int8_weight, quantize_int4
+from tensorsmith.passes.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from tensorsmith.passes.quantize import quantize_weights
 from tensorsmith.runtime.manifest import VariantRecord
 
 logger = logging.getLogger(__name__)
 
-OVERRIDE_LEVELS = {"fp32": FLOAT, "int8": "int8", "fp8": "fp8", "int4": INT4, "int8-weight": INT8_WEIGHT}
+OVERRIDE_LEVELS = {name: FLOAT if name == FP32.name else name for name in overridable()}  # fp32: the float level
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ class WeightLevels:
 
     allowed: tuple[str, ...]  # the levels the search may move a layer to
     notes: dict[str, str]  # level → considered, or why not (precision.json)
-    scales: dict[str, dict[str, float]] = field(default_factory=dict)  # "int8" / "fp8" → activation → scale
+    scales: dict[str, dict[str, float]] = field(default_factory=dict)  # W8A8 level → activation → scale
     pinned: dict[str, tuple[str, str]] = field(default_factory=dict)  # layer → (level, the override that pins it)
 
 
@@ -86,7 +90,12 @@ def plan_weight_levels(
     """The levels every INT4-recipe target runs (int8 W8A8 and fp8 need calibrated activations, fp8 sm_89+), the
     pins, and, where a level quantizes activations, their scales from one calibration of the weight inputs."""
     allowed, notes = [INT8_WEIGHT, INT4], {INT8_WEIGHT: "considered", INT4: "considered"}
-    gpus = [name for name in targets if get_target(name).float_regions == "fp16"]  # the cpu: see recipe_levels
+    gpus = [name for name in targets if get_target(name).capability is not None]  # the cpu: see recipe_levels
+    if gpus and all(get_target(name).runs_precision(NVFP4) for name in gpus):
+        allowed.append(NVFP4.name)
+        notes[NVFP4.name] = f"considered for the GPU variant; the cpu variant stores such layers {INT4}"
+    else:
+        notes[NVFP4.name] = "not considered: " + ("no GPU target" if not gpus else "a GPU target before Blackwell")
     for precision in WITH_ACTIVATIONS:
         missing = [name for name in gpus if precision not in get_target(name).precisions]
         if missing:
@@ -110,7 +119,7 @@ def plan_weight_levels(
         return WeightLevels(tuple(allowed), notes, {}, pinned)
     assert data is not None
     table = write_table(collect_statistics(model, data, reporter, channels=()), config, directory)
-    scales = {"int8": table.int8_scales(), "fp8": table.fp8_scales()}
+    scales = {INT8.name: table.int8_scales(), FP8.name: table.fp8_scales()}
     for name, (level, reason) in pinned.items():
         activation = plan.layers[name][1]
         if level in WITH_ACTIVATIONS and activation not in scales[level]:
@@ -122,7 +131,8 @@ def plan_weight_levels(
 
 def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) -> dict[str, LayerOptions]:
     """Each INT4-able weight MatMul as every allowed level computes it (int4 with the plan's AWQ scales folded
-    back in), and the bytes each stores (fp16; one byte and a scale per column; int4 with its block scales)."""
+    back in), and the bytes each stores (fp16; one byte and a scale per column; int4 with its block scales; nvfp4
+    with its fp8 block scales)."""
     options = {}
     for name, (activation, weight) in weight_matmuls(model, plan.block).chosen.items():
         if name not in plan.weights:
@@ -136,16 +146,19 @@ def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) 
         activation_scales = {}
         for precision in WITH_ACTIVATIONS:
             if precision in levels.allowed and activation in levels.scales.get(precision, {}):
-                if precision == "int8":  # W8A8's weights are the weight-only level's, a scale per column
+                if precision == INT8.name:  # W8A8's weights are the weight-only level's, a scale per column
                     weights[precision] = weights[INT8_WEIGHT]
                 else:
                     values, steps = quantize_weights(weight, 1, precision)
                     weights[precision] = values.astype(np.float32) * steps
                 activation_scales[precision] = levels.scales[precision][activation]
         rows, columns = weight.shape
+        if NVFP4.name in levels.allowed and NVFP4.block and rows % NVFP4.block == 0:
+            weights[NVFP4.name] = dequantize_nvfp4(quantize_nvfp4(weight, NVFP4.block))
         one_byte = rows * columns + 2 * columns
         stored = {FLOAT: 2 * rows * columns, **dict.fromkeys(ONE_BYTE, one_byte),
-                  INT4: rows * columns // 2 + 2 * (rows // plan.block) * columns}  # fmt: skip
+                  INT4: rows * columns // 2 + 2 * (rows // plan.block) * columns,
+                  NVFP4.name: rows * columns // 2 + rows // (NVFP4.block or 1) * columns + 4}  # fmt: skip
         pinned = levels.pinned.get(name, (None, ""))[0]
         options[name] = LayerOptions({level: values.astype(np.float32) for level, values in weights.items()},
                                      stored, activation, activation_scales, pinned)  # fmt: skip
@@ -161,7 +174,7 @@ def search_weights(
     reporter: Reporter,
 ) -> WeightSearchResult:
     assert evaluation.budget is not None
-    named = ", ".join(level for level in (INT4, *ONE_BYTE) if level in levels.allowed)
+    named = ", ".join(level for level in (*HALF_BYTE, *ONE_BYTE) if level in levels.allowed)
     reporter.stage(f"weight precision per layer ({named}, float) against {evaluation.budget}")
     feeds = {name: array[:samples] for name, array in evaluation.feeds.items()}
     return WeightSearch(model, layer_options(model, plan, levels), feeds, evaluation.budget).search(reporter)
@@ -202,14 +215,13 @@ def build_mixed_variant(
     record, reports = attempt(search.chosen, True)
     if not tried[-1][1]:
         record, reports = attempt(search.chosen, False)
-        chosen = search.chosen
-        for _ in range(MAX_VERIFY_RETRIES):
-            if chosen == 0:
-                break
-            chosen -= max(1, chosen // 8)
+
+        def holds(chosen: int) -> bool:
+            nonlocal record, reports
             record, reports = attempt(chosen, True)
-            if tried[-1][1]:
-                break
+            return tried[-1][1]
+
+        give_back_until_met(search.chosen, holds)
     held = [entry for entry in tried if entry[1]]
     best = min(held) if held else max(tried, key=lambda entry: entry[2] if budget.higher_is_better else -entry[2])
     if best is not tried[-1]:
@@ -217,12 +229,15 @@ def build_mixed_variant(
     _, met, achieved, chosen, tables = tried[-1]
     assignment = recipe_levels(recipe, search.assignment_at(chosen))
     logger.info("%s: %s %.6f with %d of %d moves", record.name, budget.metric, achieved, chosen, len(search.moves))
+    assert recipe.quantized is not None
+    sizes = {name: elements for name, (_, _, elements) in plan.layers.items()}
+    quantized = {name for name, level in assignment.items() if level != FLOAT}
     recipe_plan = RecipePlan(
-        precision="int4",
-        float_regions=recipe.floats,
+        precision=recipe.quantized.name,
+        float_regions=recipe.floats.name,
         met=met,
         achieved=achieved,
-        quantized_flops_fraction=round(_bytes_fraction(plan, assignment), 4),
+        quantized_flops_fraction=round(quantized_fraction(sizes, quantized), 4),
         evaluations=search.evaluations + len(tried),
         embeddings=tables_policy(recipe, tables),
         verify_retries=len(tried) - 1,
@@ -237,16 +252,11 @@ def recipe_levels(recipe: Recipe, assignment: Mapping[str, str]) -> dict[str, st
     """The levels `recipe`'s variant stores: as assigned, but the cpu variant's (fp32 regions) W8A8 layers int8
     weight-only (the same bytes). ONNX Runtime's CPU runs the static Q/DQ pairs around a decoder's small MatMuls
     as separate ops: a tinylm decode step took 2.8-3.7x as long with 11 W8A8 layers (bench/decoder_w8a8_cpu.py); fp8
-    it does not run at all."""
-    if recipe.floats != "fp32":
+    it does not run at all; nvfp4 neither (its layers int4 there, the same size class)."""
+    if not recipe.on_cpu:
         return dict(assignment)
-    return {name: INT8_WEIGHT if level in WITH_ACTIVATIONS else level for name, level in assignment.items()}
-
-
-def _bytes_fraction(plan: Int4Plan, assignment: dict[str, str]) -> float:
-    """The share of weight elements below float precision (the plan's `quantized_flops_fraction`)."""
-    total = max(sum(elements for _, _, elements in plan.layers.values()), 1)
-    return sum(plan.layers[name][2] for name, level in assignment.items() if level != FLOAT) / total
+    on_cpu = {**dict.fromkeys(WITH_ACTIVATIONS, INT8_WEIGHT), NVFP4.name: INT4}
+    return {name: on_cpu.get(level, level) for name, level in assignment.items()}
 
 
 def _choices(
@@ -279,7 +289,7 @@ def _choices(
             figures = ", ".join(f"{candidate} {value:.5f}" for candidate, value in one_byte.items())
             reason += f"; at one byte a weight, {metric} with it alone: {figures}"
         choices.append(LayerChoice(name=name, module=module, op="MatMul", inputs=[activation], flops=elements,
-                                   precision=recipe.floats if level == FLOAT else level,
+                                   precision=recipe.floats.name if level == FLOAT else level,
                                    sensitivity=measured.get(level if level != FLOAT else INT4),
                                    reason=reason))  # fmt: skip
     return choices

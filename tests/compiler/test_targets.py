@@ -7,6 +7,7 @@ import pytest
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import RTX_TARGETS, TARGETS, Recipe, Target, check_precision, get_target
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.precisions import BF16, FP16, FP32, INT4, INT8, NVFP4, Backend
 
 
 @pytest.mark.parametrize(
@@ -30,9 +31,43 @@ def test_each_request_gives_each_target_one_recipe(target: str, request_: str, v
 
 
 def test_recipes_name_their_variants() -> None:
-    assert Recipe(None, "fp16").variant == "fp16"
-    assert Recipe("int8", "fp16").variant == "int8"
-    assert Recipe("int8", "fp32").variant == "cpu-int8"
+    assert Recipe(None, FP16).variant == "fp16"
+    assert Recipe(INT8, FP16).variant == "int8"
+    assert Recipe(INT8, FP32, Backend.ONNXRUNTIME).variant == "cpu-int8"
+    assert Recipe(INT4, BF16).variant == "int4-bf16"
+
+
+def test_recipes_name_their_backend() -> None:
+    """The backend is the row's (TensorRT for a GPU, ONNX Runtime for the cpu), never inferred from a float."""
+    assert get_target("cpu").recipe("int4").backend is Backend.ONNXRUNTIME
+    assert get_target("sm_86").recipe("fp32").backend is Backend.TENSORRT
+    assert get_target("cpu").recipe("int4").on_cpu and not get_target("sm_86").recipe("int4").on_cpu
+
+
+@pytest.mark.parametrize(
+    ("target", "request_", "variant", "fallback"),
+    [
+        ("sm_75", "bf16", "fp16", "sm_75 (Turing) has no bf16 kernels: fp16 instead"),
+        ("sm_86", "bf16", "bf16", None),
+        ("cpu", "bf16", "fp32", None),
+        ("sm_89", "nvfp4", "fp16", "sm_89 (Ada) has no nvfp4 kernels: fp16 instead"),
+        ("sm_120", "nvfp4", "nvfp4", None),
+        ("sm_75", "int4", "fp16", "sm_75 (Turing) has no INT4 weight-only kernels: fp16 instead"),
+    ],
+)
+def test_new_precisions_come_from_the_table(target: str, request_: str, variant: str, fallback: str | None) -> None:
+    row = get_target(target)
+    assert row.recipe(request_).variant == variant
+    assert row.fallback(request_) == fallback
+
+
+def test_the_rows_precisions_are_the_tables() -> None:
+    assert get_target("sm_75").precisions == ("fp16", "int8", "int8-weight")
+    assert "bf16" in get_target("sm_86").precisions and "nvfp4" not in get_target("sm_89").precisions
+    assert get_target("sm_120").runs_precision(NVFP4) and not get_target("cpu").runs_precision(BF16)
+    with pytest.raises(ConfigError, match=r"target sm_86 .* cannot run nvfp4") as caught:
+        check_precision("nvfp4", ["sm_86"])
+    assert "sm_120" in (caught.value.hint or "")
 
 
 def test_builders_follow_the_row() -> None:

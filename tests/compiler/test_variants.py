@@ -13,6 +13,7 @@ from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.plan import plan_variants
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.stage import build_variants
+from tensorsmith.core.precisions import FP8, FP16, FP32, INT8, Backend, Family
 from tensorsmith.core.progress import LogReporter
 from tensorsmith.runtime.manifest import sha256_of
 
@@ -29,11 +30,12 @@ def test_the_plan_groups_targets_by_recipe() -> None:
                                    "targets": ["cpu", "sm_75", "sm_86", "sm_89", "sm_120"]})  # fmt: skip
     plan = plan_variants(config)
     assert plan.recipes() == {
-        Recipe("int8", "fp32"): ["cpu"],
-        Recipe("int8", "fp16"): ["sm_75", "sm_86"],
-        Recipe("fp8", "fp16"): ["sm_89", "sm_120"],
+        Recipe(INT8, FP32, Backend.ONNXRUNTIME): ["cpu"],
+        Recipe(INT8, FP16): ["sm_75", "sm_86"],
+        Recipe(FP8, FP16): ["sm_89", "sm_120"],
     }
-    assert list(plan.quantized()) == ["int8", "fp8"]
+    assert list(plan.by_precision()) == [INT8, FP8]
+    assert list(plan.by_family()) == [Family.FLOAT, Family.CALIBRATED]
 
 
 def test_float_variants_fp32_for_cpu_and_fp16_where_the_table_says(tmp_path: Path) -> None:

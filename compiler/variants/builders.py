@@ -1,0 +1,75 @@
+"""The variant builders' interface: one builder per precision family (core/precisions.py `Family`), each
+turning its recipes, the fused graph and the data into variant records, pass reports and precision.json rows.
+
+    recipes of one family ─┐
+    fused graph ───────────┼─▶ VariantBuilder ─▶ FamilyVariants (records, target → record, reports,
+    config (data, budget) ─┘                      unmet budgets, precision.json recipes)
+
+`compiler/variants/stage.py` groups the plan's recipes by family and calls each family's builder in turn; a new
+precision of an existing family needs no new builder, only its table record (and, where it stores weights its
+own way, a pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.frontend.fused import FusedGraph
+from tensorsmith.compiler.variants.data import SplitData, split_data
+from tensorsmith.compiler.variants.plan import VariantPlan
+from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+from tensorsmith.compiler.variants.text_data import is_decoder_graph, text_split
+from tensorsmith.core.precisions import Family
+from tensorsmith.core.progress import Reporter
+from tensorsmith.passes import PassReport
+from tensorsmith.runtime.manifest import VariantRecord
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """What a builder gets: the recipes of its family (a plan with only those targets) and the compile's inputs."""
+
+    plan: VariantPlan
+    fused: FusedGraph
+    config: CompileConfig
+    directory: Path
+    reporter: Reporter
+
+
+@dataclass(frozen=True)
+class FamilyVariants:
+    """What a builder made. `reference`: the fp32 reference's record as this family measured it (with its
+    metrics on this family's evaluation data), or None to leave it to another family."""
+
+    records: list[VariantRecord]
+    by_target: dict[str, VariantRecord]
+    reference: VariantRecord | None = None
+    reports: list[PassReport] = field(default_factory=list)
+    unmet: list[str] = field(default_factory=list)  # recipes whose budget does not hold, with the figure
+    plan: PrecisionPlan | None = None  # precision.json, for the families that choose per layer
+    tuned: set[str] = field(default_factory=set)  # variants whose cpu session settings are chosen already
+
+
+VariantBuilder = Callable[[BuildJob], FamilyVariants]
+BUILDERS: dict[Family, VariantBuilder] = {}
+
+
+def registered(family: Family) -> Callable[[VariantBuilder], VariantBuilder]:
+    """Register the decorated function as `family`'s builder."""
+
+    def register(builder: VariantBuilder) -> VariantBuilder:
+        BUILDERS[family] = builder
+        return builder
+
+    return register
+
+
+def calibration_split(config: CompileConfig, fused: FusedGraph) -> SplitData:
+    """Calibration and evaluation data: arrays for any graph, text (windows, prefill and decode) for a decoder."""
+    if not is_decoder_graph(fused.inputs):
+        return split_data(config, fused.inputs)
+    text = text_split(config, fused.inputs, fused.path)
+    return SplitData(text.calibration, text.evaluation, text.evaluated_on, text.tokens, text.decode_step)

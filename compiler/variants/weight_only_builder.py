@@ -1,0 +1,103 @@
+"""The weight-only family's builder (int4, nvfp4, and a decoder's auto, which mixes int4 / one-byte / float per
+weight layer): one INT4 plan (RTN, or AWQ on one pass over the calibration data), then one variant per recipe,
+each measured against the fp32 graph; the cpu's INT4 variant gets MatMulNBits' accuracy level by measurement.
+Targets that cannot run the request (sm_75) got float recipes: the float builder writes theirs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from tensorsmith.calibration import CalibrationData
+from tensorsmith.calibration.data import Feeds
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.frontend.feeds import example_feeds
+from tensorsmith.compiler.frontend.fused import FusedGraph
+from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, calibration_split, registered
+from tensorsmith.compiler.variants.cpu_choice import choose_accuracy_level
+from tensorsmith.compiler.variants.data import READ_BATCH, SplitData, concatenated
+from tensorsmith.compiler.variants.int4 import build_int4_variant, int4_recipe_plan, plan_int4
+from tensorsmith.compiler.variants.language import text_evaluation
+from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+from tensorsmith.compiler.variants.quantized import Evaluation
+from tensorsmith.compiler.variants.rewrite import rewritten
+from tensorsmith.compiler.variants.weight_mix import (
+    build_mixed_variant,
+    plan_weight_levels,
+    recipe_levels,
+    search_weights,
+)
+from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.precisions import NVFP4, Family
+from tensorsmith.core.sessions import run_onnx
+from tensorsmith.passes.int4 import GemmAsMatMul
+
+
+@registered(Family.WEIGHT_ONLY)
+def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
+    plan, fused, config, directory, reporter = job.plan, job.fused, job.config, job.directory, job.reporter
+    if config.calibration_stats is not None:
+        raise ConfigError("--calibration-stats serves int8 and fp8 calibration; weight-only precisions and a "
+                          "decoder's auto read the calibration data itself (AWQ's statistics are not in the files)",
+                          hint="pass --calibration PATH instead")  # fmt: skip
+    split = calibration_split(config, fused) if config.calibration is not None else None  # AWQ's, W8A8's scales
+    evaluation = _evaluation(config, fused, split)
+    model, _ = rewritten(fused.model, [GemmAsMatMul()])  # the same function; Gemm weights become INT4-able
+    # nvfp4 on its own: Model Optimizer's scales on every weight whose K is a multiple of its block (16), no AWQ
+    nvfp4 = plan.request == NVFP4.name and NVFP4.block is not None
+    algorithm, block = ("rtn", NVFP4.block or 0) if nvfp4 else (config.int4_algorithm, config.int4_block_size)
+    awq_data = split.calibration if split is not None and algorithm == "awq" else None
+    int4_plan = plan_int4(model, algorithm, block, awq_data, reporter)
+    data = split.calibration if split is not None else None
+    levels = plan_weight_levels(model, int4_plan, config, data, list(plan.by_target), directory, reporter)
+    budget = config.accuracy_budget()  # `auto`: each weight layer's precision against it
+    search = None
+    if budget is not None:
+        tokens = split.tokens if split is not None else None
+        evaluation = replace(evaluation, budget=budget.on_tokens(tokens) if tokens is not None else budget)
+        search = search_weights(model, int4_plan, levels, evaluation, config.sensitivity_samples, reporter)
+    records, by_target, reports, recipes, unmet = [], {}, [], {}, []
+    for recipe, targets in plan.recipes().items():
+        reporter.stage(f"{recipe.variant}: writing and measuring the variant ({algorithm})")
+        if search is None:
+            assert recipe.quantized is not None
+            chosen = dict.fromkeys(int4_plan.weights, recipe.quantized.name)
+            assignment = recipe_levels(recipe, chosen | {n: lv for n, (lv, _) in levels.pinned.items()})
+            record, passes, _ = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
+                                                   scales=levels.scales)  # fmt: skip
+            pinned = {n: (assignment[n], reason) for n, (_, reason) in levels.pinned.items()}
+            recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
+        else:
+            mixed = build_mixed_variant(model, recipe, int4_plan, levels, search, evaluation, directory, targets)
+            record, passes, recipes[record.name] = mixed.record, mixed.reports, mixed.plan
+            if not mixed.plan.met:
+                unmet.append(f"{record.name}: {evaluation.budget} not met ({mixed.plan.achieved:.6f})")
+        if recipe.on_cpu:  # ONNX Runtime's: MatMulNBits' accuracy level by measurement
+            record, recipes[record.name].cpu = choose_accuracy_level(record, directory, evaluation)
+        records.append(record)
+        by_target.update(dict.fromkeys(targets, record))
+        reports += passes
+    precision_plan = PrecisionPlan(precision=plan.request, evaluated_on=evaluation.described,
+                                   budget=str(budget) if budget else None, recipes=recipes)  # fmt: skip
+    return FamilyVariants(records, by_target, None, reports, unmet, precision_plan)
+
+
+def _evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | None) -> Evaluation:
+    """What a weight-only variant is measured on: AWQ's held-out split, else the evaluation text or arrays, else
+    the verification inputs."""
+
+    def measured_on(feeds: Feeds, described: str, tokens: np.ndarray | None = None, timing: Feeds | None = None
+                    ) -> Evaluation:  # fmt: skip
+        return Evaluation(feeds, run_onnx(fused.path, feeds), None, described, tokens, timing)
+
+    if split is not None:
+        return measured_on(split.evaluation, split.evaluated_on, split.tokens, split.timing)
+    text = text_evaluation(config, fused.inputs)
+    if text is not None:
+        return measured_on(text.feeds, text.described, text.tokens)
+    if config.evaluation is not None:
+        path = config.resolve(config.evaluation)
+        specs = [record.spec() for record in fused.inputs]
+        return measured_on(concatenated(CalibrationData(path, specs, batch_size=READ_BATCH)), str(path))
+    return measured_on(example_feeds(config, seed=1, size_offset=1), "the verification inputs")

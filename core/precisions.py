@@ -1,0 +1,186 @@
+"""The precision table: every precision tensorsmith writes is one record here, and every other place asks it.
+
+A record says what the precision stores (element format, what it quantizes, block size and scale format), what
+it needs (calibration, opset), who runs it (GPU compute capabilities, cpu backends) and which variant builder
+family writes it (compiler/variants/builders.py). The CLI's `--precision` choices, `[[overrides]]`, the target
+rows, `tensorsmith build`'s preference and the opset floors all read these records: adding a precision is one
+record, one builder and its tests. tests/test_precision_vocabulary.py fails if a precision name is spelled as a
+string literal outside this file and the tests.
+
+Modelled on Model Optimizer's quantization configs (`modelopt/torch/quantization/config.py`: formats and blocks
+as data) while the pipeline that reads them stays in code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from tensorsmith.core.errors import ConfigError
+
+
+class Element(str, Enum):
+    """How one stored value is encoded."""
+
+    FP32 = "float32"
+    FP16 = "float16"
+    BF16 = "bfloat16"
+    INT8 = "int8"
+    FP8_E4M3 = "float8e4m3fn"
+    INT4 = "int4"
+    FP4_E2M1 = "float4e2m1"
+
+
+class Quantizes(str, Enum):
+    NOTHING = "nothing"  # a float precision: the whole graph computes in it
+    WEIGHTS = "weights"  # weight-only: activations stay in the variant's float precision
+    WEIGHTS_AND_ACTIVATIONS = "weights and activations"  # Q/DQ on both inputs of each layer (W8A8)
+
+
+class Calibration(str, Enum):
+    NONE = "none"
+    ACTIVATIONS = "activation ranges"  # entropy/percentile/minmax thresholds over calibration data
+    OPTIONAL_AWQ = "AWQ statistics (optional: round-to-nearest needs none)"
+
+
+class Family(str, Enum):
+    """The variant builder that writes a precision (compiler/variants/builders.py registers one per family)."""
+
+    FLOAT = "float"  # the graph in a float type: the fp32 reference, fp16 / bf16 regions
+    CALIBRATED = "calibrated"  # per-tensor activation scales from calibration, per-channel weights
+    WEIGHT_ONLY = "weight-only"  # weights stored narrow, dequantized before the MatMul (a decoder's levels)
+
+
+class Backend(str, Enum):
+    """What runs a variant: TensorRT engines on GPUs, ONNX Runtime or OpenVINO on the cpu target."""
+
+    TENSORRT = "tensorrt"
+    ONNXRUNTIME = "onnxruntime"
+    OPENVINO = "openvino"
+
+
+CPU_BACKENDS = (Backend.ONNXRUNTIME, Backend.OPENVINO)
+
+# Compute capabilities of the target table's GPUs, oldest first (compiler/targets.py has a row each).
+CAPABILITIES = (75, 80, 86, 87, 89, 90, 100, 120, 121)
+
+
+def from_capability(first: int) -> frozenset[int]:
+    return frozenset(capability for capability in CAPABILITIES if capability >= first)
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # as the CLI, overrides, the manifest and precision.json spell it
+    element: Element
+    quantizes: Quantizes
+    family: Family
+    description: str
+    capabilities: frozenset[int]  # GPUs (compute capability × 10) whose engines run it
+    cpu_backends: tuple[Backend, ...] = ()  # the cpu target's backends that run it
+    block: int | None = None  # weights per scale along K; None: a scale per output channel (or none)
+    scale: str = ""  # the scale format, in words
+    calibration: Calibration = Calibration.NONE
+    min_opset: int = 13  # the ONNX opset its graph form needs
+    requestable: bool = True  # `--precision NAME`; False: a level the search and [[overrides]] pick per layer
+    overridable: bool = False  # `[[overrides]] precision = NAME`
+    decoder_level: bool = False  # a weight level a decoder's auto may give a layer
+    preference: int = 0  # `tensorsmith build` on an old artifact: the most quantized variant it runs first
+
+    def runs_on(self, capability: int | None) -> bool:
+        """Whether a GPU of `capability` (None: the cpu target) runs it."""
+        return bool(self.cpu_backends) if capability is None else capability in self.capabilities
+
+    @property
+    def is_float(self) -> bool:
+        return self.quantizes is Quantizes.NOTHING
+
+    @property
+    def quantizes_activations(self) -> bool:
+        return self.quantizes is Quantizes.WEIGHTS_AND_ACTIVATIONS
+
+
+FP32 = Precision(
+    "fp32", Element.FP32, Quantizes.NOTHING, Family.FLOAT, "the reference: every layer in float32",
+    from_capability(80),  # TensorRT for RTX has no fp32 GEMM on Turing (checked)
+    CPU_BACKENDS, overridable=True, preference=1,
+)  # fmt: skip
+FP16 = Precision(
+    "fp16", Element.FP16, Quantizes.NOTHING, Family.FLOAT,
+    "GPU targets compute in float16 (LayerNorm kept float32); the cpu target keeps fp32",
+    from_capability(75), preference=2,
+)  # fmt: skip
+BF16 = Precision(
+    "bf16", Element.BF16, Quantizes.NOTHING, Family.FLOAT,
+    "GPU targets compute in bfloat16 (float32's range: no overflow where fp16 would); sm_75 gets fp16",
+    from_capability(80),  # tensorrt-rtx 1.7 builds bf16 MatMuls for SM86/89/120, not SM75 (checked)
+    preference=3,
+)  # fmt: skip
+INT8 = Precision(
+    "int8", Element.INT8, Quantizes.WEIGHTS_AND_ACTIVATIONS, Family.CALIBRATED,
+    "int8 weights (a scale per output channel) and activations (per tensor, calibrated)",
+    from_capability(75), CPU_BACKENDS, scale="float32, per output channel / per tensor",
+    calibration=Calibration.ACTIVATIONS, overridable=True, decoder_level=True, preference=5,
+)  # fmt: skip
+FP8 = Precision(
+    "fp8", Element.FP8_E4M3, Quantizes.WEIGHTS_AND_ACTIVATIONS, Family.CALIBRATED,
+    "float8 e4m3 weights and activations (scale = amax / 448), Ada and newer",
+    from_capability(89), scale="float32, per output channel / per tensor", calibration=Calibration.ACTIVATIONS,
+    min_opset=19, overridable=True, decoder_level=True, preference=6,
+)  # fmt: skip
+INT8_WEIGHT = Precision(
+    "int8-weight", Element.INT8, Quantizes.WEIGHTS, Family.WEIGHT_ONLY,
+    "int8 weights only (a scale per output channel), dequantized before the MatMul",
+    from_capability(75), CPU_BACKENDS, scale="float32, per output channel", requestable=False, overridable=True,
+    decoder_level=True,
+)  # fmt: skip
+INT4 = Precision(
+    "int4", Element.INT4, Quantizes.WEIGHTS, Family.WEIGHT_ONLY,
+    "int4 weights only, blockwise DequantizeLinear (AWQ or round-to-nearest); MatMulNBits on ONNX Runtime",
+    from_capability(80),  # tensorrt-rtx builds INT4 MatMuls for SM86/89/120, not SM75 (checked)
+    CPU_BACKENDS, block=128, scale="float32 per block of K and output column", calibration=Calibration.OPTIONAL_AWQ,
+    min_opset=21, overridable=True, decoder_level=True, preference=7,
+)  # fmt: skip
+NVFP4 = Precision(
+    "nvfp4", Element.FP4_E2M1, Quantizes.WEIGHTS, Family.WEIGHT_ONLY,
+    "float4 e2m1 weights only in blocks of 16, float8 e4m3 block scales × a float32 tensor scale (Blackwell)",
+    frozenset({100, 120, 121}),  # tensorrt-rtx 1.7 builds it for SM120, refuses SM86/SM89 ("fp4_e2m1", checked)
+    block=16, scale="float8 e4m3 per block of 16 × float32 per tensor (two DequantizeLinear)", min_opset=23,
+    overridable=True, decoder_level=True, preference=8,
+)  # fmt: skip
+
+PRECISIONS: dict[str, Precision] = {
+    precision.name: precision for precision in (FP32, FP16, BF16, INT8, FP8, INT8_WEIGHT, INT4, NVFP4)
+}
+AUTO = "auto"  # not a precision: `--precision auto` chooses one per layer against a budget
+
+
+def precision(name: str) -> Precision:
+    """The record named `name`; a ConfigError naming the known ones otherwise."""
+    try:
+        return PRECISIONS[name]
+    except KeyError:
+        raise ConfigError(f"unknown precision '{name}'", hint=f"precisions are {', '.join(PRECISIONS)}") from None
+
+
+def requestable() -> list[str]:
+    """`--precision`'s choices, in the table's order, and auto."""
+    return [record.name for record in PRECISIONS.values() if record.requestable] + [AUTO]
+
+
+def overridable() -> list[str]:
+    """`[[overrides]] precision = ...`'s choices."""
+    return [record.name for record in PRECISIONS.values() if record.overridable]
+
+
+def in_family(family: Family) -> tuple[Precision, ...]:
+    return tuple(record for record in PRECISIONS.values() if record.family is family)
+
+
+def float_precisions() -> tuple[Precision, ...]:
+    return in_family(Family.FLOAT)
+
+
+def by_preference() -> list[Precision]:
+    """The most quantized first: what `tensorsmith build` picks from an artifact that recorded no request."""
+    return sorted((record for record in PRECISIONS.values() if record.preference), key=lambda r: -r.preference)
