@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU wheel of torch. Unpinned, pip would pull a CUDA build of several GB.
 TORCH := torch==2.13.0
-EXTRAS := torch,cpu,rtx,hf,samples,ray,dev
+EXTRAS := torch,cpu,rtx,hf,samples,ray,openvino,dev
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tests/corpus.txt | cksum | cut -d' ' -f1)
 
 .PHONY: install samples demo test lint browser clean

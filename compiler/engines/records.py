@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 ENGINES_DIR = "engines"
 
+BACKEND_NAMES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}  # the cpu backends, as people write them
+
 
 def choose_builder(target: str, requested: Builder | None) -> Builder:
     """The builder for `target` here: `requested`, else the first in the table's order that can build it on this
@@ -68,7 +70,11 @@ def build_engines(
         if not target.builders:
             records.append(
                 TargetRecord(
-                    name=name, variant=variant.name, builder="none", status="not-needed", reason="runs on ONNX Runtime"
+                    name=name,
+                    variant=variant.name,
+                    builder="none",
+                    status="not-needed",
+                    reason=f"runs on {BACKEND_NAMES[variant.backend]}",
                 )
             )
             continue

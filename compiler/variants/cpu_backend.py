@@ -6,22 +6,73 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from tensorsmith.compiler.variants.cpu_choice import tuned
+from tensorsmith.compiler.variants.cpu_choice import MIN_GAIN, TIMING_BATCH, tuned
+from tensorsmith.core.metrics import accuracy
+from tensorsmith.core.precisions import Backend
 from tensorsmith.core.progress import Reporter
+from tensorsmith.core.sessions import cpu_session, latency_ms
+from tensorsmith.runtime.errors import TensorsmithError
 from tensorsmith.runtime.manifest import VariantRecord
+from tensorsmith.runtime.specs import TensorSpec
 
 logger = logging.getLogger(__name__)
 
+MIN_COSINE = 0.9999  # OpenVINO's outputs against ONNX Runtime's on the timing batch, or it is not a candidate
+
+
+class _OpenVinoSession:
+    """OpenVinoBackend behind ONNX Runtime's `run(None, feeds)`, for `latency_ms`."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def run(self, names: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return list(self.backend._run_impl(feeds).values())
+
 
 def choose_cpu_backend(
-    record: VariantRecord, directory: Path, feeds: dict[str, np.ndarray], reporter: Reporter, session_tuned: bool
+    record: VariantRecord,
+    directory: Path,
+    feeds: dict[str, np.ndarray],
+    specs: tuple[list[TensorSpec], list[TensorSpec]],
+    reporter: Reporter,
+    session_tuned: bool,
 ) -> VariantRecord:
     """`record` with its ONNX Runtime session settings chosen (unless `session_tuned` already) and the faster cpu
-    backend recorded."""
+    backend recorded, with both latencies."""
     if not session_tuned:
         reporter.stage("cpu: timing ONNX Runtime's session settings")
         record = tuned(record, directory, feeds)
-    return record
+    from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
+
+    unavailable = openvino_unavailable()
+    if unavailable is not None:
+        logger.info("cpu: OpenVINO not timed: %s", unavailable)
+        return record
+    reporter.stage("cpu: timing ONNX Runtime against OpenVINO")
+    path = directory / record.path
+    batch = {name: array[:TIMING_BATCH] for name, array in feeds.items()}
+    onnxruntime = cpu_session(path, record.onnxruntime_disabled_optimizers, config=record.onnxruntime_session_config)
+    names = [output.name for output in onnxruntime.get_outputs()]
+    try:
+        openvino = OpenVinoBackend(path, *specs)
+    except TensorsmithError as err:  # an op OpenVINO cannot read (ONNX Runtime's contrib ops, say)
+        logger.info("cpu: OpenVINO cannot run %s: %s", record.name, err)
+        return record
+    expected = onnxruntime.run(None, batch)
+    actual = openvino._run_impl(batch)
+    agreement = accuracy(expected, [actual[name] for name in names])["cosine"]
+    if agreement < MIN_COSINE:
+        logger.info("cpu: OpenVINO's outputs differ from ONNX Runtime's (cosine %.6f): not chosen", agreement)
+        return record
+    measured = latency_ms({Backend.ONNXRUNTIME.value: onnxruntime, Backend.OPENVINO.value: _OpenVinoSession(openvino)},
+                          batch)  # fmt: skip
+    openvino.close()
+    faster = measured[Backend.OPENVINO.value] < measured[Backend.ONNXRUNTIME.value] * (1 - MIN_GAIN)
+    chosen = Backend.OPENVINO if faster else Backend.ONNXRUNTIME
+    logger.info("cpu: %s ms per run by backend: %s", measured, chosen.value)
+    return record.model_copy(update={"backend": chosen.value, "backend_latency_ms": measured})

@@ -49,7 +49,9 @@ def build_variants(
     cpu = variants.by_target.get(CPU_TARGET)
     if cpu is None:
         return variants
-    return _replaced(variants, choose_cpu_backend(cpu, directory, example_feeds(config), reporter, cpu.name in tuned))
+    specs = ([record.spec() for record in fused.inputs], [record.spec() for record in fused.outputs])
+    chosen = choose_cpu_backend(cpu, directory, example_feeds(config), specs, reporter, cpu.name in tuned)
+    return _replaced(variants, chosen)
 
 
 def _merged(parts: list[FamilyVariants]) -> Variants:
