@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,11 @@ logger = logging.getLogger(__name__)
 
 DEVICE = "CPU"
 INSTALL_HINT = "pip install 'tensorsmith[openvino]'"
+# OpenVINO 2026.4's CPU plugin fuses MatMul → Softmax → MatMul without an additive mask into one "snippets"
+# subgraph that, on dynamic shapes, computes wrong values (relative errors of 10-100, any head size) for every
+# sequence length after a run of length 1; with a mask (MiniLM) it is right. Off, nothing measurable was lost on
+# MiniLM (AVX2, 2 threads); `config={"SNIPPETS_MODE": "DISABLE"}` turns the fusion back on.
+SAFE_CONFIG: dict[str, object] = {"SNIPPETS_MODE": "DISABLE"}
 
 
 def openvino_unavailable() -> str | None:
@@ -43,24 +48,27 @@ class OpenVinoBackend(Backend):
         threads: int | None = None,
         performance_hint: str = "LATENCY",
         inference_precision: str = "f32",
+        config: Mapping[str, object] | None = None,
     ) -> None:
         """`threads`: OpenVINO's INFERENCE_NUM_THREADS (None: its default, every core); `performance_hint`:
         LATENCY (one stream, for one caller) or THROUGHPUT; `inference_precision`: f32 by default, because on a
         CPU with AMX OpenVINO would otherwise compute the float layers in bf16, not what the artifact's
-        accuracy was measured in."""
+        accuracy was measured in; `config`: further CPU plugin properties, over SAFE_CONFIG."""
         super().__init__(inputs, outputs, limits)
         try:
             import openvino
         except ImportError as err:
             raise RuntimeLoadError("openvino is not installed", hint=INSTALL_HINT) from err
-        config: dict[str, Any] = {"PERFORMANCE_HINT": performance_hint, "INFERENCE_PRECISION_HINT": inference_precision}
+        properties: dict[str, object] = {"PERFORMANCE_HINT": performance_hint,
+                                         "INFERENCE_PRECISION_HINT": inference_precision, **SAFE_CONFIG}  # fmt: skip
         if threads is not None:
-            config["INFERENCE_NUM_THREADS"] = threads
+            properties["INFERENCE_NUM_THREADS"] = threads
+        properties.update(config or {})
         core = openvino.Core()
         try:
             # The ONNX frontend keeps the file's dynamic dims, so one compiled model serves every batch and
             # sequence length (and a KV cache's zero-length past).
-            self._compiled: Any = core.compile_model(core.read_model(str(model_path)), DEVICE, config)
+            self._compiled: Any = core.compile_model(core.read_model(str(model_path)), DEVICE, properties)
         except RuntimeError as err:  # OpenVINO raises RuntimeError for a file it cannot read, convert or compile
             raise RuntimeLoadError(
                 f"OpenVINO could not load {model_path}: {openvino_reason(err)}",
@@ -73,7 +81,7 @@ class OpenVinoBackend(Backend):
         # one caller reuses one request and its buffers, and concurrent callers never share one (an infer
         # request is not thread-safe; a lock would serialize them instead).
         self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        logger.debug("loaded %s on OpenVINO %s with %s", model_path, DEVICE, config)
+        logger.debug("loaded %s on OpenVINO %s with %s", model_path, DEVICE, properties)
 
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._compiled is None:
