@@ -42,7 +42,7 @@ def main() -> None:
                  str(out), "--calibration", str(text), *flags, "--json"], capture_output=True, text=True, check=True,
             ).stdout  # fmt: skip
             wall = time.perf_counter() - start
-            result = json.loads(printed)
+            result = json.loads(printed[printed.index("\n{") + 1 :] if not printed.startswith("{") else printed)
             (target,) = [t for t in result["targets"] if t["name"] != "cpu"]
             variant = next(v for v in result["variants"] if v["name"] == target["variant"])
             size = (out / variant["path"]).stat().st_size if variant.get("path") else 0
