@@ -284,10 +284,11 @@ def _choices(
             reason = f"search: move {order[(name, searched)] + 1} of {len(search.moves)} by metric lost per byte saved"
             if searched != level:
                 reason += f" ({searched} in the GPU variant; weight-only here, as ONNX Runtime's CPU runs it faster)"
-        one_byte = {candidate: measured[candidate] for candidate in ONE_BYTE if candidate in measured}
-        if level != FLOAT and name not in levels.pinned and len(one_byte) > 1:
-            figures = ", ".join(f"{candidate} {value:.5f}" for candidate, value in one_byte.items())
-            reason += f"; at one byte a weight, {metric} with it alone: {figures}"
+        for size, candidates in (("one byte", ONE_BYTE), ("half a byte", HALF_BYTE)):
+            alike = {candidate: measured[candidate] for candidate in candidates if candidate in measured}
+            if level != FLOAT and name not in levels.pinned and len(alike) > 1:
+                figures = ", ".join(f"{candidate} {value:.5f}" for candidate, value in alike.items())
+                reason += f"; at {size} a weight, {metric} with it alone: {figures}"
         choices.append(LayerChoice(name=name, module=module, op="MatMul", inputs=[activation], flops=elements,
                                    precision=recipe.floats.name if level == FLOAT else level,
                                    sensitivity=measured.get(level if level != FLOAT else INT4),

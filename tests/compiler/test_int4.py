@@ -131,12 +131,12 @@ def test_a_second_decoder_with_another_shape_and_block(tmp_path: Path) -> None:
 def test_auto_chooses_each_weight_layer_within_a_perplexity_budget(tmp_path: Path) -> None:
     """A decoder's `auto`: int4 / int8 (weight-only or W8A8) / float per layer, the budget met on held-out text by
     the verified variant, every layer's choice and reason in precision.json (an override pins one); W8A8 (int8,
-    fp8) for the GPU variant only, engines built with both profiles."""
+    fp8) and NVFP4 (every GPU target is Blackwell) for the GPU variant only, engines built with both profiles."""
     import json
 
     text = calibration_text(tmp_path / "calibration.txt")
     config = CompileConfig.create(
-        {"source": str(TINYLM / "checkpoint"), "targets": ["cpu", "sm_89"], "precision": "auto",
+        {"source": str(TINYLM / "checkpoint"), "targets": ["cpu", "sm_120"], "precision": "auto",
          "budget": "perplexity-ratio<=1.03", "calibration": str(text), "calibration_samples": 32,
          "evaluation": str(TINYLM / "heldout.txt"), "generation": {"max_sequence_length": 256, "max_batch": 4},
          "overrides": [{"match": "*lm_head", "precision": "int8-weight"}]}
@@ -150,16 +150,19 @@ def test_auto_chooses_each_weight_layer_within_a_perplexity_budget(tmp_path: Pat
         assert variants[name].accuracy["perplexity-ratio"] <= 1.03
         recipe = plan["recipes"][name]
         assert recipe["met"] and recipe["achieved"] <= 1.03
-        assert all(recipe["weight_levels"][level].startswith("considered") for level in ("int8", "fp8"))
+        assert all(recipe["weight_levels"][level].startswith("considered") for level in ("int8", "fp8", "nvfp4"))
         levels = {layer["precision"] for layer in recipe["layers"]}
         allowed = (
-            {"int4", "int8-weight", "fp32"} if name == "cpu-int4" else {"int4", "int8-weight", "int8", "fp8", "fp16"}
+            {"int4", "int8-weight", "fp32"}
+            if name == "cpu-int4"
+            else {"int4", "nvfp4", "int8-weight", "int8", "fp8", "fp16"}
         )
         assert "int4" in levels and levels <= allowed, levels
         (head,) = [layer for layer in recipe["layers"] if layer["module"].endswith("lm_head")]
         assert head["precision"] == "int8-weight" and head["reason"] == "override '*lm_head'"
         others = [layer for layer in recipe["layers"] if layer is not head]
         assert all(layer["reason"].startswith("search") and layer["module"] for layer in others)
+        assert any("at half a byte a weight" in layer["reason"] and "nvfp4" in layer["reason"] for layer in others)
     fp32_bytes = os.path.getsize(tmp_path / "out" / "model.onnx")
     assert os.path.getsize(tmp_path / "out" / variants["int4"].path) < 0.5 * fp32_bytes / 2  # under half of fp16's
     target = result.manifest.targets[1]

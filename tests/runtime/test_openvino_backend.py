@@ -213,3 +213,37 @@ def test_tinylm_generates_the_same_greedy_tokens_on_openvino(tinylm: Path) -> No
         tokens = model.generate(prompt, max_new_tokens=8)
         np.testing.assert_array_equal(tokens, reference.generate(prompt, max_new_tokens=8))
     assert tokens.shape == (1, 11)
+
+
+@needs_openvino
+@pytest.mark.slow
+def test_load_runs_the_backend_the_manifest_records_and_falls_back_saying_why(
+    tinylm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cpu variant recorded as `backend: openvino` loads on OpenVINO; without OpenVINO, on ONNX Runtime with the
+    reason; `backend="onnxruntime"` forces ONNX Runtime."""
+    import json
+    import shutil
+
+    import tensorsmith.runtime.openvino_backend as openvino_backend
+
+    copy = tmp_path / "artifact"
+    shutil.copytree(tinylm, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    cpu = next(target["variant"] for target in manifest["targets"] if target["name"] == "cpu")
+    for variant in manifest["variants"]:
+        if variant["name"] == cpu:
+            variant["backend"] = "openvino"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    prompt = np.array([[1, 5, 9]], np.int64)
+    with load(copy) as model, load(copy, backend="onnxruntime") as forced:
+        assert model.backend == "openvino:CPU" and forced.backend == "onnxruntime:CPUExecutionProvider"
+        np.testing.assert_array_equal(
+            model.generate(prompt, max_new_tokens=4), forced.generate(prompt, max_new_tokens=4)
+        )
+    monkeypatch.setattr(openvino_backend, "openvino_unavailable", lambda: "openvino is not installed")
+    with load(copy) as model:
+        assert model.backend == "onnxruntime:CPUExecutionProvider"
+        assert model.fallback_reason is not None and "chose OpenVINO" in model.fallback_reason
+    with pytest.raises(RuntimeLoadError, match="cannot load .* on OpenVINO: openvino is not installed"):
+        load(copy, backend="openvino")
