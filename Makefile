@@ -41,7 +41,7 @@ browser:
 		(apt-get update -q && apt-get install -y -q chromium >/dev/null)
 
 test: samples lint browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25  # the slowest tests, in every CI log
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache

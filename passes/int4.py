@@ -28,7 +28,18 @@ INT4_MIN, INT4_MAX = -8, 7
 # ratio went from 1.105 to 1.057 with this alone (measured, docs/benchmarks.md).
 AMAX_LEVEL = 7.5
 INT4_MIN_OPSET = INT4.min_opset
+SMALLER_BLOCKS = (64, 32, 16)  # for a weight whose K the block does not divide (TensorRT takes whole blocks only)
 NORMALIZATIONS = ("RMSNormalization", "LayerNormalization", "SimplifiedLayerNormalization")
+
+
+def layer_block(rows: int, block: int) -> int | None:
+    """The block a weight of `rows` input rows is quantized in: `block`, else the largest smaller one that divides
+    them (SmolLM's K = 576 takes 64 where 128 was asked); None when not even 16 does. TensorRT's parser refuses a
+    last partial block ("The quantization axis must divide into whole blocks", checked with tensorrt-rtx 1.7)."""
+    for candidate in (block, *(size for size in SMALLER_BLOCKS if size < block)):
+        if rows % candidate == 0:
+            return candidate
+    return None
 
 
 def block_amax(weight: np.ndarray, block: int) -> np.ndarray:
@@ -58,6 +69,7 @@ class Int4Weight:
 
     input_scale: np.ndarray | None  # AWQ's t [K], shared by every MatMul reading the same activation
     clip: np.ndarray | None  # [K/B, N]
+    block: int | None = None  # its block where the pass's does not divide K (layer_block); None: the pass's
 
 
 def int4_constant(name: str, q: np.ndarray) -> gs.Constant:
@@ -84,17 +96,18 @@ class WeightOnlyInt4:
         for name, node in nodes.items():
             weight = constant_value(node.inputs[1])
             plan = self.weights[name]
-            if weight is None or weight.ndim != 2 or weight.shape[0] % self.block:
-                skipped[name] = f"weight {None if weight is None else list(weight.shape)}: not [K, N], K % {self.block}"
+            block = plan.block or self.block
+            if weight is None or weight.ndim != 2 or weight.shape[0] % block:
+                skipped[name] = f"weight {None if weight is None else list(weight.shape)}: not [K, N], K % {block}"
                 continue
             weight = weight.astype(np.float32)
             if plan.input_scale is not None:
                 weight = weight * plan.input_scale[:, None]
-            q, scale = quantize_int4(weight, self.block, plan.clip)
+            q, scale = quantize_int4(weight, block, plan.clip)
             zero = np.zeros_like(q)
             dequantized = gs.Variable(f"{name}/int4_weight", dtype=np.float32, shape=list(q.shape))
             graph.nodes.append(gs.Node(
-                "DequantizeLinear", name=f"{name}/DequantizeLinear", attrs={"axis": 0, "block_size": self.block},
+                "DequantizeLinear", name=f"{name}/DequantizeLinear", attrs={"axis": 0, "block_size": block},
                 inputs=[int4_constant(f"{name}/weight_int4", q), gs.Constant(f"{name}/weight_scale", scale),
                         int4_constant(f"{name}/weight_zero_point", zero[: scale.shape[0]])],
                 outputs=[dequantized],

@@ -29,7 +29,7 @@ from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import GraphPass, PassReport
-from tensorsmith.passes.int4 import Int4Weight, WeightOnlyInt4, WeightOnlyInt8
+from tensorsmith.passes.int4 import SMALLER_BLOCKS, Int4Weight, WeightOnlyInt4, WeightOnlyInt8, layer_block
 from tensorsmith.passes.matching import constant_value
 from tensorsmith.passes.quantize import InsertQDQ
 from tensorsmith.runtime.manifest import VariantRecord
@@ -47,18 +47,24 @@ class Int4Plan:
     alphas: dict[str, float] = field(default_factory=dict)  # activation → AWQ's α
     error_vs_rtn: dict[str, float] = field(default_factory=dict)  # activation → AWQ's sample error / RTN's
 
+    def block_of(self, name: str) -> int:
+        """The block layer `name` is quantized in (smaller than `block` where that does not divide its K)."""
+        return self.weights[name].block or self.block
+
 
 @dataclass(frozen=True)
 class WeightMatMuls:
     chosen: dict[str, tuple[str, np.ndarray]]  # node → (input activation, weight [K, N])
     skipped: dict[str, str]  # node → why it stays in float
     layers: dict[str, tuple[str, str, int]]  # every weight MatMul → (module, input activation, weight elements)
+    blocks: dict[str, int] = field(default_factory=dict)  # chosen node → its block where smaller than asked
 
 
 def weight_matmuls(model: onnx.ModelProto, block: int) -> WeightMatMuls:
-    """The MatMuls with a constant 2-D float weight, and which of them INT4 can take."""
+    """The MatMuls with a constant 2-D float weight, and which of them INT4 can take (in `block`, or the largest
+    smaller block that divides their K)."""
     modules = module_paths_recorded(model)  # the fused graph carries them (frontend/fused.py)
-    chosen, skipped, layers = {}, {}, {}
+    chosen, skipped, layers, blocks = {}, {}, {}, {}
     for node in gs.import_onnx(model).nodes:
         if node.op != "MatMul" or constant_value(node.inputs[0]) is not None:
             continue
@@ -66,11 +72,15 @@ def weight_matmuls(model: onnx.ModelProto, block: int) -> WeightMatMuls:
         if weight is None or weight.ndim != 2 or weight.dtype.kind != "f":
             continue
         layers[node.name] = (modules.get(node.name, ""), node.inputs[0].name, int(weight.size))
-        if weight.shape[0] % block:
-            skipped[node.name] = f"input dim {weight.shape[0]} is not a multiple of the block ({block})"
-        else:
-            chosen[node.name] = (node.inputs[0].name, weight.astype(np.float32))
-    return WeightMatMuls(chosen, skipped, layers)
+        fits = layer_block(weight.shape[0], block)
+        if fits is None:
+            smallest = min(block, *SMALLER_BLOCKS)
+            skipped[node.name] = f"input dim {weight.shape[0]} is not a multiple of {smallest} (the smallest block)"
+            continue
+        chosen[node.name] = (node.inputs[0].name, weight.astype(np.float32))
+        if fits != block:
+            blocks[node.name] = fits
+    return WeightMatMuls(chosen, skipped, layers, blocks)
 
 
 def plan_int4(
@@ -78,9 +88,15 @@ def plan_int4(
 ) -> Int4Plan:
     """Round-to-nearest, or AWQ's scales and clipping searched on one pass over the calibration data."""
     found = weight_matmuls(model, block)
-    matmuls, skipped = found.chosen, found.skipped
+    matmuls, skipped, smaller = found.chosen, found.skipped, found.blocks
+    if smaller:
+        logger.info("int4: %d of %d weight layers take a smaller block than %d (their K is not a multiple of it)",
+                    len(smaller), len(matmuls), block)  # fmt: skip
+    for name, reason in skipped.items():  # said on the console: never silently float
+        logger.warning("int4: %s stays in float: %s", found.layers[name][0] or name, reason)
     if algorithm == "rtn":
-        return Int4Plan({name: Int4Weight(None, None) for name in matmuls}, algorithm, block, found.layers, skipped)
+        weights = {name: Int4Weight(None, None, smaller.get(name)) for name in matmuls}
+        return Int4Plan(weights, algorithm, block, found.layers, skipped)
     assert data is not None, "awq needs calibration data (checked with the config)"
     activations = sorted({activation for activation, _ in matmuls.values()})
     observer = Observer(model, activations)
@@ -91,10 +107,11 @@ def plan_int4(
         for activation in activations:
             readers = [name for name, (tensor, _) in matmuls.items() if tensor == activation]
             joint = np.concatenate([matmuls[name][1] for name in readers], axis=1)
-            scale, alphas[activation], relative[activation] = search_scale(statistics[activation], joint, block)
+            own = smaller.get(readers[0])  # readers of one activation share its K, and so the block
+            scale, alphas[activation], relative[activation] = search_scale(statistics[activation], joint, own or block)
             for name in readers:
-                clip = search_clip(statistics[activation], matmuls[name][1], scale, block)
-                weights[name] = Int4Weight(scale, clip)
+                clip = search_clip(statistics[activation], matmuls[name][1], scale, own or block)
+                weights[name] = Int4Weight(scale, clip, own)
             advance(1)
     return Int4Plan(weights, algorithm, block, found.layers, skipped, alphas, relative)
 
@@ -196,6 +213,8 @@ def int4_recipe_plan(
             reason = f"awq: α={plan.alphas[activation]:g}, sample error {plan.error_vs_rtn[activation]:.3f}× RTN's"
         else:
             reason = "rtn: round to nearest"
+        if name in plan.weights and plan.block_of(name) != plan.block:
+            reason += f"; block {plan.block_of(name)} (its K is not a multiple of {plan.block})"
         floats = level in (FP16.name, FP32.name)
         choices.append(LayerChoice(name=name, module=module, op="MatMul", inputs=[activation], flops=elements,
                                    precision=recipe.floats.name if floats else level, reason=reason))  # fmt: skip

@@ -139,8 +139,9 @@ def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) 
             continue
         choice = plan.weights[name]
         scale = choice.input_scale if choice.input_scale is not None else np.ones(weight.shape[0], np.float32)
-        q, step = quantize_int4(weight * scale[:, None], plan.block, choice.clip)
-        weights = {INT4: dequantize_int4(q, step, plan.block) / scale[:, None]}
+        block = plan.block_of(name)
+        q, step = quantize_int4(weight * scale[:, None], block, choice.clip)
+        weights = {INT4: dequantize_int4(q, step, block) / scale[:, None]}
         codes, scales = int8_weight(weight)
         weights[INT8_WEIGHT] = codes * scales
         activation_scales = {}
@@ -157,7 +158,7 @@ def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) 
             weights[NVFP4.name] = dequantize_nvfp4(quantize_nvfp4(weight, NVFP4.block))
         one_byte = rows * columns + 2 * columns
         stored = {FLOAT: 2 * rows * columns, **dict.fromkeys(ONE_BYTE, one_byte),
-                  INT4: rows * columns // 2 + 2 * (rows // plan.block) * columns,
+                  INT4: rows * columns // 2 + 2 * (rows // block) * columns,
                   NVFP4.name: rows * columns // 2 + rows // (NVFP4.block or 1) * columns + 4}  # fmt: skip
         pinned = levels.pinned.get(name, (None, ""))[0]
         options[name] = LayerOptions({level: values.astype(np.float32) for level, values in weights.items()},

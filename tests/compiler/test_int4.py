@@ -4,6 +4,7 @@ gets fp16 and says why), a second decoder of another shape with block 64, and a 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -80,11 +81,12 @@ def test_awq_beats_round_to_nearest_and_engines_build(tmp_path: Path) -> None:
 
 
 def _second_decoder(directory: Path) -> None:
-    """A Llama of another shape than tinylm: hidden 256, one KV head for 4, vocab 1024, seeded weights."""
+    """A Llama of another shape than tinylm: hidden 256, one KV head for 4, vocab 1024, seeded weights; its MLP's
+    intermediate size 544 is not a multiple of the block 64 (down_proj's K: block 32 there, as SmolLM's 576 at 128)."""
     import torch
     import transformers
 
-    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=544, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
                                       vocab_size=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
     torch.manual_seed(0)
@@ -99,7 +101,8 @@ def _second_decoder(directory: Path) -> None:
 @pytest.mark.slow
 def test_a_second_decoder_with_another_shape_and_block(tmp_path: Path) -> None:
     """AWQ below RTN, the INT4 variant at most 30 % of fp16's, engines for sm_86/89/120 with both profiles, and
-    generate on ONNX Runtime, for a decoder of another shape with block 64 and token ids as data."""
+    generate on ONNX Runtime, for a decoder of another shape with block 64 and token ids as data; every weight
+    MatMul in INT4, down_proj (K 544) in blocks of 32."""
     _second_decoder(tmp_path / "checkpoint")
     for name, seed in (("tokens", 0), ("evaluation", 1)):
         ids = np.random.default_rng(seed).integers(3, 1024, (32, 64)).astype(np.int64)
@@ -119,7 +122,11 @@ def test_a_second_decoder_with_another_shape_and_block(tmp_path: Path) -> None:
     sizes = {name: os.path.getsize(tmp_path / "awq" / variants["awq"][name].path) for name in ("int4", "fp16")}
     assert sizes["int4"] <= 0.30 * sizes["fp16"], sizes
     quantized = next(record for record in results["awq"].passes if record.name == "weight_only_int4")
-    assert quantized.details["block_size"] == 64
+    assert quantized.details["block_size"] == 64 and quantized.counts["skipped"] == 0
+    plan = json.loads((tmp_path / "awq" / "precision.json").read_text())["recipes"]["int4"]
+    assert plan["quantized_flops_fraction"] == 1.0
+    down = [layer for layer in plan["layers"] if layer["module"].endswith("down_proj")]
+    assert down and all(layer["precision"] == "int4" and "block 32" in layer["reason"] for layer in down)
     for target in results["awq"].targets[2:]:
         assert target.status == "built" and target.variant == "int4", target.reason
         assert target.engine is not None and target.engine.profile_names == ["prefill", "decode"]
@@ -132,7 +139,6 @@ def test_auto_chooses_each_weight_layer_within_a_perplexity_budget(tmp_path: Pat
     """A decoder's `auto`: int4 / int8 (weight-only or W8A8) / float per layer, the budget met on held-out text by
     the verified variant, every layer's choice and reason in precision.json (an override pins one); W8A8 (int8,
     fp8) and NVFP4 (every GPU target is Blackwell) for the GPU variant only, engines built with both profiles."""
-    import json
 
     text = calibration_text(tmp_path / "calibration.txt")
     config = CompileConfig.create(
