@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tensorsmith.compiler.config import BuildConfig, DimRange
 from tensorsmith.compiler.engines.builder import BUILDER_MODULES, build_engine
+from tensorsmith.compiler.engines.engine_graph import engine_graph
 from tensorsmith.compiler.engines.profiles import decoder_profiles, profile_for
 from tensorsmith.compiler.targets import RTX_TARGETS, Builder, get_target
 from tensorsmith.core.errors import BuildError
@@ -114,7 +115,8 @@ def build_engine_record(
     """Build `name`'s engine from `variant` into `directory/engines/NAME.engine` (+ NAME.json, with the build's
     warnings), and its manifest record."""
     profiles = decoder_profiles(inputs, dims, name) if decoder else [profile_for(inputs, dims, name)]
-    engine = build_engine(directory / variant.path, name, profiles, builder, options, onnx_sha256=variant.sha256)
+    with engine_graph(directory, variant, decoder) as (source, sha256):
+        engine = build_engine(source, name, profiles, builder, options, onnx_sha256=sha256)
     engines = directory / ENGINES_DIR
     engines.mkdir(exist_ok=True)
     path = engines / f"{name}.engine"

@@ -143,3 +143,39 @@ def test_every_weight_level_in_one_variant_runs_and_builds_for_ada(fp32_tinylm: 
     profiles = decoder_profiles(manifest.inputs, dims, "sm_89")
     built = build_engine(tmp_path / record.path, "sm_89", profiles)
     assert built.profile_names == ["prefill", "decode"] and len(built.plan) > 0
+
+
+def test_engines_are_built_from_last_position_logits(fp32_tinylm: Path, tmp_path: Path) -> None:
+    """The engine graph's prefill projects the last position only (logits [batch, 1, vocab], what generation
+    reads); the variant keeps every position for perplexity. Same tokens from both graphs; TensorRT's network
+    output has sequence length 1."""
+    import onnx
+    import onnx_graphsurgeon as gs
+    import tensorrt_rtx as trt
+
+    from tensorsmith.compiler.engines.engine_graph import engine_graph
+    from tensorsmith.compiler.variants.text_data import prefill_feeds
+    from tensorsmith.runtime.loader import Model
+    from tensorsmith.runtime.onnxruntime_backend import OnnxRuntimeBackend
+
+    manifest = read_manifest(fp32_tinylm)
+    tokens = np.random.default_rng(0).integers(3, 200, (2, 17)).astype(np.int64)
+    feeds = prefill_feeds(tokens, manifest.inputs)
+    with engine_graph(fp32_tinylm, manifest.variants[0], decoder=True) as (sliced, _):
+        last = onnx.load(sliced)
+        (full_logits, *_), (last_logits, *_) = run_onnx(fp32_tinylm / "model.onnx", feeds), run_onnx(last, feeds)
+        assert last_logits.shape == (2, 1, full_logits.shape[-1])
+        np.testing.assert_allclose(last_logits[:, 0], full_logits[:, -1], rtol=1e-5, atol=1e-5)
+        assert any(node.op == "Gather" and node.name.endswith("LastPosition") for node in gs.import_onnx(last).nodes)
+        specs = ([r.spec() for r in manifest.inputs], [r.spec() for r in manifest.outputs])
+        prompt = np.array([[1, 5, 9, 14]], np.int64)
+        with Model(fp32_tinylm, manifest, OnnxRuntimeBackend(sliced, *specs), None) as model:
+            expected = load(fp32_tinylm, backend="onnxruntime").generate(prompt, max_new_tokens=6)
+            np.testing.assert_array_equal(model.generate(prompt, max_new_tokens=6), expected)
+        logger = trt.Logger(trt.Logger.ERROR)
+        network = trt.Builder(logger).create_network(0)
+        assert trt.OnnxParser(network, logger).parse_from_file(str(sliced))
+        logits = next(
+            network.get_output(i) for i in range(network.num_outputs) if network.get_output(i).name == "logits"
+        )
+        assert tuple(logits.shape)[1] == 1
