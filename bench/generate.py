@@ -46,10 +46,10 @@ def _timed(generate: Any, batch: np.ndarray) -> tuple[float, float, list[list[in
     return (stamps[0] - started) * 1e3, decode, [list(map(int, row)) for row in sequences]
 
 
-def side_tensorsmith(artifact: str) -> Any:
+def side_tensorsmith(artifact: str, backend: str = "onnxruntime") -> Any:
     from tensorsmith.runtime import load
 
-    model = load(artifact, backend="onnxruntime")
+    model = load(artifact, backend=backend)  # type: ignore[arg-type]
 
     def generate(batch: np.ndarray, stamp: Any) -> np.ndarray:
         return model.generate(batch, max_new_tokens=NEW_TOKENS, eos_token_id=[], streamer=lambda _: stamp())
@@ -104,7 +104,13 @@ def side_transformers(directory: str) -> Any:
     return generate
 
 
-SIDES = {"tensorsmith": side_tensorsmith, "onnxruntime-genai": side_genai, "transformers": side_transformers}
+def side_tensorsmith_openvino(artifact: str) -> Any:
+    """The same artifact's cpu variant on OpenVINO (`tensorsmith[openvino]`)."""
+    return side_tensorsmith(artifact, backend="openvino")
+
+
+SIDES = {"tensorsmith": side_tensorsmith, "tensorsmith on OpenVINO": side_tensorsmith_openvino,
+         "onnxruntime-genai": side_genai, "transformers": side_transformers}  # fmt: skip
 
 
 def run_side(name: str, path: str) -> dict[str, Any]:
@@ -141,16 +147,17 @@ def main() -> None:
             "onnxruntime-genai": [python, "-m", "onnxruntime_genai.models.builder", "-i", str(CHECKPOINT),
                                   "-o", str(work / "genai"), "-p", "fp32", "-e", "cpu", "-c", str(work / "cache")],
         }  # fmt: skip
-        paths = {"tensorsmith": str(work / "ours"), "onnxruntime-genai": str(work / "genai"),
-                 "transformers": str(CHECKPOINT)}  # fmt: skip
+        paths = {"tensorsmith": str(work / "ours"), "tensorsmith on OpenVINO": str(work / "ours"),
+                 "onnxruntime-genai": str(work / "genai"), "transformers": str(CHECKPOINT)}  # fmt: skip
         os.environ["HF_HUB_OFFLINE"] = "1"
         made: dict[str, tuple[float, float, int]] = {}
         for name, command in prepare.items():
             made[name] = _process(command)
         results, processes = {}, {}
         for name in SIDES:
-            processes[name] = _process([python, __file__, name, paths[name], str(work / f"{name}.json")])
-            results[name] = json.loads((work / f"{name}.json").read_text())
+            figures = work / f"{name.replace(' ', '-')}.json"
+            processes[name] = _process([python, __file__, name, paths[name], str(figures)])
+            results[name] = json.loads(figures.read_text())
         ours = json.loads((work / "ours" / "manifest.json").read_text())
         sm86 = next(t for t in ours["targets"] if t["name"] == "sm_86")
         engines = {"tensorsmith": f"sm_86 {sm86['status']} by the compile ({sm86['variant']} variant, profiles "

@@ -1,7 +1,7 @@
 """MiniLM on the CPU: OpenVINO against ONNX Runtime, on the artifact's fp32 graph, on NNCF's own int8 (what an
 OpenVINO user would pick) and on the artifact's cpu variants, each model in its own process.
 
-    python bench/openvino.py [--int8 build/minilm-int8] [--auto build/minilm-auto] [--runs 50] [--threads 2]
+    python bench/cpu_backends.py [--int8 build/minilm-int8] [--auto build/minilm-auto] [--runs 50] [--threads 2]
 
 `--int8`: an artifact compiled with `--precision int8 --calibration samples/minilm/calibration.npz --target
 cpu` (cpu variant cpu-int8, Q/DQ); `--auto`: one compiled with `--precision auto --budget 'cosine>=0.995'
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-# Run as a script, this file's folder comes first on sys.path and this file would be `import openvino`.
+# Run as a script: the repository root on sys.path (for `bench.`), this file's folder off it.
 sys.path[:] = [str(ROOT), *(entry for entry in sys.path if Path(entry or ".").resolve() != ROOT / "bench")]
 
 from bench.precision import CALIBRATION, EVALUATION, OUTPUTS, cosines, load_feeds  # noqa: E402
