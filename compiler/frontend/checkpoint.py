@@ -17,6 +17,16 @@ logger = logging.getLogger(__name__)
 
 _LIST_LIMIT = 8  # names shown in an error before "... and N more"
 SAVE_TENSORS = "save a state_dict, torch.save(model.state_dict(), path), or use safetensors"
+# safetensors' dtype codes a checkpoint may hold, by torch's names: float weights (loaded as float32) and the
+# integer and bool buffers some models save (positions, masks). Anything else (8-bit and smaller: int8, uint8,
+# float8, float4, ...) is a quantized checkpoint, refused by name before the export.
+FLOAT_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
+BUFFER_DTYPES = {"BOOL": "bool", "I16": "int16", "I32": "int32", "I64": "int64", "U16": "uint16", "U32": "uint32",
+                 "U64": "uint64"}  # fmt: skip
+QUANTIZED_DTYPES = {"I8": "int8", "U8": "uint8", "F8_E4M3": "float8_e4m3fn",  # dtypes, not precisions
+                    "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu", "F4": "float4_e2m1fn_x2"}  # fmt: skip
+FLOAT_WEIGHTS = "tensorsmith reads float32, float16 and bfloat16 weights"
+SAVE_FLOAT = "save the weights unquantized, e.g. after model.to(torch.bfloat16); --precision quantizes them"
 
 
 def _unpickler_reason(err: Exception) -> str:
@@ -31,6 +41,26 @@ def _unpickler_reason(err: Exception) -> str:
 def _names(keys: list[str]) -> str:
     shown = ", ".join(keys[:_LIST_LIMIT])
     return shown + (f" … and {len(keys) - _LIST_LIMIT} more" if len(keys) > _LIST_LIMIT else "")
+
+
+def check_safetensors_dtypes(path: Path) -> None:
+    """Refuse, naming the dtype and the file, a safetensors file whose tensors are not float weights or integer
+    buffers; only its header is read."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as opened:
+            codes = {name: opened.get_slice(name).get_dtype() for name in opened.keys()}  # noqa: SIM118 (not iterable)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ExportError(f"checkpoint {path} is not a valid safetensors file: {err}") from err
+    refused = sorted(name for name, code in codes.items() if code not in FLOAT_DTYPES and code not in BUFFER_DTYPES)
+    if refused:
+        dtype = codes[refused[0]]
+        raise ExportError(
+            f"checkpoint {path} holds {QUANTIZED_DTYPES.get(dtype, dtype)} tensors ({_names(refused)}); "
+            f"{FLOAT_WEIGHTS}",
+            hint=SAVE_FLOAT,
+        )
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -73,7 +103,10 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(module: torch.nn.Module, path: Path) -> None:
-    """Load `path` into `module`, strictly: missing, unexpected and mis-shaped keys are errors, named."""
+    """Load `path` into `module`, strictly: missing, unexpected and mis-shaped keys are errors, named, and so is a
+    float weight the checkpoint holds quantized; float16 and bfloat16 tensors load cast to the module's dtype."""
+    import torch
+
     state = read_state_dict(path)
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -95,5 +128,11 @@ def load_checkpoint(module: torch.nn.Module, path: Path) -> None:
             f"checkpoint {path} does not fit {type(module).__name__}: {'; '.join(problems)}",
             hint="check that the factory builds the same architecture the checkpoint was saved from",
         )
+    floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    quantized = [f"{key} as {str(state[key].dtype).removeprefix('torch.')}" for key in sorted(state)
+                 if expected[key].is_floating_point() and state[key].dtype not in floats]  # fmt: skip
+    if quantized:
+        raise ExportError(f"checkpoint {path} holds float weights quantized ({_names(quantized)}); {FLOAT_WEIGHTS}",
+                          hint=SAVE_FLOAT)  # fmt: skip
     module.load_state_dict(state, strict=True)
     logger.info("loaded %d tensors from %s", len(state), path)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
+from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, check_safetensors_dtypes
 from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module, kv_layout
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.runtime.manifest import FileRecord, sha256_of
@@ -30,6 +31,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
 TOKENIZER_DIRECTORY = "tokenizer"
 MAX_SEQUENCE = 2048  # the default max of the sequence dim: the config's positions, capped here
+# config.json's `dtype` (`torch_dtype` before transformers 4.56) that a checkpoint may give: the weights are loaded
+# in float32 whichever it is (the reference and the fp32 graph are computed as transformers computes in float32)
+CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,24 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
             f"{path} has no .safetensors weights" + (f" (only {', '.join(pickled)})" if pickled else ""),
             hint="re-save the model with save_pretrained(dir, safe_serialization=True); pickled weights are not read",
         )
+    _check_dtypes(model)
     return model
+
+
+def _check_dtypes(model: HuggingFaceModel) -> None:
+    """A dtype the compile cannot take, in config.json or in a weights file, named before any work."""
+    for key in ("dtype", "torch_dtype"):
+        declared = model.config.get(key)
+        if declared is not None and declared not in CONFIG_DTYPES:
+            raise ConfigError(f"{model.directory / CONFIG_FILE} gives {key} {declared!r}; {FLOAT_WEIGHTS}",
+                              hint=SAVE_FLOAT)  # fmt: skip
+    quantization = model.config.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
+        raise ConfigError(f"{model.directory / CONFIG_FILE} describes a quantized checkpoint (quant_method "
+                          f"{method!r}); {FLOAT_WEIGHTS}", hint=SAVE_FLOAT)  # fmt: skip
+    for path in model.weights():
+        check_safetensors_dtypes(path)
 
 
 def declare_model_inputs(config: CompileConfig, model: HuggingFaceModel) -> CompileConfig:
@@ -138,17 +159,27 @@ def _forward_parameters(model: HuggingFaceModel) -> list[str]:
     return list(inspect.signature(_model_class(model).forward).parameters)
 
 
+def _dtype_argument(transformers: Any) -> str:
+    """from_pretrained's name for the dtype to load in: `dtype` from transformers 4.56, `torch_dtype` before (which
+    later versions still take, with a deprecation warning)."""
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
 def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
-    """The model, loaded from the directory's safetensors only, returning its task's one output tensor."""
+    """The model, loaded from the directory's safetensors only, in float32 whatever dtype the weights were saved
+    in (transformers' default, the config's dtype, would make a bfloat16 checkpoint a bfloat16 module: fp32 inputs
+    such as a decoder's past would not fit it, nor could its outputs be compared), returning its task's one
+    output tensor."""
     import torch
 
     # Mixtral-style experts: transformers' default grouped_mm kernel has no ONNX export; batched_mm gathers each
     # token's top-k experts' weights and exports to standard ops.
     experts = {"experts_implementation": "batched_mm"} if "num_local_experts" in model.config else {}
+    float32 = {_dtype_argument(_transformers()): torch.float32}
     try:
-        loaded = _model_class(model).from_pretrained(
-            str(model.directory), local_files_only=True, use_safetensors=True, attn_implementation="eager", **experts
-        )
+        loaded = _model_class(model).from_pretrained(str(model.directory), local_files_only=True, use_safetensors=True,
+                                                     attn_implementation="eager", **float32, **experts)  # fmt: skip
     except Exception as err:  # transformers raises OSError, ValueError, RuntimeError for a broken directory
         raise ExportError(f"transformers could not load {model.directory}: {str(err).strip().splitlines()[0]}") from err
 

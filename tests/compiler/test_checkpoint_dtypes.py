@@ -1,0 +1,177 @@
+"""Hugging Face checkpoints saved in bfloat16 and float16 (`model.to(dtype).save_pretrained(dir)`) compile as
+float32 ones do: the reference and the fp32 graph are what transformers computes in float32 from those weights
+(`from_pretrained(dir, dtype=torch.float32)`), the GPU variants stay fp16. A dtype the compile cannot take is one
+line naming it and the file, before the export."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.runtime import load
+from tests.cli.test_bad_inputs import FACTORY, MLP_INPUT, mlp_factory
+from tests.compiler.test_decoders import COMMON, DECODER, _families, _prompts
+from tests.conftest import max_relative_error, run_cli, run_cli_json
+
+NEW_TOKENS = 8
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def families() -> dict[str, tuple[str, Callable[[], Any]]]:
+    """test_decoders' families, with Qwen2 and Phi3."""
+    import transformers as t
+
+    return {
+        **_families(),
+        "qwen2": ("Qwen2ForCausalLM", lambda: t.Qwen2Config(**DECODER, **COMMON)),
+        "phi3": ("Phi3ForCausalLM", lambda: t.Phi3Config(**DECODER, **COMMON)),
+    }
+
+
+def save_in(dtype: torch.dtype, architecture: str, config: Any, directory: Path, scale: float = 0.15) -> Any:
+    """A seeded random checkpoint saved in `dtype` (weights scaled up so that greedy choices are not near-ties;
+    biases and norms moved off their zeros and ones, as trained ones are), and transformers' own model of it loaded
+    in float32."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0, scale)
+            else:
+                parameter.add_(torch.randn_like(parameter), alpha=0.02)
+    model.to(dtype).save_pretrained(str(directory))
+    saved = json.loads((directory / "config.json").read_text())
+    assert (saved.get("dtype") or saved.get("torch_dtype")) == str(dtype).removeprefix("torch.")
+    return getattr(transformers, architecture).from_pretrained(str(directory), dtype=torch.float32).eval()
+
+
+def save_decoder(family: str, dtype: torch.dtype, directory: Path) -> Any:
+    architecture, make_config = families()[family]
+    return save_in(dtype, architecture, make_config(), directory)
+
+
+# bfloat16 for all five families, float16 for two: each compile takes 15-25 s here
+HALF_CHECKPOINTS = [*((family, "bfloat16") for family in ("llama", "qwen2", "mistral", "gpt2", "phi3")),
+                    *((family, "float16") for family in ("llama", "gpt2"))]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "dtype"), HALF_CHECKPOINTS)
+def test_a_half_checkpoint_generates_transformers_float32_tokens(family: str, dtype: str, tmp_path: Path) -> None:
+    reference = save_decoder(family, DTYPES[dtype], tmp_path / "checkpoint")
+    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu"]})
+    manifest = compile(config, tmp_path / "out").manifest
+    assert manifest.source.exporter == "dynamo" and manifest.targets[0].variant == "fp32"
+    prompt, mask = _prompts()
+    with torch.no_grad():
+        expected = reference.generate(input_ids=torch.from_numpy(prompt), attention_mask=torch.from_numpy(mask),
+                                      do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                      eos_token_id=None, pad_token_id=0).numpy()  # fmt: skip
+    with load(tmp_path / "out", backend="onnxruntime") as model:
+        assert np.array_equal(model.generate(prompt, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), expected)
+
+
+@pytest.mark.slow
+def test_a_bfloat16_encoder_matches_transformers_in_float32(tmp_path: Path) -> None:
+    from transformers import BertConfig
+
+    config = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=64)  # fmt: skip
+    reference = save_in(torch.bfloat16, "BertModel", config, tmp_path / "bert", scale=0.02)
+    run_cli_json("compile", tmp_path / "bert", "-o", tmp_path / "out", "--target", "cpu")
+    ids = np.random.default_rng(0).integers(0, 100, (2, 16)).astype(np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    with torch.inference_mode():
+        expected = reference(**{name: torch.from_numpy(a) for name, a in feeds.items()}).last_hidden_state.numpy()
+    with load(tmp_path / "out") as model:
+        actual = model.run(feeds)["last_hidden_state"]
+    cosine = float(np.dot(expected.ravel(), actual.ravel()) / (np.linalg.norm(expected) * np.linalg.norm(actual)))
+    assert cosine > 0.9999 and max_relative_error(expected, actual) <= 1e-4
+
+
+@pytest.mark.slow
+def test_a_bfloat16_decoder_builds_its_fp16_engines(tmp_path: Path) -> None:
+    save_decoder("llama", torch.bfloat16, tmp_path / "checkpoint")
+    compiled = run_cli_json("compile", tmp_path / "checkpoint", "-o", tmp_path / "out",
+                            "--target", "sm_86", "--target", "sm_120")  # fmt: skip
+    targets = {target["name"]: target for target in compiled["targets"]}
+    assert set(targets) == {"sm_86", "sm_120"}
+    for target in targets.values():
+        assert target["status"] == "built" and target["variant"] == "fp16", target["reason"]
+
+
+def _small_bert(directory: Path) -> Path:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    BertModel(config).to(torch.bfloat16).save_pretrained(str(directory))
+    return directory
+
+
+def _weight_as(dtype: torch.dtype) -> Callable[[Path], tuple[list[str], str]]:
+    def damage(tmp: Path) -> tuple[list[str], str]:
+        directory = _small_bert(tmp / "bert")
+        state = load_file(str(directory / "model.safetensors"))
+        name = next(key for key in sorted(state) if key.endswith("query.weight"))
+        state[name] = state[name].float().clamp(-1, 1).to(dtype)
+        save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return [str(directory)], f"{directory / 'model.safetensors'} holds {str(dtype).removeprefix('torch.')} "
+
+    return damage
+
+
+def _config_with(**fields: Any) -> Callable[[Path], tuple[list[str], str]]:
+    def damage(tmp: Path) -> tuple[list[str], str]:
+        directory = _small_bert(tmp / "bert")
+        config = json.loads((directory / "config.json").read_text())
+        config.pop("dtype", None)  # as transformers before 4.56 saved it: torch_dtype only
+        (directory / "config.json").write_text(json.dumps({**config, **fields}))
+        return [str(directory)], str(directory / "config.json")
+
+    return damage
+
+
+def _factory_checkpoint_int8(tmp: Path) -> tuple[list[str], str]:
+    state = {name: tensor.to(torch.int8) if name == "0.weight" else tensor
+             for name, tensor in mlp_factory().state_dict().items()}  # fmt: skip
+    save_file(state, str(tmp / "w.safetensors"))
+    return [FACTORY, "--checkpoint", str(tmp / "w.safetensors"), *MLP_INPUT], f"{tmp / 'w.safetensors'} holds"
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (_weight_as(torch.int8), "int8"),  # dtypes, not precisions
+        (_weight_as(torch.float8_e4m3fn), "float8_e4m3fn"),
+        (_config_with(dtype="float8"), "dtype 'float8'"),
+        (_config_with(torch_dtype="int4"), "torch_dtype 'int4'"),  # dtypes, not precisions
+        (_config_with(quantization_config={"quant_method": "fp8"}), "quant_method 'fp8'"),
+        (_factory_checkpoint_int8, "0.weight as int8"),  # dtypes, not precisions
+    ],
+    ids=["int8 weight", "float8 weight", "config dtype", "config torch_dtype", "quantization_config", "factory"],
+)
+def test_a_dtype_it_cannot_take_is_one_line_before_the_export(
+    damage: Callable[[Path], tuple[list[str], str]], named: str, tmp_path: Path
+) -> None:
+    arguments, file = damage(tmp_path)
+    result = run_cli("compile", *arguments, "-o", tmp_path / "out", "--target", "cpu")
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and named in lines[0] and file in lines[0] and "(hint: " in lines[0], result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    if arguments[0] != FACTORY:  # a directory's dtypes are read with its config; a factory's once it is built
+        assert "exporting" not in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
