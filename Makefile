@@ -41,7 +41,7 @@ browser:
 		(apt-get update -q && apt-get install -y -q chromium >/dev/null)
 
 test: samples lint browser
-	$(BIN)/python -m pytest -q --durations=25  # the slowest tests, in every CI log
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25  # both cores, a file per worker; the slowest tests
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache

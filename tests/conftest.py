@@ -76,3 +76,35 @@ def disable_optimizers_for_cpu(artifact: Path, optimizers: list[str]) -> None:
         if variant["name"] == cpu:
             variant["onnxruntime_disabled_optimizers"] = optimizers
     (artifact / "manifest.json").write_text(json.dumps(manifest))
+
+
+# Artifacts that several test files read, compiled once per test session (per worker under pytest-xdist): the
+# expensive compiles are shared, never repeated file by file. Tests must not write into them.
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+MINILM_INT8_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_120"]
+
+
+@pytest.fixture(scope="session")
+def tinylm_cpu_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """samples/tinylm's checkpoint compiled for the cpu target, fp32 (its defaults, no evaluation text)."""
+    from tensorsmith.compiler import CompileConfig, compile
+
+    out = tmp_path_factory.mktemp("tinylm-cpu") / "out"
+    compile(CompileConfig.create({"source": str(SAMPLES / "tinylm" / "checkpoint"), "targets": ["cpu"]}), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def minilm_int8_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """all-MiniLM-L6-v2 with --precision int8 for the cpu (cpu-int8) and every int8 architecture (int8)."""
+    from tensorsmith.samples import prepare
+
+    prepare.prepare("minilm")
+    minilm = SAMPLES / "minilm"
+    out = tmp_path_factory.mktemp("minilm-int8") / "int8"
+    targets = [arg for target in ["cpu", *MINILM_INT8_TARGETS] for arg in ("--target", target)]
+    run_cli_json(
+        "compile", minilm / "tensorsmith.toml", "-o", out, "--precision", "int8",
+        "--calibration", minilm / "calibration.npz", "--eval-data", minilm / "evaluation.npz", *targets,
+    )  # fmt: skip
+    return out

@@ -21,23 +21,16 @@ from tensorsmith.passes.quantize import InsertQDQ
 from tensorsmith.runtime import load
 from tensorsmith.runtime.manifest import read_manifest
 from tensorsmith.samples import prepare
-from tests.conftest import run_cli_json
+from tests.conftest import MINILM_INT8_TARGETS, run_cli_json
 from tests.report_rendering import check_report_renders
 
 MINILM = prepare.SAMPLES / "minilm"
-INT8_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_120"]
+INT8_TARGETS = MINILM_INT8_TARGETS
 
 
-@pytest.fixture(scope="module")
-def int8_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    prepare.prepare("minilm")
-    out = tmp_path_factory.mktemp("minilm") / "int8"
-    targets = [arg for target in ["cpu", *INT8_TARGETS] for arg in ("--target", target)]
-    run_cli_json(
-        "compile", MINILM / "tensorsmith.toml", "-o", out, "--precision", "int8",
-        "--calibration", MINILM / "calibration.npz", "--eval-data", MINILM / "evaluation.npz", *targets,
-    )  # fmt: skip
-    return out
+@pytest.fixture
+def int8_artifact(minilm_int8_artifact: Path) -> Path:
+    return minilm_int8_artifact  # compiled once per session (tests/conftest.py)
 
 
 def held_out() -> dict[str, np.ndarray]:

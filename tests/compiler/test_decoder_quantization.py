@@ -29,11 +29,9 @@ def calibration_text(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def fp32_tinylm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tinylm") / "out"
-    compile(CompileConfig.create({"source": str(TINYLM / "checkpoint"), "targets": ["cpu"]}), out)
-    return out
+@pytest.fixture
+def fp32_tinylm(tinylm_cpu_artifact: Path) -> Path:
+    return tinylm_cpu_artifact  # compiled once per session (tests/conftest.py)
 
 
 def test_a_bounded_read_tokenizes_a_prefix_to_the_same_ids(tmp_path: Path) -> None:
