@@ -54,28 +54,22 @@ def choose_cpu_backend(
         logger.info("cpu: OpenVINO not timed: %s", unavailable)
         return record
     reporter.stage("cpu: timing ONNX Runtime against OpenVINO")
-    path = directory / record.path
-    batch = feeds  # the verification inputs, as the session settings are timed on (scalars included)
+    path = directory / record.path  # timed on the verification inputs, as the session settings are
     onnxruntime = cpu_session(path, record.onnxruntime_disabled_optimizers, config=record.onnxruntime_session_config)
     names = [output.name for output in onnxruntime.get_outputs()]
+    expected = onnxruntime.run(None, feeds)
     try:
-        openvino = OpenVinoBackend(path, *specs)
-    except TensorsmithError as err:  # an op OpenVINO cannot read (ONNX Runtime's contrib ops, say)
+        with OpenVinoBackend(path, *specs) as openvino:
+            actual = openvino._run_impl(feeds)
+            agreement = accuracy(expected, [actual[name] for name in names])["cosine"]
+            if agreement < MIN_COSINE:
+                logger.info("cpu: OpenVINO's outputs differ from ONNX Runtime's (cosine %.6f): not chosen", agreement)
+                return record
+            sessions = {Backend.ONNXRUNTIME.value: onnxruntime, Backend.OPENVINO.value: _OpenVinoSession(openvino)}
+            measured = latency_ms(sessions, feeds)
+    except TensorsmithError as err:  # an op or a kernel OpenVINO lacks (ONNX Runtime's contrib ops, say)
         logger.info("cpu: OpenVINO cannot run %s: %s", record.name, err)
         return record
-    expected = onnxruntime.run(None, batch)
-    try:
-        actual = openvino._run_impl(batch)
-    except TensorsmithError as err:  # a kernel OpenVINO lacks for these inputs
-        logger.info("cpu: OpenVINO cannot run %s: %s", record.name, err)
-        return record
-    agreement = accuracy(expected, [actual[name] for name in names])["cosine"]
-    if agreement < MIN_COSINE:
-        logger.info("cpu: OpenVINO's outputs differ from ONNX Runtime's (cosine %.6f): not chosen", agreement)
-        return record
-    measured = latency_ms({Backend.ONNXRUNTIME.value: onnxruntime, Backend.OPENVINO.value: _OpenVinoSession(openvino)},
-                          batch)  # fmt: skip
-    openvino.close()
     faster = measured[Backend.OPENVINO.value] < measured[Backend.ONNXRUNTIME.value] * (1 - MIN_GAIN)
     chosen = Backend.OPENVINO if faster else Backend.ONNXRUNTIME
     logger.info("cpu: %s ms per run by backend: %s", measured, chosen.value)

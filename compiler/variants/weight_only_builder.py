@@ -45,8 +45,9 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
     evaluation = _evaluation(config, fused, split)
     model, _ = rewritten(fused.model, [GemmAsMatMul()])  # the same function; Gemm weights become INT4-able
     # nvfp4 on its own: Model Optimizer's scales on every weight whose K is a multiple of its block (16), no AWQ
-    nvfp4 = plan.request == NVFP4.name and NVFP4.block is not None
-    algorithm, block = ("rtn", NVFP4.block or 0) if nvfp4 else (config.int4_algorithm, config.int4_block_size)
+    assert NVFP4.block is not None
+    nvfp4 = plan.request == NVFP4.name
+    algorithm, block = ("rtn", NVFP4.block) if nvfp4 else (config.int4_algorithm, config.int4_block_size)
     awq_data = split.calibration if split is not None and algorithm == "awq" else None
     int4_plan = plan_int4(model, algorithm, block, awq_data, reporter)
     data = split.calibration if split is not None else None
