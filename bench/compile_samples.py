@@ -26,7 +26,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from tensorsmith.compiler import CompileConfig, compile
-    from tensorsmith.compiler.frontend.export import _build_module, _export_dynamo
+    from tensorsmith.compiler.frontend.export import _build_module
+    from tensorsmith.compiler.frontend.exporters import export_dynamo
     from tensorsmith.compiler.frontend.feeds import example_feeds
     from tensorsmith.samples import prepare
 
@@ -36,9 +37,9 @@ def main() -> None:
         config = CompileConfig.from_toml(prepare.SAMPLES / name / "tensorsmith.toml")
         feeds = example_feeds(config)
         module = _build_module(config)
-        _export_dynamo(module, config, feeds, config.outputs or None)  # warm-up: imports, dispatcher caches
+        export_dynamo(module, config, feeds, config.outputs or None, [])  # warm-up: imports, dispatcher caches
         started = time.perf_counter()
-        _export_dynamo(_build_module(config), config, feeds, config.outputs or None)
+        export_dynamo(_build_module(config), config, feeds, config.outputs or None, [])
         bare = time.perf_counter() - started
         with tempfile.TemporaryDirectory() as scratch:
             result = compile(config, Path(scratch) / name)

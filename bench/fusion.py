@@ -47,7 +47,8 @@ def export(name: str, exporter: str, opset: int, path: Path) -> dict[str, np.nda
     import torch
 
     from tensorsmith.compiler import CompileConfig
-    from tensorsmith.compiler.frontend.export import _build_module, _export_dynamo, _export_torchscript
+    from tensorsmith.compiler.frontend.export import _build_module
+    from tensorsmith.compiler.frontend.exporters import export_dynamo, export_torchscript
     from tensorsmith.samples import prepare
 
     prepare.prepare(name)
@@ -59,8 +60,8 @@ def export(name: str, exporter: str, opset: int, path: Path) -> dict[str, np.nda
         feeds["input_ids"] = feeds["input_ids"] % 1000
     example = {key: value[:2, :16] for key, value in feeds.items()}
     with torch.inference_mode():
-        exporter_function = _export_dynamo if exporter == "dynamo" else _export_torchscript
-        model = exporter_function(module, config, example, config.outputs or None)
+        exporter_function = export_dynamo if exporter == "dynamo" else export_torchscript
+        model = exporter_function(module, config, example, config.outputs or None, [])
     import onnx
 
     onnx.save(model, str(path))

@@ -97,6 +97,11 @@ class CompileConfig(_Strict):
     exporter: Literal["auto", "dynamo", "torchscript"] = Field(
         "auto", description="auto: dynamo, then TorchScript if dynamo fails"
     )
+    trace_every_layer: bool = Field(
+        False,
+        description="trace each of a decoder's layers in the export, instead of two with the rest repeated from "
+        "the second (for layers that differ in ways config.json does not say)",
+    )
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
     precision: Request = Field(
         FP32.name,

@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx.external_data_helper import load_external_data_for_model
 
 from tensorsmith.core.errors import ExportError
-from tensorsmith.core.ir import save_onnx, serialized
+from tensorsmith.core.ir import EXTERNAL_DATA_ABOVE, save_onnx, serialized, weight_bytes
 from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 # ONNX Runtime's log severities run 0 verbose … 3 error, 4 fatal. The compiler's sessions log fatal only: an
@@ -57,22 +56,19 @@ def run_onnx(path: Path | onnx.ModelProto, feeds: dict[str, np.ndarray], origin:
 
 
 def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> Any:
-    """A quiet ONNX Runtime session over an in-memory graph (a search's switched graph, an observer's), opened
-    from its bytes, or from a temporary file over 2 GB (external data). ONNX Runtime's own errors propagate."""
+    """A quiet ONNX Runtime session over an in-memory graph (a search's switched graph, an observer's): opened from
+    its bytes when small, else from a temporary file with its weights as external data (faster than protobuf's
+    serialisation above EXTERNAL_DATA_ABOVE, and the only way over 2 GB); `model` is left as it was. ONNX
+    Runtime's own errors propagate."""
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
-    data = serialized(model)
-    if data is not None:
+    if weight_bytes(model) <= EXTERNAL_DATA_ABOVE and (data := serialized(model)) is not None:
         return onnxruntime.InferenceSession(data, options, providers=list(providers))
     with tempfile.TemporaryDirectory(prefix="tensorsmith-session-") as scratch:
         path = Path(scratch) / "model.onnx"
-        save_onnx(model, path)  # over 2 GB: moves the weights out of `model`, into files beside it
-        try:
-            return onnxruntime.InferenceSession(str(path), options, providers=list(providers))
-        finally:
-            if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-                load_external_data_for_model(model, scratch)  # the caller's model holds its weights again
+        save_onnx(model, path)
+        return onnxruntime.InferenceSession(str(path), options, providers=list(providers))
 
 
 def cpu_session(

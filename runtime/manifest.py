@@ -39,6 +39,9 @@ class SourceRecord(_Record):
     checkpoint: str | None = None
     exporter: Literal["dynamo", "torchscript", "none"] = "none"
     fallback_reason: str | None = Field(None, description="why the dynamo exporter was not used, if it was not")
+    traced_layers: int | None = Field(
+        None, description="a decoder's layers the export traced, the rest repeated from the last of them (None: all)"
+    )
     opset: int
     warnings: list[str] = Field(default_factory=list, description="torch's and onnx's warnings during the export")
 
@@ -49,6 +52,7 @@ class PassRecord(_Record):
     counts: dict[str, int] = Field(default_factory=dict)
     seconds: float
     details: dict[str, object] = Field(default_factory=dict)
+    variant: str = Field("", description="the variant whose file the pass wrote; empty: the compiled graph's")
 
 
 class StepRecord(_Record):
@@ -165,10 +169,14 @@ class Manifest(_Record):
 
 
 def sha256_of(path: Path) -> str:
+    """Of the file's bytes, followed by those of its external data (`<name>.data` beside an ONNX file) if it has
+    one: a record of a model covers its weights, and an engine cache key changes with them."""
     digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
+    sidecar = path.with_name(f"{path.name}.data")
+    for part in (path, sidecar) if sidecar.is_file() else (path,):
+        with part.open("rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 

@@ -157,6 +157,9 @@ def export_triton(
         (staging / CONFIG_NAME).write_text(text)
         (staging / "1").mkdir()
         shutil.copyfile(source, staging / "1" / model_file)
+        sidecar = source.with_name(f"{source.name}.data")  # an ONNX model's external weights, under their own name
+        if sidecar.is_file():
+            shutil.copyfile(sidecar, staging / "1" / sidecar.name)
     for warning in warnings:
         logger.warning("%s", warning)
     return TritonModel(out, platform, model_file, max_batch_size, preferred, warnings)

@@ -98,9 +98,9 @@ def generation_record(model: HuggingFaceModel, config: CompileConfig) -> Generat
     )
 
 
-def kv_cache_module(loaded: Any, layers: int) -> torch.nn.Module:
+def kv_cache_module(loaded: Any) -> torch.nn.Module:
     """`loaded` (a transformers causal LM) as forward(input_ids, attention_mask, position_ids, *past) →
-    (logits, *presents)."""
+    (logits, *presents), two past tensors a layer (as many layers as it is given: the export may trace fewer)."""
     import torch
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
@@ -114,7 +114,7 @@ def kv_cache_module(loaded: Any, layers: int) -> torch.nn.Module:
             self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
         ) -> tuple[torch.Tensor, ...]:
             cache = DynamicCache()
-            for index in range(layers):
+            for index in range(len(past) // 2):
                 layer = DynamicLayer()
                 # the tensors as they are: DynamicLayer.update would concatenate onto an empty 1-D tensor
                 layer.keys, layer.values = past[2 * index], past[2 * index + 1]

@@ -6,15 +6,10 @@ is tried and the manifest records which one ran and why. torch is imported only 
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import io
 import logging
-import tempfile
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +17,20 @@ import onnx
 
 from tensorsmith.compiler.config import CompileConfig, InputDecl
 from tensorsmith.compiler.frontend.checkpoint import load_checkpoint
-from tensorsmith.compiler.frontend.huggingface import build_module
+from tensorsmith.compiler.frontend.decoder import kv_layout, past_names, present_names
+from tensorsmith.compiler.frontend.exporters import dynamo_program, export_dynamo, export_torchscript
+from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, build_module
+from tensorsmith.compiler.frontend.layer_stamping import (
+    MIN_LAYERS,
+    TRACED_LAYERS,
+    StampingRefused,
+    check_alike,
+    find_layer_stack,
+    per_layer_variation,
+    stamp_layers,
+    truncated,
+    weights_as_inputs,
+)
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line, import_factory
@@ -32,7 +40,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TORCHSCRIPT_MAX_OPSET = 20
 Reference = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
 
@@ -44,6 +51,7 @@ class ExportedModel:
     # Computes the source model's outputs for feeds, to verify the compiled graph against (None for ONNX).
     reference: Reference | None = None
     warnings: list[str] = field(default_factory=list)  # torch's and onnx's, during the export (for the manifest)
+    traced_layers: int | None = None  # a decoder's layers traced, the rest stamped from them (None: all traced)
 
 
 def _build_module(config: CompileConfig) -> torch.nn.Module:
@@ -87,127 +95,6 @@ def _torch_reference(module: Callable[..., Any], names: list[str]) -> Reference:
     return run
 
 
-MAX_WARNINGS = 50  # kept in the manifest; the rest are counted
-
-
-@contextlib.contextmanager
-def _quiet_exporter(kept: list[str]) -> Iterator[None]:
-    """The exporters print progress to stdout and raise many warnings about torch internals: keep both out of
-    the user's terminal and --json output. The warnings go to `kept` (one line each, once) and the -v log; the
-    printed output to the debug log."""
-    captured = io.StringIO()
-    # torch configures its own loggers when imported; quiet the exporter's unless we are debugging.
-    exporter_logger = logging.getLogger("torch.onnx")
-    level = exporter_logger.level
-    if not logger.isEnabledFor(logging.DEBUG):
-        exporter_logger.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(captured), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield
-    finally:
-        exporter_logger.setLevel(level)
-    lines = dict.fromkeys(f"{w.category.__name__}: {(str(w.message).strip().splitlines() or [''])[0]}" for w in caught)
-    for line in lines:
-        logger.info("exporter warning: %s", line)
-    kept += list(lines)[:MAX_WARNINGS]
-    if len(lines) > MAX_WARNINGS:
-        kept.append(f"… and {len(lines) - MAX_WARNINGS} more")
-    if captured.getvalue().strip():
-        logger.debug("exporter output:\n%s", captured.getvalue().rstrip())
-
-
-def _dynamic_shapes(config: CompileConfig) -> dict[str, dict[int, Any]]:
-    import torch
-
-    dims: dict[str, Any] = {}
-    shapes: dict[str, dict[int, Any]] = {}
-    for decl in config.inputs:
-        axes = {}
-        for axis, dim in enumerate(decl.dims):
-            if isinstance(dim, str):
-                if dim not in dims:
-                    limits = config.dims.get(dim)
-                    kwargs = {"max": limits.max} if limits and limits.max else {}
-                    dims[dim] = torch.export.Dim(dim, **kwargs)
-                axes[axis] = dims[dim]
-        shapes[decl.name] = axes
-    return shapes
-
-
-def _shapes_for_signature(module: Any, shapes: list[dict[int, Any]]) -> tuple[Any, ...]:
-    """torch.export takes dynamic shapes shaped like forward's signature: the inputs a `*args` parameter takes
-    (a decoder's past tensors) as one tuple in its place."""
-    try:
-        parameters = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return tuple(shapes)
-    for index, parameter in enumerate(parameters):
-        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            return (*shapes[:index], tuple(shapes[index:]))
-    return tuple(shapes)
-
-
-def _export_dynamo(
-    module: torch.nn.Module | Any,
-    config: CompileConfig,
-    feeds: dict[str, np.ndarray],
-    output_names: list[str] | None,
-    warned: list[str],
-) -> onnx.ModelProto:
-    import torch
-
-    names = [decl.name for decl in config.inputs]
-    args = tuple(torch.from_numpy(feeds[name]) for name in names)
-    is_program = isinstance(module, torch.export.ExportedProgram)
-    with _quiet_exporter(warned):
-        program = torch.onnx.export(
-            module,
-            args,
-            dynamo=True,
-            opset_version=config.opset,
-            input_names=names,
-            output_names=output_names,
-            # An ExportedProgram carries its own dynamic shapes.
-            dynamic_shapes=None
-            if is_program
-            else _shapes_for_signature(module, list(_dynamic_shapes(config).values())),
-            verbose=False,
-        )
-    if program is None:  # only None when f= is given; keeps the type checker honest
-        raise ExportError("the dynamo exporter returned no program")
-    return program.model_proto
-
-
-def _export_torchscript(
-    module: torch.nn.Module,
-    config: CompileConfig,
-    feeds: dict[str, np.ndarray],
-    output_names: list[str] | None,
-    warned: list[str],
-) -> onnx.ModelProto:
-    import torch
-
-    names = [decl.name for decl in config.inputs]
-    dynamic_axes = {
-        decl.name: {axis: dim for axis, dim in enumerate(decl.dims) if isinstance(dim, str)} for decl in config.inputs
-    }
-    with tempfile.TemporaryDirectory(prefix="tensorsmith-export-") as scratch, _quiet_exporter(warned):
-        # A file, not a buffer: over 2 GB the exporter writes the weights beside it as external data.
-        path = Path(scratch) / "model.onnx"
-        torch.onnx.export(
-            module,
-            tuple(torch.from_numpy(feeds[name]) for name in names),
-            path,
-            dynamo=False,
-            opset_version=min(config.opset, TORCHSCRIPT_MAX_OPSET),
-            input_names=names,
-            output_names=output_names,
-            dynamic_axes=dynamic_axes,
-        )
-        return onnx.load(str(path))
-
-
 def _check_forward_arguments(module: torch.nn.Module, inputs: list[InputDecl]) -> None:
     try:
         parameters = list(inspect.signature(module.forward).parameters)
@@ -227,7 +114,7 @@ def _export_torch(module: Any, config: CompileConfig, feeds: dict[str, np.ndarra
     if config.exporter in ("auto", "dynamo"):
         warned: list[str] = []
         try:
-            model = _export_dynamo(module, config, feeds, output_names, warned)
+            model = export_dynamo(module, config, feeds, output_names, warned)
             return ExportedModel(model, "dynamo", None, reference, warned)
         except Exception as err:  # the exporter raises many types; the reason goes into the manifest
             errors.append(f"dynamo: {first_line(err)}")
@@ -236,7 +123,7 @@ def _export_torch(module: Any, config: CompileConfig, feeds: dict[str, np.ndarra
     if config.exporter in ("auto", "torchscript") and not _is_exported_program(module):
         warned = []
         try:
-            model = _export_torchscript(module, config, feeds, output_names, warned)
+            model = export_torchscript(module, config, feeds, output_names, warned)
             fallback = errors[0] if errors else None
             if fallback:
                 logger.warning("exported with the TorchScript exporter instead")
@@ -247,6 +134,47 @@ def _export_torch(module: Any, config: CompileConfig, feeds: dict[str, np.ndarra
         f"could not export {config.source} to ONNX: {'; '.join(errors)}",
         hint="run with -v for the exporter's traceback; check the declared inputs match forward()'s arguments",
     )
+
+
+def _export_stamped(
+    module: torch.nn.Module, model: HuggingFaceModel, config: CompileConfig, feeds: dict[str, np.ndarray]
+) -> ExportedModel | None:
+    """A decoder traced with two layers and the rest stamped from the second (layer_stamping.py); None where the
+    layers may differ or the trace of two fails, for the whole stack to be traced instead."""
+    if config.exporter == "torchscript" or config.trace_every_layer:
+        return None
+    layers = kv_layout(model.config)[0]
+    stack = find_layer_stack(module, layers)
+    reason = per_layer_variation(model.config, layers) or (
+        f"{layers} layers" if layers < MIN_LAYERS else None) or (
+        None if stack else "no module list of the layers")  # fmt: skip
+    if reason or stack is None:
+        logger.info("tracing every layer: %s", reason)
+        return None
+    pasts, presents = past_names(layers), present_names(layers)
+    trimmed = config.model_copy(update={
+        "inputs": [decl for decl in config.inputs if decl.name not in pasts[2 * TRACED_LAYERS :]],
+        "outputs": [name for name in config.outputs if name not in presents[2 * TRACED_LAYERS :]]})  # fmt: skip
+    configs = list({id(m.config): m.config for m in module.modules()
+                    if hasattr(getattr(m, "config", None), "num_hidden_layers")}.values())  # fmt: skip
+    warned: list[str] = []
+    try:
+        with truncated(stack, configs):
+            program = dynamo_program(module, trimmed, feeds, trimmed.outputs or None, warned, optimize=False)
+        tensors = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers())}
+        check_alike(program.model, stack)
+        with weights_as_inputs(program.model, stack) as lifted:
+            program.optimize()  # as the exporter optimizes a whole trace: the fusions match what its rewrites make
+            stamp_layers(program.model, stack, tensors, lifted, pasts, presents)
+    except StampingRefused as err:
+        logger.info("tracing every layer: %s", err)
+        return None
+    except Exception as err:  # the exporter's errors of any type: the whole trace gives its own, for the user
+        logger.info("tracing every layer: the trace of %d failed (%s)", TRACED_LAYERS, first_line(err))
+        logger.debug("the trace of two layers", exc_info=True)
+        return None
+    reference = _torch_reference(module, [decl.name for decl in config.inputs])
+    return ExportedModel(program.model_proto, "dynamo", None, reference, warned, traced_layers=TRACED_LAYERS)
 
 
 def _is_exported_program(module: Any) -> bool:
@@ -282,7 +210,8 @@ def export_source(source: Source, feeds: dict[str, np.ndarray]) -> ExportedModel
         )
     if source.huggingface is not None:
         module = build_module(source.huggingface, [decl.name for decl in config.inputs])
-        return _export_torch(module, config, feeds)
+        stamped = _export_stamped(module, source.huggingface, config, feeds) if source.is_decoder else None
+        return stamped or _export_torch(module, config, feeds)
     if config.source_kind == "exported_program":
         program = _load_exported_program(config)
         exported = _export_torch(program, config, feeds)

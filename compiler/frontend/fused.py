@@ -104,6 +104,7 @@ def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecor
         sha256=_directory_digest(path) if path.is_dir() else sha256_of(path),
         exporter=exported.exporter,
         fallback_reason=exported.fallback_reason,
+        traced_layers=exported.traced_layers,
         opset=ai_onnx_opset(exported.model),
         warnings=exported.warnings,
     )

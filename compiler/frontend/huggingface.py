@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, check_safetensors_dtypes
-from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module, kv_layout
+from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.runtime.manifest import FileRecord, sha256_of
 
@@ -184,7 +184,7 @@ def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
         raise ExportError(f"transformers could not load {model.directory}: {str(err).strip().splitlines()[0]}") from err
 
     if model.is_decoder:
-        return kv_cache_module(loaded, kv_layout(model.config)[0])
+        return kv_cache_module(loaded)
 
     class TaskOutput(torch.nn.Module):
         """Keyword arguments to the model (its forward's order differs between families), one output back. Named

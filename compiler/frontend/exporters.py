@@ -1,0 +1,160 @@
+"""The two PyTorch exporters, as tensorsmith calls them: torch's dynamo exporter with dynamic shapes from the
+declared dims, and the TorchScript exporter; both kept quiet (their output and warnings go to the log and the
+manifest, not the user's terminal)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import logging
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.core.errors import ExportError
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger("tensorsmith.compiler.frontend.export")  # one logger for the export, as before
+TORCHSCRIPT_MAX_OPSET = 20
+
+MAX_WARNINGS = 50  # kept in the manifest; the rest are counted
+
+
+@contextlib.contextmanager
+def quiet_exporter(kept: list[str]) -> Iterator[None]:
+    """The exporters print progress to stdout and raise many warnings about torch internals: keep both out of
+    the user's terminal and --json output. The warnings go to `kept` (one line each, once) and the -v log; the
+    printed output to the debug log."""
+    captured = io.StringIO()
+    # torch configures its own loggers when imported; quiet the exporter's unless we are debugging.
+    exporter_logger = logging.getLogger("torch.onnx")
+    level = exporter_logger.level
+    if not logger.isEnabledFor(logging.DEBUG):
+        exporter_logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(captured), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        exporter_logger.setLevel(level)
+    lines = dict.fromkeys(f"{w.category.__name__}: {(str(w.message).strip().splitlines() or [''])[0]}" for w in caught)
+    for line in lines:
+        logger.info("exporter warning: %s", line)
+    kept += list(lines)[:MAX_WARNINGS]
+    if len(lines) > MAX_WARNINGS:
+        kept.append(f"… and {len(lines) - MAX_WARNINGS} more")
+    if captured.getvalue().strip():
+        logger.debug("exporter output:\n%s", captured.getvalue().rstrip())
+
+
+def _dynamic_shapes(config: CompileConfig) -> dict[str, dict[int, Any]]:
+    import torch
+
+    dims: dict[str, Any] = {}
+    shapes: dict[str, dict[int, Any]] = {}
+    for decl in config.inputs:
+        axes = {}
+        for axis, dim in enumerate(decl.dims):
+            if isinstance(dim, str):
+                if dim not in dims:
+                    limits = config.dims.get(dim)
+                    kwargs = {"max": limits.max} if limits and limits.max else {}
+                    dims[dim] = torch.export.Dim(dim, **kwargs)
+                axes[axis] = dims[dim]
+        shapes[decl.name] = axes
+    return shapes
+
+
+def _shapes_for_signature(module: Any, shapes: list[dict[int, Any]]) -> tuple[Any, ...]:
+    """torch.export takes dynamic shapes shaped like forward's signature: the inputs a `*args` parameter takes
+    (a decoder's past tensors) as one tuple in its place."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return tuple(shapes)
+    for index, parameter in enumerate(parameters):
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return (*shapes[:index], tuple(shapes[index:]))
+    return tuple(shapes)
+
+
+def export_dynamo(
+    module: torch.nn.Module | Any,
+    config: CompileConfig,
+    feeds: dict[str, np.ndarray],
+    output_names: list[str] | None,
+    warned: list[str],
+) -> onnx.ModelProto:
+    return dynamo_program(module, config, feeds, output_names, warned).model_proto
+
+
+def dynamo_program(
+    module: torch.nn.Module | Any,
+    config: CompileConfig,
+    feeds: dict[str, np.ndarray],
+    output_names: list[str] | None,
+    warned: list[str],
+    optimize: bool = True,
+) -> Any:
+    """The dynamo exporter's ONNXProgram (its onnx-ir model is `.model`)."""
+    import torch
+
+    names = [decl.name for decl in config.inputs]
+    args = tuple(torch.from_numpy(feeds[name]) for name in names)
+    is_program = isinstance(module, torch.export.ExportedProgram)
+    with quiet_exporter(warned):
+        program = torch.onnx.export(
+            module,
+            args,
+            dynamo=True,
+            opset_version=config.opset,
+            input_names=names,
+            output_names=output_names,
+            # An ExportedProgram carries its own dynamic shapes.
+            dynamic_shapes=None
+            if is_program
+            else _shapes_for_signature(module, list(_dynamic_shapes(config).values())),
+            verbose=False,
+            optimize=optimize,
+        )
+    if program is None:  # only None when f= is given; keeps the type checker honest
+        raise ExportError("the dynamo exporter returned no program")
+    return program
+
+
+def export_torchscript(
+    module: torch.nn.Module,
+    config: CompileConfig,
+    feeds: dict[str, np.ndarray],
+    output_names: list[str] | None,
+    warned: list[str],
+) -> onnx.ModelProto:
+    import torch
+
+    names = [decl.name for decl in config.inputs]
+    dynamic_axes = {
+        decl.name: {axis: dim for axis, dim in enumerate(decl.dims) if isinstance(dim, str)} for decl in config.inputs
+    }
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-export-") as scratch, quiet_exporter(warned):
+        # A file, not a buffer: over 2 GB the exporter writes the weights beside it as external data.
+        path = Path(scratch) / "model.onnx"
+        torch.onnx.export(
+            module,
+            tuple(torch.from_numpy(feeds[name]) for name in names),
+            path,
+            dynamo=False,
+            opset_version=min(config.opset, TORCHSCRIPT_MAX_OPSET),
+            input_names=names,
+            output_names=output_names,
+            dynamic_axes=dynamic_axes,
+        )
+        return onnx.load(str(path))
