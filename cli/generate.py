@@ -56,6 +56,9 @@ def generate_command(
 ) -> None:
     """Generate from the decoder artifact ARTIFACT: prefill the prompt, then one token per step."""
     from tensorsmith.runtime import load
+    from tensorsmith.runtime.generation import Sampling
+    from tensorsmith.runtime.generation_request import check_request
+    from tensorsmith.runtime.manifest import read_manifest
 
     if (prompt is None) == (prompt_ids is None):
         raise TensorsmithError("give one of --prompt TEXT or --prompt-ids 1,2,3", hint="see tensorsmith generate -h")
@@ -71,6 +74,9 @@ def generate_command(
             raise TensorsmithError(f"--prompt-ids {prompt_ids!r} is not comma-separated integers") from err
     if not ids:
         raise TensorsmithError("the prompt has no tokens", hint="give a longer --prompt or --prompt-ids")
+    # the settings and ids checked as generate() checks them, but before the load (the slow part on a GPU)
+    check_request(read_manifest(artifact), str(artifact), np.array([ids]), None, max_new_tokens,
+                  Sampling(do_sample, temperature, top_k, top_p), num_beams, seed=seed)  # fmt: skip
     stamps: list[float] = []  # when each new token came: the first ends the prefill
     with load(artifact, backend=backend) as model:
         started = time.perf_counter()

@@ -5,7 +5,7 @@ It ships alone: it imports nothing else from tensorsmith, and neither torch nor 
 
 from tensorsmith.runtime.batcher import DynamicBatcher
 from tensorsmith.runtime.device import Device, detect_device
-from tensorsmith.runtime.errors import ArtifactError, InferenceError, RuntimeLoadError, TensorsmithError
+from tensorsmith.runtime.errors import ArtifactError, InferenceError, InputError, RuntimeLoadError, TensorsmithError
 from tensorsmith.runtime.loader import Model, load
 from tensorsmith.runtime.selection import Selection, select_engine
 from tensorsmith.runtime.specs import TensorSpec
@@ -15,6 +15,7 @@ __all__ = [
     "Device",
     "DynamicBatcher",
     "InferenceError",
+    "InputError",
     "Model",
     "RuntimeLoadError",
     "Selection",

@@ -8,7 +8,7 @@ from types import TracebackType
 
 import numpy as np
 
-from tensorsmith.runtime.specs import Limits, TensorSpec, check_feeds
+from tensorsmith.runtime.specs import Limits, TensorSpec, check_feeds, with_default_token_types
 
 
 class Backend(abc.ABC):
@@ -25,8 +25,9 @@ class Backend(abc.ABC):
         self.limits = limits
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """Run on `feeds` ({input name: array}); raises ValueError naming any input that does not fit its spec."""
-        return self._run_impl(check_feeds(feeds, self.inputs, self.limits))
+        """Run on `feeds` ({input name: array}); raises ValueError naming any input that does not fit its spec.
+        `token_type_ids` may be left out, as transformers allows: they default to zeros."""
+        return self._run_impl(check_feeds(with_default_token_types(feeds, self.inputs), self.inputs, self.limits))
 
     def run_checked_once(self) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
         """A run for a loop that builds its own feeds (generate): the first call is checked like `run`, the

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from tensorsmith.runtime.specs import TensorSpec
+from tensorsmith.runtime.specs import TensorSpec, with_default_token_types
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class DynamicBatcher:
         return await request.future
 
     def _check(self, feeds: Mapping[str, object]) -> tuple[dict[str, np.ndarray], int]:
+        feeds = with_default_token_types(feeds, self.model.inputs)  # as Model.run does: requests batch alike
         missing = [name for name in self._names if name not in feeds]
         unknown = [name for name in feeds if name not in self._names]
         if missing or unknown:

@@ -29,3 +29,8 @@ class ArtifactError(RuntimeLoadError):
 
 class InferenceError(TensorsmithError):
     """A loaded model failed while running valid feeds (the backend's own error, wrapped)."""
+
+
+class InputError(TensorsmithError, ValueError):
+    """Arguments or feeds a loaded model cannot take (a generation setting out of range, a token id outside the
+    vocabulary), found before anything runs. A ValueError too, as numpy and transformers raise for such."""

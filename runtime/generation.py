@@ -93,18 +93,11 @@ class Generator:
     def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray | None, max_new_tokens: int,
                  sampling: Sampling, num_beams: int, eos_token_id: list[int], pad_token_id: int,
                  seed: int | None, streamer: Any) -> np.ndarray:  # fmt: skip
+        """Run a request as given: `Model.generate` checks it first (generation_request.check_request)."""
         prompt = np.asarray(input_ids, dtype=np.int64)
         if prompt.ndim == 1:
             prompt = prompt[None, :]
         mask = np.ones_like(prompt) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
-        if mask.shape != prompt.shape:
-            raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {prompt.shape}: they must match")
-        room = self.layout.max_sequence_length - prompt.shape[1]
-        if max_new_tokens > room:
-            raise ValueError(
-                f"a prompt of {prompt.shape[1]} tokens leaves room for {max(room, 0)} new tokens, not {max_new_tokens}"
-                f" (max_sequence_length {self.layout.max_sequence_length})"
-            )
         if num_beams > 1:
             return self._beam_search(prompt, mask, max_new_tokens, num_beams)
         return self._sample(prompt, mask, max_new_tokens, sampling, eos_token_id, pad_token_id, seed, streamer)

@@ -59,7 +59,8 @@ class Model:
         return self.manifest.batch_limits(self._engine)[0]
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """Run once. Raises ValueError naming any input whose name, dtype, rank or static dims are wrong."""
+        """Run once. Raises ValueError naming any input whose name, dtype, rank or static dims are wrong;
+        `token_type_ids`, where the model takes them, default to zeros (as in transformers)."""
         return self._backend.run(feeds)
 
     def generate(
@@ -81,29 +82,16 @@ class Model:
         then one token per step with the KV cache kept here. A batch of prompts is left padded (`attention_mask`
         zeros first). `eos_token_id` defaults to the checkpoint's; rows that finish are padded."""
         from tensorsmith.runtime.generation import Generator, Sampling
+        from tensorsmith.runtime.generation_request import check_request
 
-        layout = self.manifest.generation
-        if layout is None:
-            raise ValueError(f"{self.directory} is not a decoder artifact (its manifest has no generation record)")
+        # every setting and token id checked before anything runs (InputError, a ValueError, naming it)
+        request = check_request(self.manifest, str(self.directory), input_ids, attention_mask, max_new_tokens,
+                                Sampling(do_sample, temperature, top_k, top_p), num_beams, eos_token_id,
+                                pad_token_id, seed)  # fmt: skip
         past = next(spec for spec in self.inputs if spec.name.startswith("past_key_values."))
-        eos = (
-            layout.eos_token_id
-            if eos_token_id is None
-            else [eos_token_id]
-            if isinstance(eos_token_id, int)
-            else eos_token_id
-        )
-        pad = (
-            pad_token_id
-            if pad_token_id is not None
-            else layout.pad_token_id
-            if layout.pad_token_id is not None
-            else (eos or [0])[0]
-        )
-        return Generator(self._backend.run_checked_once(), layout, past.dtype, self._backend.reserve).generate(
-            input_ids, attention_mask, max_new_tokens, Sampling(do_sample, temperature, top_k, top_p), num_beams,
-            list(eos), pad, seed, streamer,
-        )  # fmt: skip
+        generator = Generator(self._backend.run_checked_once(), request.layout, past.dtype, self._backend.reserve)
+        return generator.generate(request.prompt, request.mask, request.max_new_tokens, request.sampling,
+                                  request.num_beams, request.eos, request.pad, request.seed, streamer)  # fmt: skip
 
     def close(self) -> None:
         self._backend.close()

@@ -26,6 +26,16 @@ class TensorSpec:
 Limits = Mapping[str, Mapping[str, int | None]]  # dynamic dim name → {"min": ..., "max": ...}
 
 
+def with_default_token_types(feeds: Mapping[str, object], specs: Sequence[TensorSpec]) -> Mapping[str, object]:
+    """`feeds` with `token_type_ids` as zeros shaped like `input_ids` where the model takes them and the caller
+    gave none: transformers' BERT-style models treat them as optional and default them so (every token of the
+    first segment)."""
+    spec = next((spec for spec in specs if spec.name == "token_type_ids"), None)
+    if spec is None or spec.name in feeds or "input_ids" not in feeds:
+        return feeds
+    return {**feeds, spec.name: np.zeros(np.asarray(feeds["input_ids"]).shape, np.dtype(spec.dtype))}
+
+
 def check_feeds(
     feeds: Mapping[str, object], specs: Sequence[TensorSpec], limits: Limits | None = None
 ) -> dict[str, np.ndarray]:

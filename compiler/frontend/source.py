@@ -34,6 +34,7 @@ class Source:
 def open_source(config: CompileConfig) -> Source:
     """Declare the inputs and name their dims; load an ONNX source and set them on its graph. PyTorch sources
     are exported later, by the export stage."""
+    _check_source_path(config)
     directory = read_model_directory(config.resolve(config.source)) if config.source_kind == "huggingface" else None
     decoder = directory is not None and directory.is_decoder  # exported at opset 23 unless the config says
     floor = 0 if config.precision == AUTO else precision(config.precision).min_opset  # the request's graph form
@@ -43,6 +44,7 @@ def open_source(config: CompileConfig) -> Source:
         what = f"a {directory.architecture}" if directory else f"a {config.source_kind} source"
         raise ConfigError(f"[generation] is for decoders (a *ForCausalLM checkpoint directory); {config.source} is "
                           f"{what}", hint="remove [generation]; set the dims' ranges with [dims.NAME]")  # fmt: skip
+    _check_data_kinds(config, decoder)
     if directory is not None:
         declared = declare_dims(declare_model_inputs(config, directory))
         return Source(declared.config, None, directory, declared.names, declared.defaults)
@@ -63,6 +65,45 @@ def open_source(config: CompileConfig) -> Source:
     declared = declare_dims(config.model_copy(update={"inputs": decls}))
     apply_input_decls(model, declared.config.inputs, origin)
     return Source(declared.config, model, None, declared.names, declared.defaults)
+
+
+SOURCE_KINDS = "a Hugging Face model directory, an .onnx or .pt2 file, or a factory pkg.module:function"
+
+
+def _check_source_path(config: CompileConfig) -> None:
+    """A source that names no factory (no ':') is a path: one that is not there, or is none of the kinds, is said
+    so first (else a missing directory reads as a factory whose inputs were not declared)."""
+    kind = config.source_kind
+    if kind == "huggingface" or (kind == "factory" and ":" in config.source):
+        return
+    path = config.resolve(config.source)
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist", hint=f"check the SOURCE path: {SOURCE_KINDS}")
+    if path.is_dir() and kind == "factory":
+        raise ConfigError(f"{path} is a directory without config.json", hint=f"SOURCE is {SOURCE_KINDS}")
+    if kind == "factory":
+        raise ConfigError(f"{path} is not a source tensorsmith compiles", hint=f"SOURCE is {SOURCE_KINDS}")
+
+
+def _check_data_kinds(config: CompileConfig, decoder: bool) -> None:
+    """Calibration and evaluation data of a kind the source cannot take (text for an encoder, a .py for a decoder)
+    fail here, named, before the export; not later in numpy's words. Missing paths are said by the readers."""
+    if decoder:
+        fits, takes = {".txt", ".npz"}, "a .txt file (read with its tokenizer) or an .npz of input_ids"
+        hint = "pass FILE.txt or an .npz with input_ids [rows, length]"
+    else:
+        fits, takes = {".npz"}, "an .npz of arrays named after its inputs (samples on axis 0), or a folder of them"
+        names = ", ".join(f"{decl.name}=…" for decl in config.inputs) or "INPUT=…"
+        hint = f"save the samples with numpy.savez('FILE.npz', {names})"
+    for what, path in (("calibration", config.calibration), ("evaluation", config.evaluation)):
+        resolved = None if path is None else config.resolve(path)
+        if resolved is None or not resolved.exists() or (resolved.is_dir() and not decoder):
+            continue
+        if resolved.is_file() and resolved.suffix in fits:
+            continue
+        kind = "a folder" if resolved.is_dir() else f"a {resolved.suffix or 'suffix-less'} file"
+        source = f"the decoder {config.source}" if decoder else config.source
+        raise ConfigError(f"{what} data {resolved} is {kind}; {source} takes {takes}", hint=hint)
 
 
 def _file_decl(record: TensorRecord, shaped: bool, origin: str) -> InputDecl:

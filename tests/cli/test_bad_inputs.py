@@ -1,8 +1,10 @@
-"""Bad inputs to `tensorsmith compile`, one row each: exit 1, one line on stderr naming the thing with a hint, no
-traceback, and nothing written (no OUT, no temporary directory left beside it)."""
+"""Bad inputs to `tensorsmith compile` and `tensorsmith generate`, one row each: exit 1, one line on stderr naming
+the thing with a hint (under --json, a JSON error with the hint), no traceback, and nothing written (no OUT, no
+temporary directory left beside it)."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import shutil
 from collections.abc import Callable
@@ -12,9 +14,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from click.testing import Result
 from onnx import TensorProto, helper
 from safetensors.torch import save_file
 
+from tensorsmith import runtime
 from tensorsmith.compiler import pipeline
 from tests.conftest import run_cli, small_mlp_onnx
 
@@ -265,6 +269,25 @@ def calibration_stats_without_eval_data(tmp: Path) -> list[str]:
             str(tmp / "stats" / "*.npz")]  # fmt: skip
 
 
+def source_path_missing(tmp: Path) -> list[str]:
+    return [str(tmp / "hf" / "does_not_exist")]  # no ':', so a path: not a factory without declared inputs
+
+
+def decoder_calibration_python_file(tmp: Path) -> list[str]:
+    (tmp / "calibrate.py").write_text("print('calibration')\n")
+    return [str(TINYLM), "--precision", "int8", "--calibration", str(tmp / "calibrate.py")]
+
+
+def encoder_calibration_text(tmp: Path) -> list[str]:
+    (tmp / "calibration.txt").write_text("Some sentences to calibrate on.\n" * 100)
+    return quantize(tmp, tmp / "calibration.txt")
+
+
+def encoder_evaluation_text(tmp: Path) -> list[str]:
+    (tmp / "evaluation.txt").write_text("Some sentences to evaluate on.\n" * 100)
+    return [str(small_mlp_onnx(tmp / "mlp.onnx")), *MLP_INPUT, "--eval-data", str(tmp / "evaluation.txt")]
+
+
 BEFORE, AFTER = True, False  # fails before the export and the passes start / can only fail during them
 CASES: dict[str, tuple[Case, str, bool]] = {
     "missing file": (missing_file, "nowhere.onnx", BEFORE),
@@ -305,6 +328,10 @@ CASES: dict[str, tuple[Case, str, bool]] = {
     "weight-only override for int8": (weight_only_override_for_int8, "int4 pins weight layers", BEFORE),
     "calibration stats and data": (calibration_stats_and_data, "--calibration-stats stands in for", BEFORE),
     "calibration stats, no eval data": (calibration_stats_without_eval_data, "needs --eval-data", BEFORE),
+    "source path missing": (source_path_missing, "hf/does_not_exist does not exist", BEFORE),
+    "decoder calibration .py": (decoder_calibration_python_file, "calibrate.py is a .py file; the decoder", BEFORE),
+    "encoder calibration .txt": (encoder_calibration_text, "calibration.txt is a .txt file", BEFORE),
+    "encoder evaluation .txt": (encoder_evaluation_text, "evaluation.txt is a .txt file", BEFORE),
 }
 
 
@@ -320,16 +347,68 @@ def test_bad_input_is_one_clear_line_and_nothing_is_written(
     if before:  # the export (or an ONNX source's passes) must not start: it is where the slow work begins
         monkeypatch.setattr(pipeline, "fused_graph", _no_export)
     result = run_cli("compile", *arguments, "-o", out)
-    assert result.exit_code == 1, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.stderr
-    assert expected in lines[0] and "(hint: " in lines[0], lines[0]
-    assert "Traceback" not in result.stderr + result.stdout
+    assert_one_clear_line(result, expected)
+    assert_json_error(run_cli("compile", *arguments, "-o", out, "--json"), expected)
     assert not out.exists()
     assert not (tmp_path / "artifacts").exists() or not any((tmp_path / "artifacts").iterdir())
     assert "arbitrary code ran" not in capsys.readouterr().out + result.stdout
     assert "weights_only=False" not in result.stderr and "pydantic" not in result.stderr
 
 
+def assert_one_clear_line(result: Result, expected: str) -> None:
+    """Exit 1 and one `error: ...` line on stderr naming the thing, with a hint; no traceback."""
+    assert result.exit_code == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    assert expected in lines[0] and "(hint: " in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def assert_json_error(result: Result, expected: str) -> None:
+    """Under --json: exit 1 and one JSON object on stdout, the error naming the thing and a hint with it."""
+    assert result.exit_code == 1, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed["ok"] is False and expected in printed["error"], printed
+    assert printed["hint"], printed
+
+
 def _no_export(*args: object) -> None:
     raise AssertionError("the export started before the bad input was found")
+
+
+# `tensorsmith generate` on the session's tinylm artifact (vocabulary 2048, 512 positions): bad settings and ids
+# are one clear line, found before the artifact is loaded.
+GENERATE_CASES: dict[str, tuple[list[str], str]] = {
+    "negative max new tokens": (["--max-new-tokens", "-5"], "max_new_tokens is -5"),
+    "zero max new tokens": (["--max-new-tokens", "0"], "max_new_tokens is 0"),
+    "zero beams": (["--num-beams", "0"], "num_beams is 0"),
+    "top p above 1": (["--top-p", "2"], "top_p is 2.0"),
+    "top p zero": (["--top-p", "0"], "top_p is 0.0"),
+    "negative top k": (["--top-k", "-1"], "top_k is -1"),
+    "sampling at temperature 0": (["--do-sample", "--temperature", "0"], "temperature is 0.0"),
+    "negative temperature": (["--temperature", "-1"], "temperature is -1.0"),
+    "negative seed": (["--do-sample", "--seed", "-3"], "seed is -3"),
+    "sampling beams": (["--do-sample", "--num-beams", "2"], "beam sampling is not supported"),
+    "id above the vocabulary": (
+        ["--prompt-ids", "1,99999"],
+        "input_ids[0, 1] is 99999, outside the vocabulary of 2048",
+    ),
+    "negative id": (["--prompt-ids", "-1,5"], "input_ids[0, 0] is -1"),
+    "past the max sequence length": (["--max-new-tokens", "600"], "leaves room for 509 new tokens, not 600"),
+}
+
+
+@pytest.mark.parametrize("case", GENERATE_CASES)
+def test_bad_generate_arguments_are_one_clear_line_before_the_load(
+    case: str, tinylm_cpu_artifact: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arguments, expected = GENERATE_CASES[case]
+    if "--prompt-ids" not in arguments:
+        arguments = ["--prompt-ids", "1,2,3", *arguments]
+    monkeypatch.setattr(runtime, "load", _no_load)  # the checks read the manifest only
+    assert_one_clear_line(run_cli("generate", tinylm_cpu_artifact, *arguments), expected)
+    assert_json_error(run_cli("generate", tinylm_cpu_artifact, *arguments, "--json"), expected)
+
+
+def _no_load(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the artifact was loaded before the bad argument was found")

@@ -3,6 +3,7 @@ small seeded checkpoints that transformers saves here."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from tensorsmith.compiler import CompileConfig, compile
-from tensorsmith.runtime import load
+from tensorsmith.runtime import DynamicBatcher, load
 from tensorsmith.samples.minilm.model import model_directory, tokenizer
 from tests.conftest import max_relative_error, run_cli
 
@@ -56,11 +57,27 @@ def _small_classifier(directory: Path) -> Path:
     return directory
 
 
-def test_a_head_gives_its_logits(tmp_path: Path) -> None:
+def test_a_head_gives_its_logits_and_token_type_ids_default_to_zeros(tmp_path: Path) -> None:
+    from transformers import BertForSequenceClassification
+
     directory = _small_classifier(tmp_path / "classifier")
     manifest = compile(CompileConfig.create({"source": str(directory)}), tmp_path / "out").manifest
     assert [record.name for record in manifest.outputs] == ["logits"]
     assert manifest.outputs[0].shape == ["batch", 3] and manifest.tokenizer == []
+    assert "token_type_ids" in [record.name for record in manifest.inputs]
+    # transformers treats token_type_ids as optional (zeros): so do run() and the batcher
+    ids = np.random.default_rng(0).integers(1, 100, (2, 9)).astype(np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    reference = BertForSequenceClassification.from_pretrained(str(directory)).eval()
+    with torch.inference_mode():
+        expected = reference(**{name: torch.from_numpy(array) for name, array in feeds.items()}).logits.numpy()
+    with load(tmp_path / "out") as model:
+        logits = model.run(feeds)["logits"]
+        batched = asyncio.run(DynamicBatcher(model).run(feeds))["logits"]
+        zeros = model.run({**feeds, "token_type_ids": np.zeros_like(ids)})["logits"]
+    assert max_relative_error(expected, logits) <= 1e-4
+    np.testing.assert_array_equal(logits, zeros)
+    np.testing.assert_array_equal(batched, zeros)
 
 
 @pytest.mark.parametrize(
