@@ -44,6 +44,10 @@ def kv_layout(config: dict[str, Any]) -> tuple[int, int, int]:
     if not (layers and heads and hidden):
         raise ValueError("config.json gives no num_hidden_layers/num_attention_heads/hidden_size (or n_layer, …)")
     kv_heads = config.get("num_key_value_heads") or heads
+    # Falcon's and GPTBigCode's multi-query attention caches one key and value head; Falcon's new decoder
+    # architecture (its num_kv_heads) broadcasts them to every head before the cache, which so holds them all.
+    if config.get("multi_query") and not config.get("new_decoder_architecture"):
+        kv_heads = 1
     return int(layers), int(kv_heads), int(config.get("head_dim") or hidden // heads)
 
 

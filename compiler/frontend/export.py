@@ -18,8 +18,8 @@ import onnx
 from tensorsmith.compiler.config import CompileConfig, InputDecl
 from tensorsmith.compiler.frontend.checkpoint import load_checkpoint
 from tensorsmith.compiler.frontend.decoder import kv_layout, past_names, present_names
-from tensorsmith.compiler.frontend.exporters import dynamo_program, export_dynamo, export_torchscript
-from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, build_module
+from tensorsmith.compiler.frontend.exporters import dynamo_program, export_dynamo, export_torchscript, exporter_cause
+from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, build_module, export_hint
 from tensorsmith.compiler.frontend.layer_stamping import (
     MIN_LAYERS,
     TRACED_LAYERS,
@@ -107,33 +107,40 @@ def _check_forward_arguments(module: torch.nn.Module, inputs: list[InputDecl]) -
         )
 
 
-def _export_torch(module: Any, config: CompileConfig, feeds: dict[str, np.ndarray]) -> ExportedModel:
+FORWARD_HINT = "run with -v for the exporters' tracebacks; check the declared inputs match forward()'s arguments"
+
+
+def _export_torch(
+    module: Any, config: CompileConfig, feeds: dict[str, np.ndarray], hint: str = FORWARD_HINT
+) -> ExportedModel:
     output_names = config.outputs or None
     reference = _torch_reference(module, [decl.name for decl in config.inputs])
-    errors: list[str] = []
+    failed: dict[str, Exception] = {}  # exporter → its error
     if config.exporter in ("auto", "dynamo"):
         warned: list[str] = []
         try:
             model = export_dynamo(module, config, feeds, output_names, warned)
             return ExportedModel(model, "dynamo", None, reference, warned)
         except Exception as err:  # the exporter raises many types; the reason goes into the manifest
-            errors.append(f"dynamo: {first_line(err)}")
-            logger.warning("dynamo exporter failed (%s)", errors[-1])
-            logger.debug("dynamo exporter traceback", exc_info=True)
+            failed["dynamo"] = err
     if config.exporter in ("auto", "torchscript") and not _is_exported_program(module):
         warned = []
         try:
             model = export_torchscript(module, config, feeds, output_names, warned)
-            fallback = errors[0] if errors else None
-            if fallback:
-                logger.warning("exported with the TorchScript exporter instead")
-            return ExportedModel(model, "torchscript", fallback, reference, warned)
         except Exception as err:
-            errors.append(f"torchscript: {first_line(err)}")
-    raise ExportError(
-        f"could not export {config.source} to ONNX: {'; '.join(errors)}",
-        hint="run with -v for the exporter's traceback; check the declared inputs match forward()'s arguments",
-    )
+            failed["torchscript"] = err
+        else:
+            dynamo = failed.get("dynamo")
+            if dynamo is not None:
+                logger.warning("the dynamo exporter failed (%s); exported with the TorchScript exporter instead",
+                               exporter_cause(dynamo))  # fmt: skip
+                logger.debug("the dynamo exporter's traceback", exc_info=dynamo)
+            fallback = None if dynamo is None else f"dynamo: {exporter_cause(dynamo)}"
+            return ExportedModel(model, "torchscript", fallback, reference, warned)
+    for name, error in failed.items():  # -v: the exporters' own tracebacks (the ExportError's is tensorsmith's)
+        logger.info("the %s exporter's traceback", name, exc_info=error)
+    causes = "; ".join(f"{name}: {exporter_cause(error)}" for name, error in failed.items())
+    raise ExportError(f"could not export {config.source} to ONNX: {causes}", hint=hint)
 
 
 def _export_stamped(
@@ -170,7 +177,7 @@ def _export_stamped(
         logger.info("tracing every layer: %s", err)
         return None
     except Exception as err:  # the exporter's errors of any type: the whole trace gives its own, for the user
-        logger.info("tracing every layer: the trace of %d failed (%s)", TRACED_LAYERS, first_line(err))
+        logger.info("tracing every layer: the trace of %d failed (%s)", TRACED_LAYERS, exporter_cause(err))
         logger.debug("the trace of two layers", exc_info=True)
         return None
     reference = _torch_reference(module, [decl.name for decl in config.inputs])
@@ -211,7 +218,7 @@ def export_source(source: Source, feeds: dict[str, np.ndarray]) -> ExportedModel
     if source.huggingface is not None:
         module = build_module(source.huggingface, [decl.name for decl in config.inputs])
         stamped = _export_stamped(module, source.huggingface, config, feeds) if source.is_decoder else None
-        return stamped or _export_torch(module, config, feeds)
+        return stamped or _export_torch(module, config, feeds, export_hint(source.huggingface))
     if config.source_kind == "exported_program":
         program = _load_exported_program(config)
         exported = _export_torch(program, config, feeds)

@@ -19,6 +19,7 @@ import onnx
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.core.errors import ExportError
+from tensorsmith.core.importing import first_line
 
 if TYPE_CHECKING:
     import torch
@@ -35,17 +36,19 @@ def quiet_exporter(kept: list[str]) -> Iterator[None]:
     the user's terminal and --json output. The warnings go to `kept` (one line each, once) and the -v log; the
     printed output to the debug log."""
     captured = io.StringIO()
-    # torch configures its own loggers when imported; quiet the exporter's unless we are debugging.
-    exporter_logger = logging.getLogger("torch.onnx")
-    level = exporter_logger.level
+    # torch's loggers (its own handlers on stderr, below "torch" and its level) log errors as the export fails:
+    # "E1201 … torch/export/_trace.py:1323] always_classified is unsupported." and fake tensors' tracebacks. The
+    # compile reports the failure itself, so these show with -v only (and torch's info with -vv).
+    torch_logger = logging.getLogger("torch")
+    level = torch_logger.level
     if not logger.isEnabledFor(logging.DEBUG):
-        exporter_logger.setLevel(logging.ERROR)
+        torch_logger.setLevel(max(level, logging.ERROR if logger.isEnabledFor(logging.INFO) else logging.CRITICAL))
     try:
         with contextlib.redirect_stdout(captured), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             yield
     finally:
-        exporter_logger.setLevel(level)
+        torch_logger.setLevel(level)
     lines = dict.fromkeys(f"{w.category.__name__}: {(str(w.message).strip().splitlines() or [''])[0]}" for w in caught)
     for line in lines:
         logger.info("exporter warning: %s", line)
@@ -54,6 +57,14 @@ def quiet_exporter(kept: list[str]) -> Iterator[None]:
         kept.append(f"… and {len(lines) - MAX_WARNINGS} more")
     if captured.getvalue().strip():
         logger.debug("exporter output:\n%s", captured.getvalue().rstrip())
+
+
+def exporter_cause(err: BaseException) -> str:
+    """An exporter's error as one line, its innermost cause's: the dynamo exporter raises one whose first line
+    says only which of its steps failed ("… Next steps:"), from torch.export's (or the translation's) own."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return first_line(err)
 
 
 def _dynamic_shapes(config: CompileConfig) -> dict[str, dict[int, Any]]:

@@ -34,6 +34,12 @@ MAX_SEQUENCE = 2048  # the default max of the sequence dim: the config's positio
 # config.json's `dtype` (`torch_dtype` before transformers 4.56) that a checkpoint may give: the weights are loaded
 # in float32 whichever it is (the reference and the fp32 graph are computed as transformers computes in float32)
 CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float64")
+SUPPORTED = ("tensorsmith compiles transformer families' decoders (*ForCausalLM, *LMHeadModel), encoders (*Model) "
+             "and heads (*For…)")  # fmt: skip
+# model types whose layers keep a state that is no attention's KV cache (state-space, recurrent, hybrids of them)
+RECURRENT_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "zamba",
+                             "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2",
+                             "qwen3_next"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
             hint='add "architectures": ["BertModel"] (the class save_pretrained was called on)',
         )
     model = HuggingFaceModel(path, str(architectures[0]), config)
+    _check_architecture(model)
     if not model.weights():
         pickled = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
         raise ConfigError(
@@ -94,6 +101,28 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
         )
     _check_dtypes(model)
     return model
+
+
+def _check_architecture(model: HuggingFaceModel) -> None:
+    """A model transformers builds but the export cannot take, said from config.json before any work (else the
+    export fails after seconds, in the exporter's words)."""
+    model_type = model.config.get("model_type")
+    if model.config.get("is_encoder_decoder"):
+        kind = "an encoder-decoder model"
+        hint = "compile a factory that returns the half to run, e.g. model.get_encoder()"
+    elif model_type in RECURRENT_TYPES:
+        kind = f"a model with state-space or recurrent layers (model_type {model_type!r})"
+        hint = "tensorsmith's decoders keep a KV cache of attention layers; compile an ONNX export of the model"
+    else:
+        return
+    raise ConfigError(f"{model.directory} holds a {model.architecture}, {kind}; {SUPPORTED}", hint=hint)
+
+
+def export_hint(model: HuggingFaceModel) -> str:
+    """The hint of a directory's failed export: its inputs are tensorsmith's, not the user's to check."""
+    version = _transformers().__version__
+    return (f"run with -v for the exporters' tracebacks; tensorsmith declares a {model.architecture}'s inputs "
+            f"itself: please report this with the tracebacks; transformers is {version}")  # fmt: skip
 
 
 def _check_dtypes(model: HuggingFaceModel) -> None:

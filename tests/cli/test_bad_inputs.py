@@ -288,6 +288,44 @@ def encoder_evaluation_text(tmp: Path) -> list[str]:
     return [str(small_mlp_onnx(tmp / "mlp.onnx")), *MLP_INPUT, "--eval-data", str(tmp / "evaluation.txt")]
 
 
+def t5_directory(tmp: Path) -> list[str]:
+    import transformers
+
+    config = transformers.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4)
+    transformers.T5ForConditionalGeneration(config).save_pretrained(str(tmp / "t5"))
+    return [str(tmp / "t5")]
+
+
+def mamba_directory(tmp: Path) -> list[str]:
+    import transformers
+
+    config = transformers.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, state_size=4)
+    transformers.MambaForCausalLM(config).save_pretrained(str(tmp / "mamba"))
+    return [str(tmp / "mamba")]
+
+
+def factory_export_fails(tmp: Path) -> list[str]:
+    return [FACTORY, "--input", "x:float32:batch,7"]  # its first Linear takes 8 features
+
+
+def directory_export_fails(tmp: Path) -> list[str]:
+    """A GPT-2 directory whose config.json gives a head_dim its layers do not use (GPT-2 divides n_embd by n_head):
+    the past tensors are declared with it, as Falcon's once were with too many heads, and do not fit the cache."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    transformers.GPT2LMHeadModel(config).save_pretrained(str(tmp / "gpt2"))
+    written = json.loads((tmp / "gpt2" / "config.json").read_text())
+    (tmp / "gpt2" / "config.json").write_text(json.dumps({**written, "head_dim": 4}))
+    return [str(tmp / "gpt2"), "--target", "cpu"]
+
+
+# a directory transformers builds but the export cannot take: the line names it and what tensorsmith compiles
+COMPILES = (
+    "tensorsmith compiles transformer families' decoders (*ForCausalLM, *LMHeadModel), encoders (*Model) and heads"
+)
+MAMBA = "MambaForCausalLM, a model with state-space or recurrent layers (model_type 'mamba'); "
 BEFORE, AFTER = True, False  # fails before the export and the passes start / can only fail during them
 CASES: dict[str, tuple[Case, str, bool]] = {
     "missing file": (missing_file, "nowhere.onnx", BEFORE),
@@ -332,6 +370,11 @@ CASES: dict[str, tuple[Case, str, bool]] = {
     "decoder calibration .py": (decoder_calibration_python_file, "calibrate.py is a .py file; the decoder", BEFORE),
     "encoder calibration .txt": (encoder_calibration_text, "calibration.txt is a .txt file", BEFORE),
     "encoder evaluation .txt": (encoder_evaluation_text, "evaluation.txt is a .txt file", BEFORE),
+    "t5 directory": (t5_directory, "T5ForConditionalGeneration, an encoder-decoder model; " + COMPILES, BEFORE),
+    "mamba directory": (mamba_directory, MAMBA + COMPILES, BEFORE),
+    # the exporters' own causes, not the dynamo exporter's "… Next steps:"
+    "factory export fails": (factory_export_fails, "dynamo: RuntimeError: a and b must have same reduction dim", AFTER),
+    "directory export fails": (directory_export_fails, "dynamo: RuntimeError: Sizes of tensors must match", AFTER),
 }
 
 
