@@ -80,6 +80,8 @@ def _specs_table(title: str, records: list[dict[str, Any]]) -> Table:
 def inspect_command(path: Path, as_json: bool) -> None:
     """Summarize an artifact directory OUT or an ONNX file."""
     from tensorsmith.compiler.artifact.inspection import inspect_path
+    from tensorsmith.compiler.report.summary import artifact_lines
+    from tensorsmith.runtime.manifest import read_manifest
 
     summary = inspect_path(path)
     if as_json:
@@ -94,19 +96,14 @@ def inspect_command(path: Path, as_json: bool) -> None:
         stdout.print(_specs_table("outputs", summary["outputs"]))
         stdout.print("ops: " + ", ".join(f"{op}×{count}" for op, count in summary["ops"].items()))
         return
-    source = summary["source"]
-    stdout.print(f"[bold]{path}[/]: tensorsmith {summary['tensorsmith_version']} artifact")
-    stdout.print(
-        f"  source: {source['kind']} {source['path']} (exporter {source['exporter']}, opset {source['opset']})"
-    )
+    manifest = read_manifest(path)
+    stdout.print(f"[bold]{path}[/]: tensorsmith {manifest.tensorsmith_version} artifact of {manifest.source.path}")
+    source, *lines = artifact_lines(manifest)
+    stdout.print(f"  {source}", markup=False)
     stdout.print(_specs_table("inputs", summary["inputs"]))
     stdout.print(_specs_table("outputs", summary["outputs"]))
-    for record in summary["passes"]:
-        stdout.print(f"  pass {record['name']}: changed={record['changed']} {record['counts']}")
-    for variant in summary["variants"]:
-        stdout.print(f"  variant {variant['name']}: {variant['path']} {variant['precisions']} {variant['accuracy']}")
-    for target in summary["targets"]:
-        stdout.print(f"  target {target['name']}: {target['status']} via {target['builder']} ({target['reason']})")
+    for line in lines:
+        stdout.print(f"  {line}", markup=False)
 
 
 @main.command("export-triton")

@@ -7,12 +7,17 @@ import functools
 import json
 import logging
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 
+from tensorsmith.core.library_logs import LIBRARY_LOGGERS
+from tensorsmith.core.progress import LogReporter
+from tensorsmith.core.progress import logger as progress_logger
 from tensorsmith.runtime.errors import TensorsmithError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,22 +42,44 @@ def setup_logging(verbose: int) -> None:
     # The exporters and Polygraphy are chatty at INFO; keep them to warnings unless -vv.
     for name in ("torch", "onnxscript", "polygraphy", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.ERROR if verbose < 2 else logging.DEBUG)
+    # onnx-graphsurgeon and Polygraphy would print on stdout (core/library_logs.py): their lines only with -v.
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(level if verbose else logging.CRITICAL)
     # Python warnings from the libraries (torch, onnx, numpy) reach the terminal only with -v.
     logging.captureWarnings(True)
     logging.getLogger("py.warnings").setLevel(logging.WARNING if verbose else logging.ERROR)
 
 
 class RichReporter:
-    """Stages as a spinner line, counted tasks as progress bars, on one rich Progress (stderr)."""
+    """Stages as a spinner line, counted tasks as progress bars, on one rich Progress (stderr). A line without a
+    total (the stage's) shows no bar and no count: `0/?` told nothing."""
 
     def __init__(self, console: Console) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            ProgressColumn,
+            SpinnerColumn,
+            Task,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+        from rich.text import Text
+
+        class Counted(ProgressColumn):  # blank on a line without a total
+            def __init__(self, column: ProgressColumn) -> None:
+                super().__init__()
+                self.column = column
+
+            def render(self, task: Task) -> Any:
+                return self.column.render(task) if task.total is not None else Text("")
 
         self._progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
+            Counted(BarColumn()),
+            Counted(MofNCompleteColumn()),
             TimeElapsedColumn(),
             console=console,
             transient=True,
@@ -80,6 +107,47 @@ class RichReporter:
             yield advance
         finally:
             self._progress.remove_task(task)
+
+
+class PlainReporter(LogReporter):
+    """Off a terminal (a CI log): LogReporter's lines, and while one stage runs on, a line after 5 s, 15 s, 35 s…
+    (the waits double, up to a minute): an export or an engine build is not a long silence."""
+
+    FIRST_BEAT = 5.0
+    LONGEST_BEAT = 60.0
+
+    def __init__(self, first_beat: float = FIRST_BEAT) -> None:
+        self._first_beat = first_beat
+        self._current: tuple[str, float] | None = None
+        self._closed = False
+        self._changed = threading.Event()
+        self._beats = threading.Thread(target=self._beat, name="tensorsmith-progress", daemon=True)
+
+    def __enter__(self) -> PlainReporter:
+        self._beats.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closed = True
+        self._changed.set()
+        self._beats.join()
+
+    def stage(self, text: str) -> None:
+        super().stage(text)
+        self._current = (text, time.perf_counter())
+        self._changed.set()
+
+    def _beat(self) -> None:
+        while True:
+            self._changed.wait()  # a stage began, or the compile ended
+            self._changed.clear()
+            if self._closed or self._current is None:
+                return
+            text, started = self._current
+            wait = self._first_beat
+            while not self._changed.wait(wait):  # the stage still runs
+                progress_logger.info("%s: still running (%.0f s)", text, time.perf_counter() - started)
+                wait = min(wait * 2, self.LONGEST_BEAT)
 
 
 def emit_json(payload: dict[str, Any]) -> None:
@@ -119,8 +187,6 @@ def _one_line(message: str, verbose: bool) -> str:
 @contextlib.contextmanager
 def progress_reporter() -> Iterator[Any]:
     """Rich progress (stages and counted tasks) on a terminal; plain log lines on stderr otherwise (a CI log)."""
-    if stderr.is_terminal:
-        with RichReporter(stderr) as reporter:
-            yield reporter
-    else:
-        yield None
+    reporter = RichReporter(stderr) if stderr.is_terminal else PlainReporter()
+    with reporter:
+        yield reporter

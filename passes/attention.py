@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from tensorsmith.passes.fusion import NodeSpec, Rewrite, Rule, replace
+from tensorsmith.passes.fusion import NodeSpec, Rewrite, Rule, op_is, replace
 from tensorsmith.passes.matching import Miss, Walk, constant_value, scalar
 
 HEAD_DIM_MULTIPLE = 16
@@ -116,4 +116,5 @@ def match_attention(walk: Walk) -> Rewrite:
     return replace(walk, weighted.outputs[0], [NodeSpec("Attention", inputs, attrs, dtype=dtype)])
 
 
-ATTENTION = Rule(name="attention", anchor="Softmax", sketch=__doc__ or "", min_opset=23, match=match_attention)
+ATTENTION = Rule(name="attention", anchor="Softmax", sketch=__doc__ or "", min_opset=23, match=match_attention,
+                 fused_form=op_is("Attention"))  # fmt: skip

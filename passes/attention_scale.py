@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from tensorsmith.passes.base import unused_name
 from tensorsmith.passes.fusion import Rewrite, Rule
 from tensorsmith.passes.matching import Miss, Walk, constant_value, scalar
 
@@ -63,14 +64,15 @@ def _projection(graph: gs.Graph, tensor: gs.Tensor, what: str) -> list[tuple[gs.
     return constants
 
 
-def _scale_constants(constants: list[tuple[gs.Node, int]], factor: float) -> None:
+def _scale_constants(graph: gs.Graph, constants: list[tuple[gs.Node, int]], factor: float) -> None:
     for node, index in constants:
         tensor = node.inputs[index]
         value = constant_value(tensor)
         assert value is not None
-        # A new constant: the original may be shared with another node.
+        # A new constant, of a name of its own: the original may be shared with other layers (a fresh
+        # checkpoint's zero biases are stored once), each of which gets its own scaled copy.
         scaled = (value.astype(np.float64) * factor).astype(value.dtype)
-        node.inputs[index] = gs.Constant(f"{tensor.name}/attention_scaled", scaled)
+        node.inputs[index] = gs.Constant(unused_name(graph, f"{tensor.name}/attention_scaled"), scaled)
 
 
 def _scaled_product(walk: Walk, scores: gs.Tensor) -> tuple[gs.Node, gs.Node, float]:
@@ -106,7 +108,7 @@ def _split_scale(walk: Walk, scores: gs.Tensor) -> Rewrite:
             continue
 
         def fold(constants: list[tuple[gs.Node, int]] = constants) -> None:
-            _scale_constants(constants, factor)
+            _scale_constants(walk.graph, constants, factor)
             matmul.inputs[0], matmul.inputs[1] = scaled[0][1], scaled[1][1]  # cleanup() drops both Muls
 
         return fold
@@ -155,13 +157,15 @@ def match_attention_scale(walk: Walk) -> Rewrite:
         except Miss as miss:
             reasons.append(str(miss))
             continue
-        return _folding(constants, factor, scale_node.outputs[0], matmul.outputs[0])
+        return _folding(walk.graph, constants, factor, scale_node.outputs[0], matmul.outputs[0])
     raise Miss("; ".join(reasons))
 
 
-def _folding(constants: list[tuple[gs.Node, int]], factor: float, scaled: gs.Tensor, product: gs.Tensor) -> Rewrite:
+def _folding(
+    graph: gs.Graph, constants: list[tuple[gs.Node, int]], factor: float, scaled: gs.Tensor, product: gs.Tensor
+) -> Rewrite:
     def fold() -> None:
-        _scale_constants(constants, factor)
+        _scale_constants(graph, constants, factor)
         # The scale's consumers read Q·Kᵀ directly; cleanup() drops the now-dead Div/Mul.
         for user in list(scaled.outputs):
             user.inputs[user.inputs.index(scaled)] = product

@@ -1,7 +1,8 @@
 """The pass framework: a pass rewrites an onnx-graphsurgeon graph in place and returns a `PassReport`.
 
 `run_passes` times each pass, runs `cleanup().toposort()` after it (so a pass only re-wires tensors and never
-deletes nodes by hand), and collects the reports that land in the manifest.
+deletes nodes by hand), checks that it left each tensor name once, and collects the reports that land in the
+manifest.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from typing import Protocol
 
 import onnx_graphsurgeon as gs
 
+from tensorsmith.core.errors import PassError
+from tensorsmith.core.library_logs import route_graphsurgeon_logs
+
 logger = logging.getLogger(__name__)
+# Every module that rewrites graphs imports this one: from here on, onnx-graphsurgeon logs, it does not print.
+route_graphsurgeon_logs()
 
 
 @dataclass
@@ -26,6 +32,7 @@ class PassReport:
     counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     details: dict[str, object] = field(default_factory=dict)
+    variant: str = ""  # set by the variant builders: the variant whose file the pass wrote
 
 
 class GraphPass(Protocol):
@@ -36,12 +43,37 @@ class GraphPass(Protocol):
     def __call__(self, graph: gs.Graph) -> PassReport: ...
 
 
+def unused_name(graph: gs.Graph, name: str) -> str:
+    """`name`, or `name_2`, `name_3`…: the first that no tensor of `graph` has. For a tensor a pass makes from one
+    that several nodes share (an exporter stores equal weights once), where each reader gets its own."""
+    taken = graph.tensors().keys()
+    candidate, number = name, 1
+    while candidate in taken:
+        number += 1
+        candidate = f"{name}_{number}"
+    return candidate
+
+
+def check_unique_names(graph: gs.Graph, name: str) -> None:
+    """Each tensor name once: ONNX joins tensors by name, so two of one name export as a graph that ONNX Runtime
+    refuses (out of order, types that disagree) or that reads the wrong weights."""
+    seen: dict[str, gs.Tensor] = {}
+    for node in graph.nodes:
+        for tensor in [*node.inputs, *node.outputs]:
+            if not tensor.is_empty() and seen.setdefault(tensor.name, tensor) is not tensor:
+                raise PassError(
+                    f"pass {name} left two tensors named '{tensor.name}'",
+                    hint="a tensorsmith bug: please report it with the model",
+                )
+
+
 def run_passes(graph: gs.Graph, passes: Sequence[GraphPass]) -> list[PassReport]:
     reports = []
     for graph_pass in passes:
         started = time.perf_counter()
         report = graph_pass(graph)
         graph.cleanup().toposort()
+        check_unique_names(graph, report.name)
         report.seconds = round(time.perf_counter() - started, 4)
         logger.info("pass %s: changed=%s %s (%.2f s)", report.name, report.changed, report.counts, report.seconds)
         reports.append(report)

@@ -23,16 +23,11 @@ import onnx_ir as ir
 from tensorsmith.core.errors import PassError
 from tensorsmith.core.importing import first_line
 from tensorsmith.core.ir import SUBGRAPH_ATTRIBUTES
+from tensorsmith.core.library_logs import route_polygraphy_logs
 from tensorsmith.passes.base import PassReport
 
 logger = logging.getLogger(__name__)
 FOLD_ANY_SIZE = 2**62
-
-
-def _quiet_polygraphy() -> None:
-    from polygraphy.logger import G_LOGGER
-
-    G_LOGGER.module_severity = G_LOGGER.ERROR
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -92,7 +87,7 @@ def fold_with_polygraphy(model: onnx.ModelProto) -> onnx.ModelProto:
     directly, without inlining branches (inlining nested Ifs leaves an invalid graph: silero-vad's, for one)."""
     from polygraphy.backend.onnx import fold_constants, infer_shapes
 
-    _quiet_polygraphy()
+    route_polygraphy_logs()
     if _has_subgraphs(model):
         graph = gs.import_onnx(infer_shapes(model, error_ok=True, allow_onnxruntime=False))
         graph.fold_constants(fold_shapes=True, error_ok=True, flatten_subgraphs=False)

@@ -99,9 +99,26 @@ def _computes_a_scale(node: gs.Node) -> bool:
                for user in scale.outputs)  # fmt: skip
 
 
+def _own_fp32_constants(kept: list[gs.Node], kept_ids: set[int]) -> None:
+    """Kept ops read their own fp32 copy of a constant that other ops read too: exporters store equal weights
+    once (a fresh checkpoint's LayerNorm bias and a projection's bias are the same zeros), and the copy the other
+    ops read becomes half."""
+    copies: dict[int, gs.Constant] = {}
+    for node in kept:
+        for position, tensor in enumerate(node.inputs):
+            if not isinstance(tensor, gs.Constant) or not _is_fp32(tensor):
+                continue
+            if all(id(user) in kept_ids for user in tensor.outputs):
+                continue
+            if id(tensor) not in copies:
+                copies[id(tensor)] = gs.Constant(f"{tensor.name}/fp32", np.array(tensor.values))
+            node.inputs[position] = copies[id(tensor)]
+
+
 def _half_regions(graph: gs.Graph, keep_fp32: Sequence[str]) -> HalfRegions:
     kept = [node for node in graph.nodes if node.op in keep_fp32 or _computes_a_scale(node)]
     kept_ids = {id(node) for node in kept}
+    _own_fp32_constants(kept, kept_ids)
     constants = []
     for tensor in graph.tensors().values():
         if isinstance(tensor, gs.Constant) and _is_fp32(tensor):
@@ -160,20 +177,28 @@ class ConvertToHalf:
                 graph.nodes.append(gs.Node("Cast", f"{outside.name}/Cast", {"to": FLOAT}, [tensor], [outside]))
                 graph.outputs[index] = outside
                 casts += 1
+        # One fp32 tensor per half tensor that kept ops read: a kept op's own output before its narrowing Cast,
+        # else one Cast for all its readers (two LayerNorms of one residual stream must not make two `x/fp32`).
+        wide: dict[int, gs.Variable] = {}
         for node in regions.kept:
-            for position, tensor in enumerate(list(node.inputs)):
-                if isinstance(tensor, gs.Variable) and _onnx_type(tensor) == half.onnx_type:
-                    wide = gs.Variable(f"{tensor.name}/fp32", np.float32, tensor.shape)
-                    graph.nodes.append(gs.Node("Cast", f"{wide.name}/Cast", {"to": FLOAT}, [tensor], [wide]))
-                    node.inputs[position] = wide
-                    casts += 1
             for position, tensor in enumerate(list(node.outputs)):
                 narrow_from = gs.Variable(f"{tensor.name}/fp32", np.float32, tensor.shape)
                 node.outputs[position] = narrow_from
                 graph.nodes.append(
                     gs.Node("Cast", f"{tensor.name}/Cast", {"to": half.onnx_type}, [narrow_from], [tensor])
                 )
+                wide[id(tensor)] = narrow_from
                 casts += 1
+        for node in regions.kept:
+            for position, tensor in enumerate(list(node.inputs)):
+                if isinstance(tensor, gs.Variable) and _onnx_type(tensor) == half.onnx_type:
+                    if id(tensor) not in wide:
+                        wide[id(tensor)] = gs.Variable(f"{tensor.name}/fp32", np.float32, tensor.shape)
+                        graph.nodes.append(
+                            gs.Node("Cast", f"{tensor.name}/fp32/Cast", {"to": FLOAT}, [tensor], [wide[id(tensor)]])
+                        )
+                        casts += 1
+                    node.inputs[position] = wide[id(tensor)]
         return PassReport(
             self.name,
             changed=True,

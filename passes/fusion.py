@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import onnx_graphsurgeon as gs
 
 from tensorsmith.passes.base import PassReport
-from tensorsmith.passes.matching import Miss, Walk, check_removable
+from tensorsmith.passes.matching import Miss, Unrelated, Walk, check_removable
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,14 @@ class Rule:
     min_opset: int
     # Walks from the anchor (adding the nodes it passes to the Walk); returns the rewrite, or raises Miss.
     match: Callable[[Walk], Rewrite]
+    # Whether a node is the rule's fused form (its rewrite writes such nodes): counted before the rule runs,
+    # since a graph whose exporter wrote them (LayerNormalization at opset 17 and up) has nothing left to fuse.
+    fused_form: Callable[[gs.Node], bool] | None = None
+
+
+def op_is(op: str) -> Callable[[gs.Node], bool]:
+    """A rule's `fused_form`: a node of type `op`."""
+    return lambda node: node.op == op
 
 
 @dataclass
@@ -91,12 +99,16 @@ class Fuse:
         counts: dict[str, int] = {}
         misses: dict[str, list[dict[str, str]]] = {}
         reasons: dict[str, dict[str, int]] = {}
+        needs_opset: dict[str, int] = {}
         for rule in self.rules:
             matched, missed = 0, []
             if opset < rule.min_opset:
                 logger.info("rule %s needs opset %d, the graph has %d: skipped", rule.name, rule.min_opset, opset)
                 counts[f"{rule.name}.skipped_opset"] = 1
+                needs_opset[rule.name] = rule.min_opset
                 continue
+            if rule.fused_form is not None:
+                counts[f"{rule.name}.already_fused"] = sum(1 for node in graph.nodes if rule.fused_form(node))
             fused: set[int] = set()
             for anchor in [node for node in graph.nodes if node.op == rule.anchor]:
                 if id(anchor) in fused:
@@ -106,6 +118,8 @@ class Fuse:
                     rewrite = rule.match(walk)
                     if any(id(node) in fused for node in walk.nodes):
                         raise Miss("overlaps a match already rewritten")
+                except Unrelated:
+                    continue
                 except Miss as miss:
                     missed.append({"node": anchor.name, "reason": str(miss)})
                     continue
@@ -119,4 +133,7 @@ class Fuse:
                 misses[rule.name] = missed[:MISSES_KEPT_PER_RULE]
                 reasons[rule.name] = dict(Counter(entry["reason"] for entry in missed).most_common())
         changed = any(value for key, value in counts.items() if key.endswith(".matched"))
-        return PassReport(self.name, changed=changed, counts=counts, details={"misses": misses, "reasons": reasons})
+        details: dict[str, object] = {"misses": misses, "reasons": reasons}
+        if needs_opset:
+            details["needs_opset"] = needs_opset
+        return PassReport(self.name, changed=changed, counts=counts, details=details)

@@ -14,11 +14,12 @@ function, has neither Erf nor Tanh and is never touched.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import onnx_graphsurgeon as gs
 
 from tensorsmith.passes.fusion import NodeSpec, Rewrite, Rule, replace
-from tensorsmith.passes.matching import Miss, Walk, constant_value, expect_close
+from tensorsmith.passes.matching import Miss, Unrelated, Walk, constant_value, expect_close
 
 SQRT_2 = math.sqrt(2.0)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -89,9 +90,12 @@ def _cube_of(walk: Walk, tensor: gs.Tensor, x: gs.Tensor) -> None:
 
 def match_gelu_tanh(walk: Walk) -> Rewrite:
     tanh = walk.anchor
-    scaled = walk.producer(tanh.inputs[0], "Mul", "√(2/π)·(x + 0.044715·x³)")
-    inner, value = walk.split_constant(scaled, "√(2/π)")
-    expect_close(value, SQRT_2_OVER_PI, "√(2/π)")
+    try:
+        scaled = walk.producer(tanh.inputs[0], "Mul", "√(2/π)·(x + 0.044715·x³)")
+        inner, value = walk.split_constant(scaled, "√(2/π)")
+        expect_close(value, SQRT_2_OVER_PI, "√(2/π)")
+    except Miss as miss:  # a Tanh of anything but √(2/π)·(…): an activation (BERT's pooler), not a GELU
+        raise Unrelated(str(miss)) from None
     add = walk.producer(inner, "Add", "x + 0.044715·x³")
     reasons = []
     for x, cubic in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
@@ -111,5 +115,11 @@ def match_gelu_tanh(walk: Walk) -> Rewrite:
     raise Miss(reasons[0])
 
 
-GELU_ERF = Rule(name="gelu_erf", anchor="Erf", sketch=__doc__ or "", min_opset=20, match=match_gelu_erf)
-GELU_TANH = Rule(name="gelu_tanh", anchor="Tanh", sketch=__doc__ or "", min_opset=20, match=match_gelu_tanh)
+def _gelu(approximate: str) -> Callable[[gs.Node], bool]:
+    return lambda node: node.op == "Gelu" and node.attrs.get("approximate", "none") == approximate
+
+
+GELU_ERF = Rule(name="gelu_erf", anchor="Erf", sketch=__doc__ or "", min_opset=20, match=match_gelu_erf,
+                fused_form=_gelu("none"))  # fmt: skip
+GELU_TANH = Rule(name="gelu_tanh", anchor="Tanh", sketch=__doc__ or "", min_opset=20, match=match_gelu_tanh,
+                 fused_form=_gelu("tanh"))  # fmt: skip

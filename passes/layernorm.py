@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from tensorsmith.passes.fusion import PREVIOUS, NodeSpec, Rewrite, Rule, replace
+from tensorsmith.passes.fusion import PREVIOUS, NodeSpec, Rewrite, Rule, op_is, replace
 from tensorsmith.passes.matching import Miss, Walk, constant_value, expect_close, scalar
 
 MAX_EPSILON = 1e-2  # a LayerNorm epsilon is tiny; a larger constant is some other computation
@@ -163,4 +163,5 @@ def match_layernorm(walk: Walk) -> Rewrite:
     return replace(walk, output, specs)
 
 
-LAYERNORM = Rule(name="layernorm", anchor="Sqrt", sketch=__doc__ or "", min_opset=17, match=match_layernorm)
+LAYERNORM = Rule(name="layernorm", anchor="Sqrt", sketch=__doc__ or "", min_opset=17, match=match_layernorm,
+                 fused_form=op_is("LayerNormalization"))  # fmt: skip

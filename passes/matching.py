@@ -20,6 +20,11 @@ class Miss(Exception):
     """The pattern did not complete at this anchor; the message says where and why."""
 
 
+class Unrelated(Miss):
+    """The anchor is no start of the pattern at all (a BERT pooler's Tanh, for GELU's tanh form): the report
+    counts it neither as a match nor as a miss."""
+
+
 def _ops(ops: Ops) -> tuple[str, ...]:
     return (ops,) if isinstance(ops, str) else ops
 

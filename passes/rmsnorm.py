@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from tensorsmith.passes.fusion import PREVIOUS, NodeSpec, Rewrite, Rule, replace
+from tensorsmith.passes.fusion import PREVIOUS, NodeSpec, Rewrite, Rule, op_is, replace
 from tensorsmith.passes.layernorm import _affine, _trailing_count, mean_of_squares, static_normalized_shape
 from tensorsmith.passes.matching import Miss, Walk, constant_value, expect_close
 
@@ -61,4 +61,5 @@ def match_rmsnorm(walk: Walk) -> Rewrite:
     return replace(walk, output, specs)
 
 
-RMSNORM = Rule(name="rmsnorm", anchor="Sqrt", sketch=__doc__ or "", min_opset=23, match=match_rmsnorm)
+RMSNORM = Rule(name="rmsnorm", anchor="Sqrt", sketch=__doc__ or "", min_opset=23, match=match_rmsnorm,
+               fused_form=op_is("RMSNormalization"))  # fmt: skip

@@ -49,6 +49,7 @@ def _fusion(manifest: Manifest) -> list[dict[str, Any]]:
                 "rule": rule,
                 "matched": matched,
                 "missed": record.counts.get(f"{rule}.missed", 0),
+                "already_fused": record.counts.get(f"{rule}.already_fused", 0),  # the exporter wrote them
                 "misses": misses.get(rule, []),
             })  # fmt: skip
     return rows
@@ -178,7 +179,9 @@ def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
         "tensorsmith_version": manifest.tensorsmith_version,
         "source": manifest.source.model_dump(mode="json"),
         "steps": [step.model_dump() for step in manifest.steps],
-        "passes": [{"name": p.name, "changed": p.changed, "seconds": p.seconds} for p in manifest.passes],
+        "passes": [
+            {"name": p.name, "changed": p.changed, "seconds": p.seconds, "variant": p.variant} for p in manifest.passes
+        ],
         "fusion": _fusion(manifest),
         "calibration": (
             {"method": calibration["method"], "samples": calibration["samples"]} if calibration is not None else None

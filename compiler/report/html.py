@@ -7,7 +7,9 @@ from html import escape
 from typing import Any
 
 from tensorsmith.compiler.report import plots as report_plots
+from tensorsmith.compiler.report.summary import source_sentence
 from tensorsmith.core.metrics import budget_terms
+from tensorsmith.runtime.manifest import SourceRecord
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -45,7 +47,8 @@ def _plot(svg: str, caption: str) -> str:
 
 def _steps(report: dict[str, Any]) -> str:
     rows = [(step["name"], step["seconds"]) for step in report["steps"]]
-    passes = [(f"pass {p['name']}", p["seconds"]) for p in report["passes"]]
+    passes = [(f"pass {p['name']}" + (f", for variant {p['variant']}" if p.get("variant") else ""), p["seconds"])
+              for p in report["passes"]]  # fmt: skip
     chart = _plot(report_plots.steps_chart(rows), "seconds per step") if rows else ""
     return "<h2>Pipeline</h2>" + chart + _table(("step", "seconds"), rows + passes)
 
@@ -54,10 +57,11 @@ def _fusion(report: dict[str, Any]) -> str:
     rows = []
     for rule in report["fusion"]:
         misses = "; ".join(f"{miss.get('node', '?')}: {miss.get('reason', '')}" for miss in rule["misses"][:5])
-        rows.append((rule["pass"], rule["rule"], rule["matched"], rule["missed"], misses))
+        rows.append((rule["pass"], rule["rule"], rule["matched"], rule["missed"], rule.get("already_fused", 0), misses))
     if not rows:
         return "<h2>Fusion</h2><p>Fusion passes did not run (--no-fuse).</p>"
-    return "<h2>Fusion</h2>" + _table(("pass", "rule", "matched", "missed", "misses (first five)"), rows)
+    columns = ("pass", "rule", "matched", "missed", "already fused by the exporter", "misses (first five)")
+    return "<h2>Fusion</h2>" + _table(columns, rows)
 
 
 def _accuracy(report: dict[str, Any]) -> str:
@@ -66,10 +70,21 @@ def _accuracy(report: dict[str, Any]) -> str:
         accuracy = ", ".join(f"{key} {value:.6g}" for key, value in variant["accuracy"].items())
         rows.append((variant["name"], " + ".join(variant["precisions"]), variant["bytes"], accuracy,
                      variant["evaluated_on"]))  # fmt: skip
-    chart = report_plots.accuracy_chart(report["variants"])
-    plot = _plot(chart, "cosine of each variant's outputs against fp32") if chart else ""
+    metric = _charted_metric(report)
+    chart = report_plots.accuracy_chart(report["variants"], metric)
+    axis = report_plots.ACCURACY_AXES.get(metric, metric)
+    plot = _plot(chart, f"each variant's outputs: {axis}") if chart else ""
     columns = ("variant", "precisions", "bytes", "accuracy", "measured on")
     return "<h2>Accuracy per variant</h2>" + plot + _table(columns, rows)
+
+
+def _charted_metric(report: dict[str, Any]) -> str:
+    """The budget's metric where the variants record it (perplexity-ratio under a decoder's budget), else cosine
+    (max-abs and a custom metric are not in the variants' figures)."""
+    terms = budget_terms(str(report["budget"])) if report["budget"] else None
+    if terms is not None and any(terms[0] in variant["accuracy"] for variant in report["variants"]):
+        return terms[0]
+    return "cosine"
 
 
 def _calibration(report: dict[str, Any]) -> str:
@@ -160,8 +175,8 @@ def render_html(report: dict[str, Any]) -> str:
     source = report["source"]
     title = f"tensorsmith report: {report['artifact']}"
     header = (
-        f"<h1>{escape(title)}</h1><p>Source <code>{escape(source['path'])}</code> ({escape(source['kind'])}, "
-        f"exporter {escape(source['exporter'])}, opset {source['opset']}); tensorsmith "
+        f"<h1>{escape(title)}</h1><p>Source <code>{escape(source['path'])}</code>: "
+        f"{escape(source_sentence(SourceRecord.model_validate(source)))}; tensorsmith "
         f"{escape(report['tensorsmith_version'])}.</p>"
     )
     sections = [_steps, _fusion, _accuracy, _sensitivity, _calibration, _plan, _cpu, _engines]

@@ -18,8 +18,20 @@ AXIS_COLOUR = "#444444"
 MAX_BARS = 24
 FONT = 'font-family="sans-serif" font-size="11"'
 ROW = 18  # pixels per bar
-LABELS = 260  # pixels for the bar labels
+LABELS = 120  # pixels for the bar labels, at least: the column widens to its longest label
+LABEL_CHARACTER = 6.6  # pixels per character of an 11-pixel sans-serif label, with room to spare
+LONGEST_LABEL = 90  # characters; a longer label ends in "…"
 PLOT = 420  # pixels for the bars
+# An accuracy metric → what its axis says; those bounded by 1 are drawn up to 1.
+ACCURACY_AXES = {
+    "cosine": "cosine against fp32",
+    "min-cosine": "the lowest sample's cosine against fp32",
+    "sqnr-db": "SQNR against fp32 (dB)",
+    "perplexity-ratio": "perplexity over fp32's",
+    "perplexity": "perplexity on the held-out text",
+    "next-token-agreement": "next-token agreement with fp32",
+}
+BOUNDED_BY_ONE = ("cosine", "min-cosine", "next-token-agreement")
 
 
 def _number(value: float) -> str:
@@ -61,20 +73,22 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], xlabel: str, log: 
         def place(value: float) -> float:
             return PLOT * (min(max(value, lo), hi) - lo) / (hi - lo)
 
+    shown = [label if len(label) <= LONGEST_LABEL else label[: LONGEST_LABEL - 1] + "…" for label in labels]
+    left = max(LABELS, math.ceil(LABEL_CHARACTER * max(map(len, shown), default=0)) + 12)  # every label whole
     top, bottom = 8, 8 + ROW * len(values)
     body = []
-    for index, (label, value) in enumerate(zip(labels, values, strict=True)):
+    for index, (label, value) in enumerate(zip(shown, values, strict=True)):
         y = top + index * ROW
-        body.append(f'<rect x="{LABELS}" y="{y + 2}" width="{max(place(value), 1):.1f}" height="{ROW - 4}" '
+        body.append(f'<rect x="{left}" y="{y + 2}" width="{max(place(value), 1):.1f}" height="{ROW - 4}" '
                     f'fill="{BAR_COLOUR}" shape-rendering="crispEdges"/>')  # fmt: skip
-        body.append(_text(LABELS - 6, y + ROW - 5, label[:48], "end"))
-    body.append(f'<line x1="{LABELS}" y1="{bottom}" x2="{LABELS + PLOT}" y2="{bottom}" stroke="{AXIS_COLOUR}"/>')
+        body.append(_text(left - 6, y + ROW - 5, label, "end"))
+    body.append(f'<line x1="{left}" y1="{bottom}" x2="{left + PLOT}" y2="{bottom}" stroke="{AXIS_COLOUR}"/>')
     for tick in _ticks(lo, hi, log):
-        x = LABELS + place(tick)
+        x = left + place(tick)
         body.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="{AXIS_COLOUR}"/>')
         body.append(_text(x, bottom + 16, _number(tick), "middle"))
-    body.append(_text(LABELS + PLOT / 2, bottom + 32, xlabel, "middle"))
-    return _svg(LABELS + PLOT + 20, bottom + 40, body)
+    body.append(_text(left + PLOT / 2, bottom + 32, xlabel, "middle"))
+    return _svg(left + PLOT + 20, bottom + 40, body)
 
 
 def sensitivity_chart(layers: Sequence[dict[str, Any]], metric: str) -> str:
@@ -117,15 +131,20 @@ def histogram_chart(entry: dict[str, Any]) -> str:
 
 
 def accuracy_chart(variants: Sequence[dict[str, Any]], metric: str = "cosine") -> str | None:
-    """One bar per variant that has the metric (quantized variants measured against fp32)."""
+    """One bar per variant that has the metric (measured against fp32), on an axis that says which metric."""
     measured = [variant for variant in variants if metric in variant["accuracy"]]
     if not measured:
         return None
     values = [variant["accuracy"][metric] for variant in measured]
-    return bar_chart([variant["name"] for variant in measured], values, f"{metric} against fp32 (held-out data)",
-                     low=min(values) - 0.01, high=1.0)  # fmt: skip
+    if metric in BOUNDED_BY_ONE:
+        low, high = min(values) - 0.01, 1.0
+    else:  # zoomed on the values: perplexities differ in their second digit
+        margin = (max(values) - min(values)) * 0.1 or abs(max(values)) * 0.01 or 1.0
+        low, high = min(values) - margin, max(values) + margin
+    axis = ACCURACY_AXES.get(metric, metric)
+    return bar_chart([variant["name"] for variant in measured], values, axis, low=low, high=high)
 
 
 def steps_chart(steps: Sequence[tuple[str, float]]) -> str:
     """Where the compile spent its time: one bar per pipeline step."""
-    return bar_chart([name[:60] for name, _ in steps], [seconds for _, seconds in steps], "seconds")
+    return bar_chart([name for name, _ in steps], [seconds for _, seconds in steps], "seconds")

@@ -4,6 +4,8 @@ variant per recipe; the cpu's int8 recipe also tries ONNX Runtime's dynamic quan
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tensorsmith.calibration import Observer, tensors_to_observe
 from tensorsmith.calibration.layers import activation_shapes, list_layers
 from tensorsmith.calibration.statistics import merged_statistics
@@ -59,7 +61,7 @@ def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
         for recipe, targets in shared.items():
             variant = build_quantized(model, recipe, scales, layers, search, evaluation, directory, reporter)
             record, recipe_plan = variant.record, variant.plan.model_copy(update={"targets": targets})
-            reports.append(variant.report)
+            reports.append(replace(variant.report, variant=record.name))
             by_target.update(dict.fromkeys(targets, record))
             if budget is not None and not recipe_plan.met:
                 unmet.append(f"{record.name}: {budget.metric} {recipe_plan.achieved:.6f} (budget {budget})")

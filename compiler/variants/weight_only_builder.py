@@ -78,7 +78,7 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
             record, recipes[record.name].cpu = choose_accuracy_level(record, directory, evaluation)
         records.append(record)
         by_target.update(dict.fromkeys(targets, record))
-        reports += passes
+        reports += [replace(report, variant=record.name) for report in passes]
     precision_plan = PrecisionPlan(precision=plan.request, evaluated_on=evaluation.described,
                                    budget=str(budget) if budget else None, recipes=recipes)  # fmt: skip
     return FamilyVariants(records, by_target, None, reports, unmet, precision_plan)
@@ -101,4 +101,4 @@ def _evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | Non
         path = config.resolve(config.evaluation)
         specs = [record.spec() for record in fused.inputs]
         return measured_on(concatenated(CalibrationData(path, specs, batch_size=READ_BATCH)), str(path))
-    return measured_on(example_feeds(config, seed=1, size_offset=1), "the verification inputs")
+    return measured_on(example_feeds(config, seed=1, size_offset=1, tuned=fused.tuned_sizes), "the verification inputs")

@@ -2,6 +2,7 @@
 `tensorsmith report`, and rendered for real in headless Chromium."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,32 @@ def test_report_of_a_directory_that_is_not_an_artifact_is_a_clear_error(tmp_path
 
 def test_report_renders_in_headless_chromium(artifact: Path, tmp_path: Path) -> None:
     check_report_renders(artifact, tmp_path, quantized=False)
+
+
+def test_the_pipeline_chart_keeps_each_step_whole(artifact: Path) -> None:
+    """Step names carry the artifact's path ("writing the report and /tmp/…/out"): the label column widens to
+    the longest, so no label starts left of the picture."""
+    from html import escape
+
+    from tensorsmith.compiler.report.plots import LABEL_CHARACTER, LONGEST_LABEL
+
+    page = (artifact / "report.html").read_text()
+    assert "an ONNX file at opset 17" in page and "exporter none" not in page  # the header, as a sentence
+    report = json.loads((artifact / "report.json").read_text())
+    for step in report["steps"]:
+        name = step["name"] if len(step["name"]) <= LONGEST_LABEL else step["name"][: LONGEST_LABEL - 1] + "…"
+        (x,) = re.findall(rf'<text x="([\d.]+)" y="[\d.]+" text-anchor="end"[^>]*>{re.escape(escape(name))}<', page)
+        assert float(x) >= LABEL_CHARACTER * len(name), name
+
+
+def test_the_accuracy_chart_plots_the_budget_metric(artifact: Path) -> None:
+    """Under a decoder's perplexity budget, the chart is of perplexity over fp32's, not of cosine."""
+    from tensorsmith.compiler.report.html import render_html
+
+    report = json.loads((artifact / "report.json").read_text())
+    report["variants"][0]["accuracy"].update({"cosine": 0.9999, "perplexity-ratio": 1.0})
+    report["budget"] = "perplexity-ratio<=1.05"
+    page = render_html(report)
+    assert "perplexity over fp32" in page and "cosine against fp32" not in page
+    report["budget"] = "cosine>=0.99"
+    assert "cosine against fp32" in render_html(report)

@@ -115,3 +115,29 @@ def test_the_scale_split_over_q_and_k_by_torchs_sdpa_folds(tmp_path: Path) -> No
     assert reports[0].counts["attention_scale.matched"] == 1, reports[0].details
     assert ops(fused)["Mul"] < ops(canonical)["Mul"]
     assert_same_outputs(source, fused, {"x": x.numpy(), "mask": mask.numpy()})
+
+
+def test_a_bias_that_layers_share_gets_a_scaled_copy_of_its_own_name_in_each() -> None:
+    """An exporter stores equal biases once (a fresh checkpoint's zeros; here random values, read by the Q
+    projection of two layers): each layer folds its scale into its own copy."""
+    g = GraphBuilder(20)
+    shared = g.const(RNG.standard_normal(HIDDEN))
+
+    def heads(tensor: str) -> str:
+        return g.op("Transpose", g.op("Reshape", tensor, g.const([1, SEQUENCE, HEADS, HEAD], np.int64)),
+                    perm=[0, 2, 1, 3])  # fmt: skip
+
+    def layer(x: str) -> str:
+        q, k, v = (g.op("MatMul", x, g.const(RNG.standard_normal((HIDDEN, HIDDEN)) * 0.3)) for _ in range(3))
+        scores = g.op("MatMul", heads(g.op("Add", shared, q)), g.op("Transpose", heads(k), perm=[0, 1, 3, 2]))
+        weights = g.op("Softmax", g.op("Add", g.op("Div", scores, g.const(math.sqrt(HEAD))), "mask"), axis=-1)
+        context = g.op("Transpose", g.op("MatMul", weights, heads(v)), perm=[0, 2, 1, 3])
+        return g.op("Reshape", context, g.const([1, SEQUENCE, HIDDEN], np.int64))
+
+    model = g.model({"x": (TensorProto.FLOAT, [1, SEQUENCE, HIDDEN]), "mask": (TensorProto.FLOAT, [1, 1, 1, SEQUENCE])},
+                    {layer(layer("x")): TensorProto.FLOAT})  # fmt: skip
+    fused, (report,) = apply(model, [Fuse([ATTENTION_SCALE])])  # run_passes refuses two tensors of one name
+    assert report.counts["attention_scale.matched"] == 2, report.details
+    scaled = [init.name for init in fused.graph.initializer if init.name.startswith(f"{shared}/attention_scaled")]
+    assert len(set(scaled)) == 2
+    assert_same_outputs(model, fused, FEEDS)

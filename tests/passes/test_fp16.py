@@ -6,12 +6,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import TensorProto
 
 from tensorsmith.compiler.engines.builder import build_engine
 from tensorsmith.compiler.engines.profiles import Profile
 from tensorsmith.core.metrics import mean_cosine
-from tensorsmith.passes.fp16 import ConvertToFp16
-from tests.passes.graphs import apply, ops, run_onnx
+from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, ConvertToHalf
+from tests.passes.graphs import GraphBuilder, apply, ops, run_onnx
 
 
 class Block(torch.nn.Module):
@@ -65,3 +66,24 @@ def test_fp16_keeps_layernorm_in_fp32_and_io_in_fp32(exported: onnx.ModelProto, 
     onnx.save(converted, str(path))
     profile = Profile({"x": ((1, 5, 16), (2, 5, 16), (8, 5, 16)), "mask": ((1, 5), (2, 5), (8, 5))})
     assert len(build_engine(path, "sm_75", profile).plan) > 0  # Turing has no fp32 GEMM: fp16 builds
+
+
+@pytest.mark.parametrize("convert", [ConvertToFp16, ConvertToBf16])
+def test_layernorms_sharing_their_input_and_a_bias_with_other_ops(convert: type[ConvertToHalf]) -> None:
+    """Two LayerNorms of one tensor (GPT-NeoX's parallel residual), whose bias is the zeros an Add reads too
+    (exporters store equal weights once): one Cast to fp32 serves both, and they read an fp32 bias of their own."""
+    g = GraphBuilder(20)
+    hidden = g.op("MatMul", "x", g.const(np.random.default_rng(0).standard_normal((16, 16))))
+    zeros = g.const(np.zeros(16))
+    first = g.op("LayerNormalization", hidden, g.const(np.full(16, 0.5)), zeros, axis=-1)
+    second = g.op("LayerNormalization", hidden, g.const(np.full(16, 2.0)), zeros, axis=-1)
+    out = g.op("Add", g.op("Add", first, second), zeros)
+    model = g.model({"x": (TensorProto.FLOAT, [2, 16])}, {out: TensorProto.FLOAT})
+    converted, (report,) = apply(model, [convert()])
+    onnx.checker.check_model(converted, full_check=True)  # ordered, each name once, LayerNorm's types agree
+    # x and out at the graph's edges, `hidden` widened once, each LayerNorm's output narrowed
+    assert report.counts["kept_fp32"] == 2 and report.counts["casts_inserted"] == ops(converted)["Cast"] == 5
+    if convert is ConvertToFp16:  # ONNX Runtime's CPU provider has no bf16 MatMul
+        feeds = {"x": np.random.default_rng(1).standard_normal((2, 16)).astype(np.float32)}
+        (reference,), (actual,) = run_onnx(model, feeds), run_onnx(converted, feeds)
+        assert mean_cosine(reference, actual) > 0.9999

@@ -100,3 +100,21 @@ def test_gelu_waits_for_opset_20() -> None:
     model = g.model({"x": (TensorProto.FLOAT, [2, 5, 8])}, {out: TensorProto.FLOAT})
     _, (report,) = apply(model, [Fuse([GELU_ERF])])
     assert report.counts == {"gelu_erf.skipped_opset": 1}
+
+
+def test_a_tanh_that_is_no_gelu_is_neither_matched_nor_missed() -> None:
+    """BERT's pooler: tanh(x·W + b). The summary would call it a GELU the pass failed to fuse."""
+    g = GraphBuilder(20)
+    pooled = g.op("Tanh", g.op("Add", g.op("MatMul", "x", g.const(np.ones((8, 8)))), g.const(np.zeros(8))))
+    model = g.model({"x": (TensorProto.FLOAT, [2, 5, 8])}, {pooled: TensorProto.FLOAT})
+    fused, (report,) = apply(model, [Fuse([GELU_TANH])])
+    assert report.counts == {"gelu_tanh.already_fused": 0, "gelu_tanh.matched": 0, "gelu_tanh.missed": 0}
+    assert ops(fused) == ops(model)
+
+
+def test_gelus_the_exporter_wrote_are_counted_by_form() -> None:
+    g = GraphBuilder(20)
+    out = g.op("Gelu", g.op("Gelu", "x"), approximate="tanh")
+    model = g.model({"x": (TensorProto.FLOAT, [2, 5, 8])}, {out: TensorProto.FLOAT})
+    _, (report,) = apply(model, [Fuse([GELU_ERF, GELU_TANH])])
+    assert report.counts["gelu_erf.already_fused"] == report.counts["gelu_tanh.already_fused"] == 1

@@ -1,0 +1,124 @@
+"""An artifact's records as sentences for people: what `compile` and `inspect` print (`--json` prints the records
+themselves), and the report's account of its source."""
+
+from __future__ import annotations
+
+from tensorsmith.runtime.manifest import Manifest, PassRecord, SourceRecord, TargetRecord, VariantRecord
+
+SOURCE_KINDS = {"onnx": "an ONNX file", "huggingface": "a Hugging Face directory", "factory": "a PyTorch module",
+                "exported_program": "a torch.export program"}  # fmt: skip
+EXPORTERS = {"dynamo": "torch.onnx's dynamo exporter", "torchscript": "torch.onnx's TorchScript exporter"}
+# a fusion rule → (one, several), as the summary counts them
+RULES = {
+    "layernorm": ("LayerNorm", "LayerNorms"),
+    "rmsnorm": ("RMSNorm", "RMSNorms"),
+    "gelu_erf": ("GELU (erf)", "GELUs (erf)"),
+    "gelu_tanh": ("GELU (tanh)", "GELUs (tanh)"),
+    "attention_scale": ("attention scale", "attention scales"),
+    "attention": ("attention block", "attention blocks"),
+}
+FUSED = {"attention_scale": "folded into the Q projection"}  # what a rule did, where it is not "fused"
+METRICS = {"cosine": "cosine {:.6g}", "min-cosine": "min cosine {:.6g}", "sqnr-db": "SQNR {:.4g} dB",
+           "max_relative_error": "max relative error {:.4g}", "perplexity-ratio": "perplexity ratio {:.4g}",
+           "next-token-agreement": "next-token agreement {:.4g}"}  # fmt: skip
+
+
+def source_sentence(source: SourceRecord, compiled_opset: int | None = None) -> str:
+    """e.g. 'an ONNX file at opset 17, compiled at opset 20'."""
+    text = SOURCE_KINDS.get(source.kind, source.kind)
+    if source.exporter in EXPORTERS:
+        text += f", exported by {EXPORTERS[source.exporter]}"
+        if source.fallback_reason:
+            text += f" (the dynamo exporter failed: {source.fallback_reason})"
+    text += f" at opset {source.opset}"
+    if compiled_opset is not None and compiled_opset != source.opset:
+        text += f", compiled at opset {compiled_opset}"
+    return text
+
+
+def _count_phrase(key: str, value: int) -> str:
+    """A pass's count as words: tables_quantized 2 → '2 tables quantized', 1 → '1 table quantized'."""
+    first, *rest = key.split("_")
+    return " ".join([str(value), first.removesuffix("s") if value == 1 else first, *rest])
+
+
+def _counted(count: int, rule: str) -> str:
+    one, several = RULES.get(rule, (rule, rule))
+    return f"{count} {one if count == 1 else several}"
+
+
+def _fusion(record: PassRecord) -> str:
+    """What each rule of a fusion pass did, from its RULE.matched / .missed / .already_fused / .skipped_opset
+    counts; rules that found nothing are left out."""
+    needs_opset, reasons = record.details.get("needs_opset"), record.details.get("reasons")
+    rules = list(dict.fromkeys(key.rsplit(".", 1)[0] for key in record.counts))
+    clauses = []
+    for rule in rules:
+        matched = record.counts.get(f"{rule}.matched", 0)
+        already = record.counts.get(f"{rule}.already_fused", 0)
+        missed = record.counts.get(f"{rule}.missed", 0)
+        if record.counts.get(f"{rule}.skipped_opset"):
+            opset = needs_opset.get(rule) if isinstance(needs_opset, dict) else None
+            clauses.append(f"{RULES.get(rule, (rule, rule))[1]} not tried" + (f" below opset {opset}" if opset else ""))
+        if matched:
+            clauses.append(f"{_counted(matched, rule)} {FUSED.get(rule, 'fused')}")
+        if already:
+            clauses.append(f"{_counted(already, rule)} written by the exporter already")
+        if missed:
+            why = reasons.get(rule) if isinstance(reasons, dict) else None
+            first = f" (most often: {next(iter(why))})" if isinstance(why, dict) and why else ""
+            clauses.append(f"{_counted(missed, rule)} not fused{first}")
+    return "; ".join(clauses) or "found no " + " and no ".join(RULES.get(rule, (rule, rule))[1] for rule in rules)
+
+
+def _canonicalize(record: PassRecord) -> str:
+    before, after = record.counts.get("nodes_before", 0), record.counts.get("nodes_after", 0)
+    text = f"{before} nodes, {after} after folding constants" if before != after else f"{after} nodes, none folded"
+    opsets = record.details.get("opset_before"), record.details.get("opset_after")
+    return text + (f"; opset {opsets[0]} → {opsets[1]}" if opsets[0] != opsets[1] else "")
+
+
+def pass_sentence(record: PassRecord) -> str:
+    """e.g. 'weight_only_int4, for variant int4: 12 matmuls quantized, 0 skipped (0.31 s)'."""
+    title = record.name + (f", for variant {record.variant}" if record.variant else "")
+    if record.counts == {"skipped": 1} and "reason" in record.details:
+        text = f"skipped: {record.details['reason']}"
+    elif record.name == "canonicalize":
+        text = _canonicalize(record)
+    elif any(key.rsplit(".", 1)[-1] in ("matched", "skipped_opset") for key in record.counts):
+        text = _fusion(record)
+    else:
+        text = ", ".join(_count_phrase(key, value) for key, value in record.counts.items()) or "done"
+    return f"{title}: {text} ({record.seconds:.2f} s)"
+
+
+def variant_sentence(variant: VariantRecord) -> str:
+    """e.g. 'fp16 (variants/fp16.onnx): cosine 0.99998, max relative error 0.0012 (the verification inputs)'."""
+    figures = ", ".join(METRICS.get(key, key + " {:.4g}").format(value) for key, value in variant.accuracy.items())
+    measured = f"{figures} ({variant.evaluated_on})" if figures and variant.evaluated_on else figures
+    return f"{variant.name} ({variant.path}): {measured or 'not verified'}"
+
+
+def target_sentence(target: TargetRecord) -> str:
+    """e.g. 'cpu: variant fp32 runs on ONNX Runtime, no engine to build'."""
+    head = f"{target.name}: variant {target.variant}"
+    if target.status == "not-needed":
+        return f"{head} {target.reason}, no engine to build" if target.reason else f"{head}, no engine to build"
+    if target.status == "built" and target.engine is not None:
+        cached = " (reused from the engine cache)" if target.engine.cache == "hit" else ""
+        text = f"{head} built with {target.builder} {target.engine.builder_version} → {target.engine.path}{cached}"
+        return text + (f"; {target.reason}" if target.reason else "")
+    if target.status == "pending":
+        return f"{head}, engine pending: {target.reason}"
+    return f"{head}, the {target.builder} build failed: {target.reason}"
+
+
+def artifact_lines(manifest: Manifest) -> list[str]:
+    """The summary's lines after its headline: the source, passes, variants and targets."""
+    canonicalized = next((record for record in manifest.passes if record.name == "canonicalize"), None)
+    opset = canonicalized.details.get("opset_after") if canonicalized is not None else None
+    lines = [f"source: {source_sentence(manifest.source, opset if isinstance(opset, int) else None)}"]
+    lines += [f"pass {pass_sentence(record)}" for record in manifest.passes]
+    lines += [f"variant {variant_sentence(variant)}" for variant in manifest.variants]
+    lines += [f"target {target_sentence(target)}" for target in manifest.targets]
+    return lines
