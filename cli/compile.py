@@ -30,7 +30,7 @@ def source_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[str, Any]:
     """The config keys of --checkpoint and --input."""
-    from tensorsmith.compiler.config import parse_input_flag
+    from tensorsmith.compiler.flags import parse_input_flag
 
     return {"checkpoint": str(checkpoint.resolve()) if checkpoint else None,
             "inputs": [parse_input_flag(text) for text in inputs] or None}  # fmt: skip
@@ -40,6 +40,7 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
 @click.argument("source")
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Artifact directory.")
 @source_options
+@click.option("--dim", "dims", multiple=True, metavar="NAME=MIN:OPT:MAX", help="A dynamic dim's sizes, as [dims.NAME].")
 @click.option("--output-name", "outputs", multiple=True, help="Names for the model's outputs, in order.")
 @click.option("--opset", type=int, help="ai.onnx opset of the compiled graph (default 20).")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), help="PyTorch exporter.")
@@ -81,6 +82,11 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
 @click.option("--max-sequence-length", type=int, help="A decoder's prompt + new tokens, at most ([generation]).")
 @click.option("--max-batch", type=int, help="A decoder's requests per call, at most ([generation]).")
 @click.option("--engine-cache", type=click.Path(path_type=Path), help="Reuse engines built before (a directory).")
+@click.option(
+    "--trace-every-layer",
+    is_flag=True,
+    help="Trace each decoder layer in the export (default: two, the rest repeated from the second).",
+)
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes (LayerNorm, GELU, attention scale).")
 @click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -91,6 +97,7 @@ def compile_command(
     config_path: Path | None,
     checkpoint: Path | None,
     inputs: tuple[str, ...],
+    dims: tuple[str, ...],
     outputs: tuple[str, ...],
     opset: int | None,
     exporter: str | None,
@@ -108,15 +115,18 @@ def compile_command(
     max_sequence_length: int | None,
     max_batch: int | None,
     engine_cache: Path | None,
+    trace_every_layer: bool,
     no_fuse: bool,
     no_verify: bool,
     as_json: bool,
 ) -> None:
     """Compile SOURCE (a tensorsmith.toml, model.onnx, model.pt2, or pkg.module:function) into OUT."""
     from tensorsmith.compiler import compile
+    from tensorsmith.compiler.flags import parse_dim_flag
 
     overrides: dict[str, Any] = {
         **source_overrides(checkpoint, inputs),
+        "dims": dict(parse_dim_flag(text) for text in dims) or None,
         "outputs": list(outputs) or None,
         "opset": opset,
         "exporter": exporter,
@@ -132,6 +142,7 @@ def compile_command(
         "calibration_stats": str(Path(calibration_stats).expanduser().absolute()) if calibration_stats else None,
         "evaluation": str(evaluation.resolve()) if evaluation else None,
         "fuse": False if no_fuse else None,
+        "trace_every_layer": True if trace_every_layer else None,
         "verify": False if no_verify else None,
     }
     if engine_cache is not None:
@@ -151,17 +162,11 @@ def compile_command(
                    "unmet_budgets": result.unmet_budgets, **payload})  # fmt: skip
         _exit_if_unmet(result.unmet_budgets, result.out, failed)
         return
+    from tensorsmith.compiler.report.summary import artifact_lines
+
     stdout.print(f"[bold green]compiled[/] {config.source} → {result.out} in {result.seconds:.1f} s")
-    stdout.print(f"  exporter: {manifest.source.exporter}, opset {manifest.source.opset} → {result.opset}")
-    for record in manifest.passes:
-        stdout.print(f"  pass {record.name}: {record.counts} ({record.seconds:.2f} s)")
-    for variant in manifest.variants:
-        accuracy = ", ".join(f"{k}={v:.4g}" for k, v in variant.accuracy.items()) or "not verified"
-        stdout.print(f"  variant {variant.name}: {variant.path} ({accuracy})")
-    for target in manifest.targets:
-        engine = f" → {target.engine.path}" if target.engine else ""
-        engine += " (engine cache hit)" if target.engine and target.engine.cache == "hit" else ""
-        stdout.print(f"  target {target.name}: {target.status} via {target.builder}{engine} {target.reason}".rstrip())
+    for line in artifact_lines(manifest):
+        stdout.print(f"  {line}", markup=False)  # reasons and paths may hold brackets
     _exit_if_unmet(result.unmet_budgets, result.out, failed)
 
 

@@ -19,8 +19,9 @@ DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 SourceKind = Literal["factory", "exported_program", "onnx", "huggingface"]
 
 DEFAULT_OPSET = 20
-# Sizes used for a dynamic dim when exporting and verifying, unless `[dims.NAME] opt` says otherwise. Distinct
-# sizes, none of them 0 or 1, so the exporters neither specialise a dim nor confuse two of them.
+# Sizes used for a dynamic dim when exporting and verifying, unless `[dims.NAME] opt` says otherwise (or, for an
+# ONNX source's spatial dims, its engines' opt: frontend/feeds.py). Distinct sizes, none of them 0 or 1, so the
+# exporters neither specialise a dim nor confuse two of them.
 DEFAULT_DYNAMIC_SIZES = (2, 3, 5, 7, 11, 13)
 DEFAULT_MAX_SIZE = 64  # a dynamic dim's max (and opt) in engine profiles when the config gives none
 # A dim named "batch" without a configured max gets the architecture's default (the target table's max_batch):
@@ -223,7 +224,7 @@ class CompileConfig(_Strict):
         return path if path.is_absolute() else self.base_dir / path
 
     def example_sizes(self) -> dict[str, int]:
-        """The size each named dynamic dim takes in export and verification feeds."""
+        """Each named dynamic dim's declared opt, else a small distinct size (frontend/feeds.py refines these)."""
         sizes: dict[str, int] = {}
         fallback = iter(DEFAULT_DYNAMIC_SIZES)
         for decl in self.inputs:
@@ -292,14 +293,3 @@ def _known_keys(location: tuple[int | str, ...]) -> list[str]:
                                              "overrides": Override, "generation": GenerationConfig}  # fmt: skip
     model = tables.get(location[0], CompileConfig) if len(location) > 1 else CompileConfig
     return [name for name in model.model_fields if name != "base_dir"]
-
-
-def parse_input_flag(text: str) -> dict[str, object]:
-    """Parse `--input NAME:DTYPE:DIMS` (e.g. `input_ids:int64:batch,128`) into an InputDecl's fields."""
-    parts = text.rsplit(":", 2)
-    if len(parts) != 3 or not all(parts):
-        raise ConfigError(f"--input {text!r} is not NAME:DTYPE:DIMS", hint="e.g. --input input_ids:int64:batch,128")
-    name, dtype, dims_text = parts
-    dims: list[int | str] = [int(d) if d.strip().isdigit() else d.strip() for d in dims_text.split(",")]
-    # any other text is a dynamic dim's name (`batch-size`, `N?`), or unnamed (`-1`, `?`)
-    return {"name": name, "dtype": dtype, "dims": dims}

@@ -3,20 +3,22 @@ source on ONNX Runtime."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.export import ExportedModel, export_source
-from tensorsmith.compiler.frontend.feeds import example_feeds
+from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
 from tensorsmith.compiler.targets import get_target
-from tensorsmith.core.errors import ExportError, VerificationError
+from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.ir import ai_onnx_opset, io_records, save_onnx
 from tensorsmith.core.module_paths import attach_module_paths, module_paths
 from tensorsmith.core.precisions import FP32
@@ -38,6 +40,9 @@ class FusedGraph:
     source: SourceRecord
     reports: list[PassReport]  # canonicalize and the graph passes, for the manifest
     accuracy: dict[str, float]  # against the source ({} with --no-verify)
+    # whether the source ran at the sizes its engines are tuned for (feeds.py): the variants' measurements and
+    # the cpu timing use the sizes verification could use
+    tuned_sizes: bool = True
 
 
 def graph_passes(config: CompileConfig) -> list[GraphPass]:
@@ -50,15 +55,14 @@ def graph_passes(config: CompileConfig) -> list[GraphPass]:
     return default_passes()
 
 
-def optimize(model: onnx.ModelProto, config: CompileConfig) -> tuple[onnx.ModelProto, list[PassReport]]:
-    """Canonicalize, then run the graph passes on onnx-graphsurgeon's IR."""
-    model, canonical = Canonicalize(opset=config.opset)(model)
+def fuse(model: onnx.ModelProto, config: CompileConfig) -> tuple[onnx.ModelProto, list[PassReport]]:
+    """The graph passes after canonicalize, on onnx-graphsurgeon's IR."""
     passes = graph_passes(config)
     if not passes:
-        return model, [canonical]
+        return model, []
     graph = gs.import_onnx(model)
     reports = run_passes(graph, passes)
-    return gs.export_onnx(graph), [canonical, *reports]
+    return gs.export_onnx(graph), reports
 
 
 def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGraph:
@@ -66,22 +70,36 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGra
     config = source.config
     reporter.stage(f"exporting {config.source}")
     exported = export_source(source, example_feeds(config) if config.inputs else {})
+    described = source_record(config, exported)
+    # The source's outputs now, so that the source model (a torch module: the fp32 weights again) and the
+    # exported graph go before the passes make their copies.
+    expected = expected_outputs(config, exported) if config.verify else None
+    paths = module_paths(exported.model)
+    exported.reference = None
+    gc.collect()  # transformers' modules hold reference cycles
 
     reporter.stage("running graph passes")
-    paths = module_paths(exported.model)
-    model, reports = optimize(exported.model, config)
+    model, canonical = Canonicalize(opset=config.opset)(exported.model)
+    exported.model = onnx.ModelProto()  # the last reference to the exported graph: freed before the passes copy
+    model, reports = fuse(model, config)
+    reports = [canonical, *reports]
     attach_module_paths(model, paths)
     model_path = directory / MODEL_NAME
     save_onnx(model, model_path)
     inputs, outputs = io_records(model)
 
     accuracy: dict[str, float] = {}
-    if config.verify:
+    if expected is not None:
         reporter.stage("verifying against the source on ONNX Runtime")
-        errors = verify(config, exported, model_path, [o.name for o in outputs])
+        errors = verify(config, model_path, [o.name for o in outputs], *expected)
         accuracy = {"max_relative_error": max(errors.values(), default=0.0)}
     record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
-    return FusedGraph(model, model_path, record, inputs, outputs, source_record(config, exported), reports, accuracy)
+    tuned = expected is None or _shapes_of(expected[0]) == _shapes_of(example_feeds(config, seed=1, size_offset=1))
+    return FusedGraph(model, model_path, record, inputs, outputs, described, reports, accuracy, tuned)
+
+
+def _shapes_of(feeds: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    return {name: array.shape for name, array in feeds.items()}
 
 
 def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecord:
@@ -116,20 +134,19 @@ def _directory_digest(path: Path) -> str:
     return hashlib.sha256("".join(f"{f.name}:{sha256_of(f)}\n" for f in files).encode()).hexdigest()
 
 
-def verify(config: CompileConfig, exported: ExportedModel, compiled: Path, names: list[str]) -> dict[str, float]:
-    """Per-output error of the compiled graph against the source (an ONNX source: the graph as read, on ONNX
-    Runtime), at dynamic sizes one above the export's (so an exporter that baked in a dynamic dim is caught
-    here); above `tolerance` is an error."""
+def expected_outputs(config: CompileConfig, exported: ExportedModel) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """Verification's feeds and the source's outputs for them: a PyTorch source's module at the example sizes
+    (feeds.py), an ONNX source's graph as read, on ONNX Runtime, at the sizes it runs on (`onnx_source_outputs`)."""
+    if exported.reference is None:
+        return onnx_source_outputs(config, exported.model)
     feeds = example_feeds(config, seed=1, size_offset=1)
-    if exported.reference is not None:
-        reference = exported.reference(feeds)
-    else:
-        try:
-            reference = run_onnx(exported.model, feeds, origin=str(config.resolve(config.source)))
-        except ExportError as err:  # the source itself fails: most often a dynamic dim's example size it rejects
-            shapes = ", ".join(f"{name}{list(array.shape)}" for name, array in feeds.items())
-            raise ExportError(err.message, hint=f"it ran on example inputs {shapes}; set [dims.NAME] opt to "
-                              "sizes the model accepts, or [[inputs]] value_range for its values") from err  # fmt: skip
+    return feeds, exported.reference(feeds)
+
+
+def verify(
+    config: CompileConfig, compiled: Path, names: list[str], feeds: dict[str, np.ndarray], reference: list[np.ndarray]
+) -> dict[str, float]:
+    """Per-output error of the compiled graph against the source's outputs; above `tolerance` is an error."""
     try:
         errors = compare_outputs(names, reference, run_onnx(compiled, feeds))
     except ValueError as err:

@@ -70,7 +70,7 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
         record = reference
         if recipe.floats in (FP16, BF16):
             reporter.stage(f"building the {recipe.floats.name} variant")
-            feeds = example_feeds(config, seed=1, size_offset=1)  # the verification inputs
+            feeds = example_feeds(config, seed=1, size_offset=1, tuned=fused.tuned_sizes)  # the verification inputs
             record, measured_on = build_float_variant(fused.model, recipe.floats, fused.path, feeds, directory)
             if text is not None:
                 record = with_language_metrics(record, fused.path, directory, text, measured_on)

@@ -50,7 +50,9 @@ def build_variants(
     if cpu is None:
         return variants
     specs = ([record.spec() for record in fused.inputs], [record.spec() for record in fused.outputs])
-    chosen = choose_cpu_backend(cpu, directory, example_feeds(config), specs, reporter, cpu.name in tuned)
+    chosen = choose_cpu_backend(
+        cpu, directory, example_feeds(config, tuned=fused.tuned_sizes), specs, reporter, cpu.name in tuned
+    )
     return _replaced(variants, chosen)
 
 

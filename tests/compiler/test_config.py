@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from tensorsmith.compiler.config import CompileConfig, parse_input_flag
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.flags import parse_input_flag
 from tensorsmith.core.errors import ConfigError
 
 TOML = """
