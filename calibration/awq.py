@@ -36,7 +36,7 @@ class ActivationStatistics:
 
     def observe(self, values: np.ndarray) -> None:
         flat = np.asarray(values, np.float32).reshape(-1, values.shape[-1])
-        absolute = np.abs(flat).astype(np.float64).sum(axis=0)
+        absolute = np.abs(flat).sum(axis=0, dtype=np.float64)  # summed in float64 without a float64 copy
         self.total = absolute if self.total is None else self.total + absolute
         self.count += len(flat)
         kept = sum(len(rows) for rows in self.rows)

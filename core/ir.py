@@ -103,6 +103,11 @@ def serialized(model: onnx.ModelProto) -> bytes | None:
         return None
 
 
+def inline_bytes(model: onnx.ModelProto) -> bytes | None:
+    """The model's bytes with its weights inside, or None above EXTERNAL_DATA_ABOVE (saved with external data)."""
+    return serialized(model) if weight_bytes(model) <= EXTERNAL_DATA_ABOVE else None
+
+
 def external_data_path(path: Path) -> Path:
     """Where `save_onnx` puts the weights of the model saved at `path`, when it does not keep them inside."""
     return path.with_name(f"{path.name}.data")
@@ -113,7 +118,7 @@ def save_onnx(model: onnx.ModelProto, path: Path) -> None:
     onnx-ir, which leaves `model` as it was: onnx.save would move the weights out of the caller's proto)."""
     sidecar = external_data_path(path)
     sidecar.unlink(missing_ok=True)  # a model saved here before with its weights outside
-    if weight_bytes(model) <= EXTERNAL_DATA_ABOVE and (data := serialized(model)) is not None:
+    if (data := inline_bytes(model)) is not None:
         path.write_bytes(data)
         return
     import onnx_ir as ir

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from tensorsmith.core.errors import ExportError
-from tensorsmith.core.ir import EXTERNAL_DATA_ABOVE, save_onnx, serialized, weight_bytes
+from tensorsmith.core.ir import inline_bytes, save_onnx
 from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 # ONNX Runtime's log severities run 0 verbose … 3 error, 4 fatal. The compiler's sessions log fatal only: an
@@ -63,7 +63,7 @@ def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutio
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
-    if weight_bytes(model) <= EXTERNAL_DATA_ABOVE and (data := serialized(model)) is not None:
+    if (data := inline_bytes(model)) is not None:
         return onnxruntime.InferenceSession(data, options, providers=list(providers))
     with tempfile.TemporaryDirectory(prefix="tensorsmith-session-") as scratch:
         path = Path(scratch) / "model.onnx"

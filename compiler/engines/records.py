@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tensorsmith.compiler.config import BuildConfig, DimRange
@@ -24,6 +26,10 @@ logger = logging.getLogger(__name__)
 
 ENGINES_DIR = "engines"
 
+# An engine build's process holds the graph and TensorRT's own copy of its weights, and its working memory
+# (measured: see docs/benchmarks.md, "Real shapes"); these bound how many run side by side.
+BUILD_MEMORY_BASE = 1 << 30
+BUILD_MEMORY_FACTOR = 3
 BACKEND_NAMES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}  # the cpu backends, as people write them
 
 
@@ -65,41 +71,65 @@ def build_engines(
 ) -> list[TargetRecord]:
     """Build (or record) each target's engine from its variant (`variants`: target → variant) into
     `directory/engines/`. A failed build is recorded, so the other targets' engines are not lost."""
-    records = []
+    records: dict[str, TargetRecord] = {}
+    builds: dict[str, Builder] = {}
     for name in targets:
         target, variant = get_target(name), variants[name]
         if not target.builders:
-            records.append(
-                TargetRecord(
-                    name=name,
-                    variant=variant.name,
-                    builder="none",
-                    status="not-needed",
-                    reason=f"runs on {BACKEND_NAMES[variant.backend]}",
-                )
-            )
+            reason = f"runs on {BACKEND_NAMES[variant.backend]}"
+            records[name] = TargetRecord(name=name, variant=variant.name, builder="none", status="not-needed",
+                                         reason=reason)  # fmt: skip
             continue
         try:
-            builder = choose_builder(name, None if config.builder == "auto" else config.builder)
+            builds[name] = choose_builder(name, None if config.builder == "auto" else config.builder)
         except BuildError as err:
             reason = (
                 f"{err.message}: on a {target.gpus} machine with TensorRT, run `tensorsmith build OUT --target {name}`"
             )
-            records.append(
-                TargetRecord(
-                    name=name, variant=variant.name, builder=target.on_device_builder, status="pending", reason=reason
-                )
-            )
-            continue
-        reporter.stage(f"building the {name} engine with {builder}")
+            records[name] = TargetRecord(name=name, variant=variant.name, builder=target.on_device_builder,
+                                         status="pending", reason=reason)  # fmt: skip
+
+    def build(name: str) -> TargetRecord:
         try:
-            records.append(build_engine_record(name, variant, inputs, dims, directory, builder, config, decoder))
+            return build_engine_record(name, variants[name], inputs, dims, directory, builds[name], config, decoder)
         except BuildError as err:
             logger.info("the %s engine failed: %s", name, err)  # in its record; the compile's error names it
-            records.append(
-                TargetRecord(name=name, variant=variant.name, builder=builder, status="failed", reason=str(err))
-            )
-    return records
+            return TargetRecord(name=name, variant=variants[name].name, builder=builds[name], status="failed",
+                                reason=str(err))  # fmt: skip
+
+    workers = parallel_builds(len(builds), max((_bytes(directory / variants[n].path) for n in builds), default=0))
+    if builds:
+        names = ", ".join(builds)
+        side_by_side = f", {workers} at a time" if workers > 1 else ""
+        reporter.stage(f"building the {names} engine{'s' if len(builds) > 1 else ''} with "
+                       f"{'/'.join(sorted(set(builds.values())))}{side_by_side}")  # fmt: skip
+    # each build runs in its own process (isolated.py): threads here only wait for them
+    with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+        records.update(zip(builds, pool.map(build, builds), strict=True))
+    return [records[name] for name in targets]
+
+
+def _bytes(path: Path) -> int:
+    sidecar = path.with_name(f"{path.name}.data")
+    return path.stat().st_size + (sidecar.stat().st_size if sidecar.is_file() else 0)
+
+
+def parallel_builds(count: int, model_bytes: int) -> int:
+    """How many engine builds to run side by side: one a core, as many as the available memory holds at
+    BUILD_MEMORY_FACTOR times the graph's bytes (plus BUILD_MEMORY_BASE) each."""
+    per_build = BUILD_MEMORY_BASE + BUILD_MEMORY_FACTOR * model_bytes
+    return max(1, min(count, os.cpu_count() or 1, available_memory() // per_build))
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (Linux); elsewhere as if one build fits."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return BUILD_MEMORY_BASE
 
 
 def build_engine_record(

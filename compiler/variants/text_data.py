@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from tensorsmith.calibration import CalibrationData
 from tensorsmith.calibration.data import Feeds
@@ -24,6 +25,7 @@ from tensorsmith.runtime.manifest import TensorRecord
 WINDOW = 128  # tokens per window (at most the decoder's max sequence length)
 EVALUATION_WINDOWS = 64  # 8 left AWQ and RTN apart by less than the noise (measured on tinylm)
 CALIBRATION_WINDOWS = 64  # without --calibration-samples
+OBSERVED_BYTES = 1 << 30  # a calibration batch's returned activations, at most (without --calibration-batch-size)
 DECODE_POINTS = (0.25, 0.5, 1.0)  # past lengths of the decode steps calibrated, as fractions of a window
 PAST_PREFIX = "past_key_values."
 CHARACTERS_PER_TOKEN = 16  # a prefix this long per token needed holds enough tokens for any BPE on prose or code
@@ -176,8 +178,24 @@ def _calibration_feeds(
     config: CompileConfig, inputs: list[TensorRecord], reference: Path, windows: np.ndarray
 ) -> CalibrationData:
     specs = [record.spec() for record in inputs]
-    return CalibrationData(DecoderFeeds(reference, windows, inputs, config.calibration_batch_size), specs,
-                           batch_size=config.calibration_batch_size)  # fmt: skip
+    batch = calibration_batch(config, reference, windows.shape[1])
+    return CalibrationData(DecoderFeeds(reference, windows, inputs, batch), specs, batch_size=batch)
+
+
+def calibration_batch(config: CompileConfig, reference: Path, length: int) -> int:
+    """Windows per calibration batch: --calibration-batch-size when given, else the default capped so that the
+    tensors a calibration run returns (each weight MatMul's input, and the logits) stay under OBSERVED_BYTES: at
+    SmolLM-135M's shape 16 windows of 256 tokens returned 2.4 GB a batch."""
+    if "calibration_batch_size" in config.model_fields_set:
+        return config.calibration_batch_size
+    model = onnx.load(str(reference), load_external_data=False)
+    shapes = {tensor.name: list(tensor.dims) for tensor in model.graph.initializer}
+    widths = sum(shapes[node.input[1]][0] for node in model.graph.node
+                 if node.op_type == "MatMul" and len(shapes.get(node.input[1], [])) == 2)  # fmt: skip
+    logits = model.graph.output[0].type.tensor_type.shape.dim
+    widths += logits[-1].dim_value if logits else 0
+    rows = OBSERVED_BYTES // max(1, 4 * length * widths)
+    return int(max(1, min(config.calibration_batch_size, rows)))
 
 
 def check_text_data(config: CompileConfig) -> None:

@@ -42,7 +42,7 @@ def _model(family: str) -> Any:
                 max_position_embeddings=256,
                 **COMMON,
             )
-        ),  # fmt: skip
+        ),
         "opt": lambda: t.OPTForCausalLM(
             t.OPTConfig(
                 hidden_size=64,
@@ -53,7 +53,7 @@ def _model(family: str) -> Any:
                 word_embed_proj_dim=64,
                 **COMMON,
             )
-        ),  # fmt: skip
+        ),
         "phi3": lambda: t.Phi3ForCausalLM(t.Phi3Config(**DECODER, **COMMON)),
         # sliding and global layers alternate (config.json's layer_types): traced whole
         "gemma2": lambda: t.Gemma2ForCausalLM(t.Gemma2Config(**DECODER, head_dim=16, sliding_window=8, **COMMON)),

@@ -1,0 +1,153 @@
+"""Compiles at real scale: decoders of public models' shapes (bench/shapes.py: config.json values, seeded random
+weights saved in bf16), each compiled as a user would, each side its own process, beside ONNX Runtime GenAI's
+model builder on the same checkpoint directory.
+
+Per shape and side: wall clock (imports included), peak RSS (the process's, from wait4), the artifact's and its
+engines' bytes; then decode tokens/s on the cpu model of each (batch 1, a 16-token prompt, 32 new tokens, the
+median of 3 after a warm-up), tensorsmith's cpu variant against GenAI's cpu model of the same precision.
+
+    .venv/bin/python -m bench.scale smollm-135m [qwen2.5-0.5b llama-3.2-1b qwen2.5-3b] [--skip-decode]
+
+Sides: `tensorsmith compile DIR --target cpu --target sm_86 --target sm_120` (fp16 GPU variants, the fp32 cpu
+variant) and the same with `--precision int4 --calibration heldout.txt` (AWQ); GenAI's `-p fp32 -e cpu`,
+`-p int4 -e cpu` and `-p fp16 -e cuda` (the builder writes the CUDA model on a machine without a GPU; it builds
+no engine). A side that fails or runs out of memory is reported with its exit status, not left out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.shapes import SHAPES, make_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = ROOT / "samples" / "tinylm" / "heldout.txt"
+GPU_TARGETS = ["sm_86", "sm_120"]
+PROMPT_TOKENS, NEW_TOKENS, RUNS = 16, 32, 3
+SHAPES_DIRECTORY = Path(os.environ.get("TENSORSMITH_SHAPES", "/tmp/tensorsmith-shapes"))
+
+
+def _process(command: list[str], log: Path) -> dict[str, Any]:
+    """Wall seconds, peak RSS (GB) and exit status of `command`, its output to `log`."""
+    started = time.perf_counter()
+    with log.open("w") as stream:
+        process = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    return {"wall_s": round(time.perf_counter() - started, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2),
+            "exit": os.waitstatus_to_exitcode(status)}  # fmt: skip
+
+
+def _bytes(directory: Path, pattern: str = "**/*") -> int:
+    return sum(path.stat().st_size for path in directory.glob(pattern) if path.is_file())
+
+
+def _sides(checkpoint: Path, work: Path) -> dict[str, list[str]]:
+    python, tensorsmith = sys.executable, str(Path(sys.executable).with_name("tensorsmith"))
+    targets = [part for target in ["cpu", *GPU_TARGETS] for part in ("--target", target)]
+    ours = [tensorsmith, "compile", str(checkpoint), *targets, "--json"]
+    builder = [python, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-c", str(work / "cache")]
+    return {
+        "tensorsmith fp16": [*ours, "-o", str(work / "ts-fp16")],
+        "tensorsmith int4 (AWQ)": [*ours, "-o", str(work / "ts-int4"), "--precision", "int4",
+                                   "--calibration", str(TEXT)],
+        "GenAI -p fp32 -e cpu": [*builder, "-o", str(work / "genai-fp32"), "-p", "fp32", "-e", "cpu"],
+        "GenAI -p int4 -e cpu": [*builder, "-o", str(work / "genai-int4"), "-p", "int4", "-e", "cpu"],
+        "GenAI -p fp16 -e cuda": [*builder, "-o", str(work / "genai-fp16"), "-p", "fp16", "-e", "cuda"],
+    }  # fmt: skip
+
+
+def _decode_side(kind: str, path: str) -> dict[str, float]:
+    """In its own process: tokens/s of greedy decoding on the cpu model at `path`."""
+    import numpy as np
+
+    prompt = np.random.default_rng(0).integers(3, 2000, (1, PROMPT_TOKENS)).astype(np.int64)
+    if kind == "tensorsmith":
+        from tensorsmith.runtime import load
+
+        model = load(path)  # on a machine without a GPU: the cpu variant, on the backend the compile chose
+
+        def generate(stamp: Any) -> None:
+            model.generate(prompt, max_new_tokens=NEW_TOKENS, eos_token_id=[], streamer=lambda _: stamp())
+    else:
+        import onnxruntime_genai as og
+
+        genai = og.Model(path)
+
+        def generate(stamp: Any) -> None:
+            params = og.GeneratorParams(genai)
+            params.set_search_options(max_length=PROMPT_TOKENS + NEW_TOKENS, min_length=PROMPT_TOKENS + NEW_TOKENS)
+            generator = og.Generator(genai, params)
+            generator.append_tokens(prompt)
+            while not generator.is_done():
+                generator.generate_next_token()
+                stamp()
+
+    rates = []
+    for run in range(RUNS + 1):
+        stamps: list[float] = []
+        generate(lambda stamps=stamps: stamps.append(time.perf_counter()))
+        if run:  # the first is the warm-up
+            rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+    return {"decode_tokens_per_second": round(statistics.median(rates), 1)}
+
+
+def measure(shape: str, decode: bool) -> dict[str, Any]:
+    checkpoint = make_checkpoint(shape, SHAPES_DIRECTORY / shape)
+    results: dict[str, Any] = {"checkpoint_gb": round(_bytes(checkpoint, "*.safetensors") / 1e9, 3)}
+    with tempfile.TemporaryDirectory(prefix=f"tensorsmith-scale-{shape}-") as scratch:
+        work = Path(scratch)
+        for side, command in _sides(checkpoint, work).items():
+            out = Path(command[command.index("-o") + 1])
+            figures = _process(command, work / f"{out.name}.log")
+            if figures["exit"] != 0:
+                figures["tail"] = (work / f"{out.name}.log").read_text()[-400:]
+            elif out.is_dir():
+                figures["artifact_gb"] = round(_bytes(out) / 1e9, 3)
+                figures["engines_gb"] = round(_bytes(out, "engines/*") / 1e9, 3)
+                if side.startswith("tensorsmith"):
+                    figures.update(_compile_figures(out))
+                if decode and "cuda" not in side:
+                    kind = "tensorsmith" if side.startswith("tensorsmith") else "genai"
+                    log = work / f"{out.name}-decode.json"
+                    run = _process([sys.executable, "-m", "bench.scale", "--decode", kind, str(out), str(log)],
+                                   work / f"{out.name}-decode.log")  # fmt: skip
+                    figures["decode"] = json.loads(log.read_text()) if run["exit"] == 0 else run
+            results[side] = figures
+            print(f"{shape} {side}: {figures}", file=sys.stderr, flush=True)
+    return results
+
+
+def _compile_figures(out: Path) -> dict[str, Any]:
+    manifest = json.loads((out / "manifest.json").read_text())
+    steps = {step["name"]: step["seconds"] for step in manifest["steps"]}
+    figures: dict[str, Any] = {"steps": steps, "targets": {t["name"]: t["status"] for t in manifest["targets"]}}
+    figures["variants"] = {variant["name"]: {"gb": round(_bytes(out, variant["path"] + "*") / 1e9, 3),
+                                             "quantized_flops": variant["accuracy"].get("quantized_flops_fraction")}
+                           for variant in manifest["variants"]}  # fmt: skip
+    return figures
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--decode"]:
+        kind, path, log = sys.argv[2:5]
+        Path(log).write_text(json.dumps(_decode_side(kind, path)))
+        return
+    shapes = [name for name in sys.argv[1:] if not name.startswith("--")] or ["smollm-135m"]
+    unknown = [name for name in shapes if name not in SHAPES]
+    if unknown:
+        raise SystemExit(f"unknown shapes {unknown}; known: {list(SHAPES)}")
+    results = {shape: measure(shape, decode="--skip-decode" not in sys.argv) for shape in shapes}
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    main()
