@@ -154,18 +154,20 @@ def compile_command(
     with progress_reporter() as reporter:
         result = compile(config, out, reporter=reporter)
 
-    manifest = result.manifest
+    from tensorsmith.compiler.report.summary import artifact_lines, unquantized_variants
+    from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+
+    manifest, plan = result.manifest, PrecisionPlan.read(result.out)
     failed = _failed(manifest)
     if as_json:
         payload = manifest.model_dump(mode="json")
         emit_json({"ok": result.budget_met and not failed, "out": str(result.out), "seconds": result.seconds,
-                   "unmet_budgets": result.unmet_budgets, **payload})  # fmt: skip
+                   "unmet_budgets": result.unmet_budgets, "unquantized_variants": unquantized_variants(plan),
+                   **payload})  # fmt: skip
         _exit_if_unmet(result.unmet_budgets, result.out, failed)
         return
-    from tensorsmith.compiler.report.summary import artifact_lines
-
     stdout.print(f"[bold green]compiled[/] {config.source} → {result.out} in {result.seconds:.1f} s")
-    for line in artifact_lines(manifest):
+    for line in artifact_lines(manifest, plan):
         stdout.print(f"  {line}", markup=False)  # reasons and paths may hold brackets
     _exit_if_unmet(result.unmet_budgets, result.out, failed)
 

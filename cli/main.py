@@ -81,6 +81,7 @@ def inspect_command(path: Path, as_json: bool) -> None:
     """Summarize an artifact directory OUT or an ONNX file."""
     from tensorsmith.compiler.artifact.inspection import inspect_path
     from tensorsmith.compiler.report.summary import artifact_lines
+    from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
     from tensorsmith.runtime.manifest import read_manifest
 
     summary = inspect_path(path)
@@ -98,7 +99,7 @@ def inspect_command(path: Path, as_json: bool) -> None:
         return
     manifest = read_manifest(path)
     stdout.print(f"[bold]{path}[/]: tensorsmith {manifest.tensorsmith_version} artifact of {manifest.source.path}")
-    source, *lines = artifact_lines(manifest)
+    source, *lines = artifact_lines(manifest, PrecisionPlan.read(path))
     stdout.print(f"  {source}", markup=False)
     stdout.print(_specs_table("inputs", summary["inputs"]))
     stdout.print(_specs_table("outputs", summary["outputs"]))

@@ -13,7 +13,7 @@ standard ops, opset 21: ONNX Runtime's CPU provider fuses the DequantizeLinear â
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -83,16 +83,19 @@ def int4_constant(name: str, q: np.ndarray) -> gs.Constant:
 
 @dataclass
 class WeightOnlyInt4:
-    """Quantize the MatMuls named in `weights` (constant 2-D weights with K a multiple of `block`)."""
+    """Quantize the MatMuls named in `weights` (constant 2-D weights with K a multiple of `block`). `floats`: the
+    weight MatMuls the variant's plan keeps in float, with why; reported as skipped, so that the report counts
+    what precision.json says rather than only the named weights it could not take."""
 
     weights: Mapping[str, Int4Weight]
     block: int = 128
+    floats: Mapping[str, str] = field(default_factory=dict)
     name: str = "weight_only_int4"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
         nodes = {node.name: node for node in graph.nodes if node.name in self.weights}
         scaled = self._apply_input_scales(graph, nodes)
-        quantized, weight_bytes, skipped = 0, 0, {}
+        quantized, weight_bytes, skipped = 0, 0, dict(self.floats)
         for name, node in nodes.items():
             weight = constant_value(node.inputs[1])
             plan = self.weights[name]

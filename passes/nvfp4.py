@@ -16,6 +16,7 @@ measured on `SimulatedNvfp4`'s graph: the same weight values as a plain fp32 con
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,10 +156,12 @@ class WeightOnlyNvfp4:
 
     nodes: frozenset[str]
     block: int = NVFP4_BLOCK
+    floats: Mapping[str, str] = field(default_factory=dict)  # kept in float by the plan: reported as skipped
     name: str = "weight_only_nvfp4"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
         targets = _targets(graph, self.nodes, self.block)
+        targets.skipped = {**self.floats, **targets.skipped}
         if targets.weights and int(graph.opset) < NVFP4_MIN_OPSET:
             raise PassError(
                 f"NVFP4 weights need opset {NVFP4_MIN_OPSET} (DequantizeLinear of FLOAT4E2M1), the graph is at "

@@ -3,6 +3,8 @@ themselves), and the report's account of its source."""
 
 from __future__ import annotations
 
+from tensorsmith.compiler.variants.precision_plan import SEARCHED, LayerChoice, PrecisionPlan, RecipePlan
+from tensorsmith.core.precisions import Family, precision
 from tensorsmith.runtime.manifest import Manifest, PassRecord, SourceRecord, TargetRecord, VariantRecord
 
 SOURCE_KINDS = {"onnx": "an ONNX file", "huggingface": "a Hugging Face directory", "factory": "a PyTorch module",
@@ -21,6 +23,7 @@ FUSED = {"attention_scale": "folded into the Q projection"}  # what a rule did, 
 METRICS = {"cosine": "cosine {:.6g}", "min-cosine": "min cosine {:.6g}", "sqnr-db": "SQNR {:.4g} dB",
            "max_relative_error": "max relative error {:.4g}", "perplexity-ratio": "perplexity ratio {:.4g}",
            "next-token-agreement": "next-token agreement {:.4g}"}  # fmt: skip
+NAMED = 3  # float layers named per reason; the rest counted
 
 
 def source_sentence(source: SourceRecord, compiled_opset: int | None = None) -> str:
@@ -99,6 +102,61 @@ def variant_sentence(variant: VariantRecord) -> str:
     return f"{variant.name} ({variant.path}): {measured or 'not verified'}"
 
 
+def _percent(share: float) -> str:
+    """A share as a whole percent that reads neither 0 % nor 100 % when it is neither."""
+    if 0 < share < 0.005:
+        return "<1 %"
+    return ">99 %" if 0.995 <= share < 1 else f"{100 * share:.0f} %"
+
+
+def _why(floats: list[LayerChoice], budget: str | None) -> str:
+    """The float layers grouped by their reason in precision.json, a few names each."""
+    groups: dict[str, list[str]] = {}
+    for layer in floats:
+        groups.setdefault(layer.reason, []).append(layer.module or layer.name)
+    clauses = []
+    for reason, names in groups.items():
+        more = f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
+        searched = budget is not None and reason.startswith(SEARCHED)  # name the budget the search kept it for
+        clauses.append(f"{', '.join(names[:NAMED])}{more} ({reason}{f', under {budget}' if searched else ''})")
+    return "; ".join(clauses)
+
+
+def layer_sentence(recipe: RecipePlan, budget: str | None = None) -> str:
+    """A quantized variant's layers by precision, counted from its precision.json rows, and why those in float are
+    there, e.g. '12 of 14 weight MatMuls in int4 (95 % of their FLOPs), 2 in fp32 (5 %): a, b (input dim 120 is not
+    a multiple of 16 (the smallest block))'; 'no layer in int4: ...' where none is quantized."""
+    layers, requested = recipe.layers, recipe.precision
+    noun = "weight MatMuls" if precision(requested).family is Family.WEIGHT_ONLY else "layers"
+    total = max(sum(layer.flops for layer in layers), 1)
+    groups: dict[str, list[LayerChoice]] = {}
+    for layer in layers:
+        groups.setdefault(layer.precision, []).append(layer)
+    floats = [layer for layer in layers if precision(layer.precision).is_float]
+    if len(floats) == len(layers):
+        if budget is not None and all(layer.reason.startswith(SEARCHED) for layer in floats):
+            return f"no layer in {requested}: the budget {budget} kept all {len(layers)} in {recipe.float_regions}"
+        kept = recipe.float_regions if all(layer.precision == recipe.float_regions for layer in layers) else "float"
+        return f"no layer in {requested}: all {len(layers)} {noun} in {kept}: {_why(floats, budget)}"
+    # the requested precision first, then the other quantized ones, the float ones last; each most layers first
+    order = sorted(groups, key=lambda name: (precision(name).is_float, name != requested, -len(groups[name])))
+    shares = {name: _percent(sum(layer.flops for layer in groups[name]) / total) for name in order}
+    head, *rest = order
+    text = ", ".join([f"{len(groups[head])} of {len(layers)} {noun} in {head} ({shares[head]} of their FLOPs)",
+                      *(f"{len(groups[name])} in {name} ({shares[name]})" for name in rest)])  # fmt: skip
+    text += f": {_why(floats, budget)}" if floats else ""
+    return text if requested in groups else f"no layer in {requested}; {text}"
+
+
+def unquantized_variants(plan: PrecisionPlan | None) -> dict[str, str]:
+    """The variants named for a quantized precision that hold no quantized layer (every one kept in float), with
+    the sentence that says why: `compile --json`'s `unquantized_variants`."""
+    if plan is None:
+        return {}
+    return {name: layer_sentence(recipe, plan.budget) for name, recipe in plan.recipes.items()
+            if recipe.layers and all(precision(layer.precision).is_float for layer in recipe.layers)}  # fmt: skip
+
+
 def target_sentence(target: TargetRecord) -> str:
     """e.g. 'cpu: variant fp32 runs on ONNX Runtime, no engine to build'."""
     head = f"{target.name}: variant {target.variant}"
@@ -113,12 +171,17 @@ def target_sentence(target: TargetRecord) -> str:
     return f"{head}, the {target.builder} build failed: {target.reason}"
 
 
-def artifact_lines(manifest: Manifest) -> list[str]:
-    """The summary's lines after its headline: the source, passes, variants and targets."""
+def artifact_lines(manifest: Manifest, plan: PrecisionPlan | None = None) -> list[str]:
+    """The summary's lines after its headline: the source, passes, variants (a quantized one's layers by precision,
+    from `plan`, the artifact's precision.json) and targets."""
     canonicalized = next((record for record in manifest.passes if record.name == "canonicalize"), None)
     opset = canonicalized.details.get("opset_after") if canonicalized is not None else None
     lines = [f"source: {source_sentence(manifest.source, opset if isinstance(opset, int) else None)}"]
     lines += [f"pass {pass_sentence(record)}" for record in manifest.passes]
-    lines += [f"variant {variant_sentence(variant)}" for variant in manifest.variants]
+    recipes = plan.recipes if plan is not None else {}
+    for variant in manifest.variants:
+        recipe = recipes.get(variant.name)
+        layers = f"; {layer_sentence(recipe, plan.budget if plan else None)}" if recipe and recipe.layers else ""
+        lines.append(f"variant {variant_sentence(variant)}{layers}")
     lines += [f"target {target_sentence(target)}" for target in manifest.targets]
     return lines

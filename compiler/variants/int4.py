@@ -25,7 +25,7 @@ from tensorsmith.compiler.variants.rewrite import rewrite, rewritten, variant_pa
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.metrics import accuracy
 from tensorsmith.core.module_paths import module_paths_recorded
-from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT, NVFP4
+from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT, NVFP4, float_precisions
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import GraphPass, PassReport
@@ -117,12 +117,13 @@ def plan_int4(
 
 
 def tied_projection_names(model: onnx.ModelProto) -> set[str]:
-    from tensorsmith.passes.embeddings import MIN_ROWS, tied_projections
+    """The output projections QuantizeEmbeddings(int4=True) makes read its INT4 table (tables it stores in INT4)."""
+    from tensorsmith.passes.embeddings import MIN_ROWS, row_block, tied_projections
 
     graph = gs.import_onnx(model)
     tables = [node.inputs[0] for node in graph.nodes if node.op == "Gather" and isinstance(node.inputs[0], gs.Constant)]
     return {node.name for table in tables if table.values.ndim == 2 and table.values.shape[0] >= MIN_ROWS
-            for node in tied_projections(graph, table.values)}  # fmt: skip
+            and row_block(table.values.shape[1]) for node in tied_projections(graph, table.values)}  # fmt: skip
 
 
 def build_int4_variant(
@@ -149,14 +150,19 @@ def build_int4_variant(
     # vocabulary tables: int8 rows gathered first on ONNX Runtime (it cannot Gather INT4); INT4 for TensorRT, where
     # an output projection tied to the table reads the same INT4 table when it is in INT4 itself
     cpu = recipe.on_cpu
-    tied = set() if cpu else {node for node in tied_projection_names(model) if levels.get(node) == INT4.name}
+    tied = set() if cpu or not tables else {n for n in tied_projection_names(model) if levels.get(n) == INT4.name}
     weights = {node: weight for node, weight in plan.weights.items()
                if levels.get(node) == INT4.name and node not in tied}  # fmt: skip
     int8 = frozenset(node for node, level in levels.items() if level == INT8_WEIGHT.name)
     nvfp4 = frozenset(node for node, level in levels.items() if level == NVFP4.name)
-    passes: list[GraphPass] = [WeightOnlyInt4(weights, plan.block), WeightOnlyInt8(int8)]
-    if nvfp4:
-        passes.append(WeightOnlyNvfp4(nvfp4))
+    # the requested precision's pass counts the layers left in float as skipped (each of the others is quantized
+    # by one pass): its report then agrees with precision.json
+    floats = {node: plan.skipped.get(node, "kept in float by the plan") for node in plan.layers
+              if levels.get(node) in {None, *(record.name for record in float_precisions())}}  # fmt: skip
+    own = recipe.quantized is NVFP4
+    passes: list[GraphPass] = [WeightOnlyInt4(weights, plan.block, {} if own else floats), WeightOnlyInt8(int8)]
+    if nvfp4 or own:
+        passes.append(WeightOnlyNvfp4(nvfp4, floats=floats if own else {}))
     for precision in (INT8, FP8):  # W8A8: the input activation quantized too, per tensor
         nodes = [node for node, level in levels.items() if level == precision.name]
         if nodes:

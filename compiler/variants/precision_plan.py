@@ -12,6 +12,7 @@ from tensorsmith.core.errors import ArtifactError
 from tensorsmith.core.files import replace_file
 
 PRECISION_PLAN = "precision.json"
+SEARCHED = "search"  # how the reason of a layer placed by a budget search begins (the summary names the budget)
 
 
 class LayerChoice(BaseModel):
@@ -22,7 +23,7 @@ class LayerChoice(BaseModel):
     flops: int
     precision: str
     sensitivity: float | None = Field(None, description="the budget's metric with only this layer quantized")
-    reason: str
+    reason: str = Field(description="why this precision; a float layer's says why it is not quantized")
 
 
 class SessionChoice(BaseModel):

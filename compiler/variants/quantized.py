@@ -167,6 +167,14 @@ def _layer_choices(
     assert recipe.quantized is not None
     precision = recipe.quantized.name
     default_reason = "search" if budget is not None else f"--precision {precision}: every layer the policy allows"
+
+    def reason(layer: Layer) -> str:
+        if layer.reason or budget is None or layer.name in quantized:
+            return layer.reason or default_reason
+        if layer.name in search.chosen:  # the search took it, verifying the variant gave it back
+            return "search: given back, the verified variant missed the budget with it"
+        return "search: past the longest prefix of the search order (least sensitive first) that meets the budget"
+
     return [
         LayerChoice(
             name=layer.name,
@@ -176,7 +184,7 @@ def _layer_choices(
             flops=layer.flops,
             precision=precision if layer.name in quantized else (layer.pinned or recipe.floats.name),
             sensitivity=search.sensitivity.get(layer.name),
-            reason=layer.reason or default_reason,
+            reason=reason(layer),
         )
         for layer in layers
     ]

@@ -278,6 +278,8 @@ def _choices(
             reason = levels.pinned[name][1]
         elif name not in assignment:
             reason = plan.skipped.get(name, "not an INT4-able weight")
+        elif level == FLOAT and search.assignment_at(search.chosen)[name] != FLOAT:  # chosen, then given back
+            reason = "search: given back, the verified variant missed the budget with it"
         elif level == FLOAT:
             reason = "search: one byte a weight costs more per byte than the budget leaves"
         else:

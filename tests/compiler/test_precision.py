@@ -56,7 +56,7 @@ def test_auto_meets_the_budget_per_recipe_and_explains_each_layer(calibration: P
         layers = recipe["layers"]
         assert len(layers) == 16  # 2 layers × (Q, K, V, Q·Kᵀ, P·V, output, FFN up, FFN down)
         assert all(layer["sensitivity"] is not None for layer in layers)
-        assert all(layer["reason"] == "search" for layer in layers)
+        assert all(layer["reason"].startswith("search") for layer in layers)  # a float one says why
         assert any(layer["module"].startswith("layers.0.attention") for layer in layers)
         quantized = [layer for layer in layers if layer["precision"] == recipe["precision"]]
         assert len(quantized) > 0 and recipe["evaluations"] <= 16 + 6 + 4  # sensitivity + bisection + retries
