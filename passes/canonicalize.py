@@ -99,6 +99,14 @@ def fold_with_polygraphy(model: onnx.ModelProto) -> onnx.ModelProto:
     return infer_shapes(gs.export_onnx(graph), error_ok=True, allow_onnxruntime=False)
 
 
+def _release(model: ir.Model) -> None:
+    """Drop the onnx-ir model's tensors (views of the input proto's bytes): onnxscript's module-level rewrite
+    rules keep the last graph they matched, which would keep the input graph's weights alive."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            value.const_value = None
+
+
 @dataclass
 class Canonicalize:
     """Upgrade the opset, fold constants, clean up, and infer shapes."""
@@ -120,6 +128,7 @@ class Canonicalize:
             logger.info("onnxscript's optimizer failed (%s): folding with Polygraphy", first_line(err)[:200])
             folder = "polygraphy"
             model = fold_with_polygraphy(ir.to_proto(converted))
+        _release(converted)
         after = Counter(node.op_type for node in model.graph.node)
         report = PassReport(
             name=self.name,

@@ -18,7 +18,13 @@ import onnx
 from tensorsmith.compiler.config import CompileConfig, InputDecl
 from tensorsmith.compiler.frontend.checkpoint import load_checkpoint
 from tensorsmith.compiler.frontend.decoder import kv_layout, past_names, present_names
-from tensorsmith.compiler.frontend.exporters import dynamo_program, export_dynamo, export_torchscript, exporter_cause
+from tensorsmith.compiler.frontend.exporters import (
+    dynamo_program,
+    export_dynamo,
+    export_torchscript,
+    exporter_cause,
+    released_proto,
+)
 from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, build_module, export_hint
 from tensorsmith.compiler.frontend.layer_stamping import (
     MIN_LAYERS,
@@ -181,7 +187,7 @@ def _export_stamped(
         logger.debug("the trace of two layers", exc_info=True)
         return None
     reference = _torch_reference(module, [decl.name for decl in config.inputs])
-    return ExportedModel(program.model_proto, "dynamo", None, reference, warned, traced_layers=TRACED_LAYERS)
+    return ExportedModel(released_proto(program.model), "dynamo", None, reference, warned, traced_layers=TRACED_LAYERS)
 
 
 def _is_exported_program(module: Any) -> bool:

@@ -105,7 +105,20 @@ def export_dynamo(
     output_names: list[str] | None,
     warned: list[str],
 ) -> onnx.ModelProto:
-    return dynamo_program(module, config, feeds, output_names, warned).model_proto
+    return released_proto(dynamo_program(module, config, feeds, output_names, warned).model)
+
+
+def released_proto(model: Any) -> onnx.ModelProto:
+    """The onnx-ir `model` as a ModelProto, its own tensors then dropped. onnxscript's rewrite rules keep the
+    last graph they matched (a module-level matcher's `_match`), and the exporter's initializers are views of the
+    torch module's parameters: without this the module's weights stay alive to the end of the compile."""
+    import onnx_ir as ir
+
+    proto = ir.to_proto(model)
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            value.const_value = None
+    return proto
 
 
 def dynamo_program(
