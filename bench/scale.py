@@ -7,6 +7,7 @@ engines' bytes; then decode tokens/s on the cpu model of each (batch 1, a 16-tok
 median of 3 after a warm-up), tensorsmith's cpu variant against GenAI's cpu model of the same precision.
 
     .venv/bin/python -m bench.scale smollm-135m [qwen2.5-0.5b llama-3.2-1b qwen2.5-3b] [--skip-decode]
+        [--sides='tensorsmith fp16,GenAI']   # only the sides whose names start so
 
 Sides: `tensorsmith compile DIR --target cpu --target sm_86 --target sm_120` (fp16 GPU variants, the fp32 cpu
 variant) and the same with `--precision int4 --calibration heldout.txt` (AWQ); GenAI's `-p fp32 -e cpu`,
@@ -32,17 +33,46 @@ ROOT = Path(__file__).resolve().parents[1]
 TEXT = ROOT / "samples" / "tinylm" / "heldout.txt"
 GPU_TARGETS = ["sm_86", "sm_120"]
 PROMPT_TOKENS, NEW_TOKENS, RUNS = 16, 32, 3
+MEMORY_LIMIT = 21 << 30  # of the machine's 24 GB
 SHAPES_DIRECTORY = Path(os.environ.get("TENSORSMITH_SHAPES", "/tmp/tensorsmith-shapes"))
 
 
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of `pid` and its children (engine builds run in child processes)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if entry.name == str(pid) or fields.get("PPid", "").strip() == str(pid):
+            total += int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+    return total
+
+
 def _process(command: list[str], log: Path) -> dict[str, Any]:
-    """Wall seconds, peak RSS (GB) and exit status of `command`, its output to `log`."""
+    """Wall seconds, peak RSS (GB: the process's own, and its tree's, polled) and exit status of `command`, its
+    output to `log`. Killed past MEMORY_LIMIT of tree RSS, so that a side that would not fit does not take the
+    machine down: reported as killed, with its peak."""
     started = time.perf_counter()
+    peak_tree, killed = 0, False
     with log.open("w") as stream:
         process = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(process.pid, 0)
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            peak_tree = max(peak_tree, _tree_rss(process.pid))
+            if peak_tree > MEMORY_LIMIT and not killed:
+                killed = True
+                subprocess.run(["pkill", "-KILL", "-P", str(process.pid)], check=False)
+                process.kill()
+            time.sleep(0.5)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     return {"wall_s": round(time.perf_counter() - started, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2),
-            "exit": os.waitstatus_to_exitcode(status)}  # fmt: skip
+            "peak_tree_rss_gb": round(peak_tree / 2**30, 2), "exit": process.returncode,
+            **({"killed_over_gb": MEMORY_LIMIT / 2**30} if killed else {})}  # fmt: skip
 
 
 def _bytes(directory: Path, pattern: str = "**/*") -> int:
@@ -99,12 +129,14 @@ def _decode_side(kind: str, path: str) -> dict[str, float]:
     return {"decode_tokens_per_second": round(statistics.median(rates), 1)}
 
 
-def measure(shape: str, decode: bool) -> dict[str, Any]:
+def measure(shape: str, decode: bool, only: list[str] | None = None) -> dict[str, Any]:
     checkpoint = make_checkpoint(shape, SHAPES_DIRECTORY / shape)
     results: dict[str, Any] = {"checkpoint_gb": round(_bytes(checkpoint, "*.safetensors") / 1e9, 3)}
     with tempfile.TemporaryDirectory(prefix=f"tensorsmith-scale-{shape}-") as scratch:
         work = Path(scratch)
         for side, command in _sides(checkpoint, work).items():
+            if only and not any(side.startswith(prefix) for prefix in only):
+                continue
             out = Path(command[command.index("-o") + 1])
             figures = _process(command, work / f"{out.name}.log")
             if figures["exit"] != 0:
@@ -144,7 +176,8 @@ def main() -> None:
     unknown = [name for name in shapes if name not in SHAPES]
     if unknown:
         raise SystemExit(f"unknown shapes {unknown}; known: {list(SHAPES)}")
-    results = {shape: measure(shape, decode="--skip-decode" not in sys.argv) for shape in shapes}
+    only = [part for arg in sys.argv if arg.startswith("--sides=") for part in arg.removeprefix("--sides=").split(",")]
+    results = {shape: measure(shape, "--skip-decode" not in sys.argv, only) for shape in shapes}
     print(json.dumps(results, indent=1))
 
 

@@ -36,10 +36,14 @@ def reference_variant(fused: FusedGraph) -> VariantRecord:
 
 
 def build_float_variant(
-    model: onnx.ModelProto, floats: Precision, reference_path: Path, feeds: dict[str, np.ndarray], directory: Path
+    model: onnx.ModelProto,
+    floats: Precision,
+    reference: list[np.ndarray],
+    feeds: dict[str, np.ndarray],
+    directory: Path,
 ) -> tuple[VariantRecord, onnx.ModelProto | None]:
-    """Write the `floats` (fp16 or bf16) variant of `model` and measure it against the fp32 graph at
-    `reference_path` on `feeds` (the verification inputs). Also returns the graph it was measured on where that
+    """Write the `floats` (fp16 or bf16) variant of `model` and measure it against `reference`, the fp32 graph's
+    outputs on `feeds` (the verification inputs). Also returns the graph it was measured on where that
     is not the file (bf16's)."""
     from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, RoundToBf16
 
@@ -52,7 +56,7 @@ def build_float_variant(
     else:
         rewrite(model, [ConvertToFp16()], path)
         outputs = run_onnx(path, feeds)
-    measured = accuracy(run_onnx(reference_path, feeds), outputs)
+    measured = accuracy(reference, outputs)
     described = "the verification inputs" + ("; bf16 rounding simulated in fp32" if measured_on is not None else "")
     return variant_record(directory, path, floats.name, [floats.name, FP32.name], measured, described), measured_on
 
@@ -71,7 +75,8 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
         if recipe.floats in (FP16, BF16):
             reporter.stage(f"building the {recipe.floats.name} variant")
             feeds = example_feeds(config, seed=1, size_offset=1, tuned=fused.tuned_sizes)  # the verification inputs
-            record, measured_on = build_float_variant(fused.model, recipe.floats, fused.path, feeds, directory)
+            reference_outputs = fused.outputs_for(feeds)  # verification's, when these are its feeds
+            record, measured_on = build_float_variant(fused.model, recipe.floats, reference_outputs, feeds, directory)
             if text is not None:
                 record = with_language_metrics(record, fused.path, directory, text, measured_on)
             records.append(record)

@@ -25,7 +25,7 @@ from tensorsmith.runtime.manifest import TensorRecord
 WINDOW = 128  # tokens per window (at most the decoder's max sequence length)
 EVALUATION_WINDOWS = 64  # 8 left AWQ and RTN apart by less than the noise (measured on tinylm)
 CALIBRATION_WINDOWS = 64  # without --calibration-samples
-OBSERVED_BYTES = 1 << 30  # a calibration batch's returned activations, at most (without --calibration-batch-size)
+OBSERVED_BYTES = 256 << 20  # a calibration batch's returned activations, at most (without --calibration-batch-size)
 DECODE_POINTS = (0.25, 0.5, 1.0)  # past lengths of the decode steps calibrated, as fractions of a window
 PAST_PREFIX = "past_key_values."
 CHARACTERS_PER_TOKEN = 16  # a prefix this long per token needed holds enough tokens for any BPE on prose or code
@@ -183,9 +183,10 @@ def _calibration_feeds(
 
 
 def calibration_batch(config: CompileConfig, reference: Path, length: int) -> int:
-    """Windows per calibration batch: --calibration-batch-size when given, else the default capped so that the
-    tensors a calibration run returns (each weight MatMul's input, and the logits) stay under OBSERVED_BYTES: at
-    SmolLM-135M's shape 16 windows of 256 tokens returned 2.4 GB a batch."""
+    """Windows per calibration batch: `calibration_batch_size` when the config gives it, else the default capped
+    so that the tensors a calibration run returns (each weight MatMul's input, and the logits) stay under
+    OBSERVED_BYTES: the observer's session holds them all at once. At SmolLM-135M's shape 16 windows of 256 tokens
+    returned 2.4 GB a batch; AWQ's statistics pass peaked at 10.6 GB with 5 windows a batch, 6.6 GB with 1."""
     if "calibration_batch_size" in config.model_fields_set:
         return config.calibration_batch_size
     model = onnx.load(str(reference), load_external_data=False)

@@ -30,7 +30,6 @@ from tensorsmith.compiler.variants.weight_mix import (
 )
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.precisions import NVFP4, Family
-from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes.int4 import GemmAsMatMul
 
 
@@ -90,7 +89,7 @@ def _evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | Non
 
     def measured_on(feeds: Feeds, described: str, tokens: np.ndarray | None = None, timing: Feeds | None = None
                     ) -> Evaluation:  # fmt: skip
-        return Evaluation(feeds, run_onnx(fused.path, feeds), None, described, tokens, timing)
+        return Evaluation(feeds, fused.outputs_for(feeds), None, described, tokens, timing)
 
     if split is not None:
         return measured_on(split.evaluation, split.evaluated_on, split.tokens, split.timing)

@@ -80,7 +80,7 @@ def test_calibration_batches_are_bounded_by_what_they_return(tmp_path: Path) -> 
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    hidden, vocabulary, length = 4096, 32000, 2048
+    hidden, vocabulary, length = 4096, 32000, 512
     weight = numpy_helper.from_array(np.zeros((hidden, vocabulary), np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, length, hidden])],
