@@ -10,7 +10,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from tensorsmith.core.errors import ConfigError, ExportError
-from tensorsmith.runtime.manifest import TensorRecord
+from tensorsmith.runtime.manifest import TensorRecord, external_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +106,6 @@ def serialized(model: onnx.ModelProto) -> bytes | None:
 def inline_bytes(model: onnx.ModelProto) -> bytes | None:
     """The model's bytes with its weights inside, or None above EXTERNAL_DATA_ABOVE (saved with external data)."""
     return serialized(model) if weight_bytes(model) <= EXTERNAL_DATA_ABOVE else None
-
-
-def external_data_path(path: Path) -> Path:
-    """Where `save_onnx` puts the weights of the model saved at `path`, when it does not keep them inside."""
-    return path.with_name(f"{path.name}.data")
 
 
 def save_onnx(model: onnx.ModelProto, path: Path) -> None:

@@ -168,11 +168,16 @@ class Manifest(_Record):
         raise ArtifactError(f"the manifest has no variant '{name}'", hint=f"variants are {known}")
 
 
+def external_data_path(path: Path) -> Path:
+    """Where an ONNX file saved at `path` keeps its weights when they are not inside it (core/ir.py save_onnx)."""
+    return path.with_name(f"{path.name}.data")
+
+
 def sha256_of(path: Path) -> str:
     """Of the file's bytes, followed by those of its external data (`<name>.data` beside an ONNX file) if it has
     one: a record of a model covers its weights, and an engine cache key changes with them."""
     digest = hashlib.sha256()
-    sidecar = path.with_name(f"{path.name}.data")
+    sidecar = external_data_path(path)
     for part in (path, sidecar) if sidecar.is_file() else (path,):
         with part.open("rb") as stream:
             for block in iter(lambda: stream.read(1 << 20), b""):

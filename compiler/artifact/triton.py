@@ -20,7 +20,14 @@ from pathlib import Path
 from tensorsmith.compiler.artifact.staging import staged_artifact
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.runtime.manifest import Manifest, TargetRecord, TensorRecord, read_manifest, verified_file
+from tensorsmith.runtime.manifest import (
+    Manifest,
+    TargetRecord,
+    TensorRecord,
+    external_data_path,
+    read_manifest,
+    verified_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +164,7 @@ def export_triton(
         (staging / CONFIG_NAME).write_text(text)
         (staging / "1").mkdir()
         shutil.copyfile(source, staging / "1" / model_file)
-        sidecar = source.with_name(f"{source.name}.data")  # an ONNX model's external weights, under their own name
+        sidecar = external_data_path(source)  # an ONNX model's external weights, under their own name
         if sidecar.is_file():
             shutil.copyfile(sidecar, staging / "1" / sidecar.name)
     for warning in warnings:

@@ -20,7 +20,14 @@ from tensorsmith.core.errors import BuildError
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.progress import Reporter
 from tensorsmith.runtime.device import detect_device, module_installed
-from tensorsmith.runtime.manifest import EngineRecord, TargetRecord, TensorRecord, VariantRecord, sha256_of
+from tensorsmith.runtime.manifest import (
+    EngineRecord,
+    TargetRecord,
+    TensorRecord,
+    VariantRecord,
+    external_data_path,
+    sha256_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +117,7 @@ def build_engines(
 
 
 def _bytes(path: Path) -> int:
-    sidecar = path.with_name(f"{path.name}.data")
+    sidecar = external_data_path(path)
     return path.stat().st_size + (sidecar.stat().st_size if sidecar.is_file() else 0)
 
 

@@ -158,10 +158,12 @@ def _export_stamped(
         return None
     layers = kv_layout(model.config)[0]
     stack = find_layer_stack(module, layers)
-    reason = per_layer_variation(model.config, layers) or (
-        f"{layers} layers" if layers < MIN_LAYERS else None) or (
-        None if stack else "no module list of the layers")  # fmt: skip
-    if reason or stack is None:
+    reason = per_layer_variation(model.config, layers)
+    if reason is None and layers < MIN_LAYERS:
+        reason = f"{layers} layers"  # the whole trace costs little
+    if reason is None and stack is None:
+        reason = "no module list of the layers"
+    if reason is not None or stack is None:
         logger.info("tracing every layer: %s", reason)
         return None
     pasts, presents = past_names(layers), present_names(layers)

@@ -75,10 +75,10 @@ def _shapes(feeds: Feeds) -> str:
     return ", ".join(f"{name}{list(array.shape)}" for name, array in feeds.items())
 
 
-def onnx_source_outputs(config: CompileConfig, model: onnx.ModelProto) -> tuple[Feeds, list[np.ndarray]]:
-    """Verification's feeds for an ONNX source, and its outputs for them on ONNX Runtime: at the sizes its engines
-    are tuned for, else (where it fails there) at small ones. Where it runs on neither, its error at the first is
-    raised, with both shapes in the hint."""
+def onnx_source_outputs(config: CompileConfig, model: onnx.ModelProto) -> tuple[Feeds, list[np.ndarray], bool]:
+    """Verification's feeds for an ONNX source, its outputs for them on ONNX Runtime, and whether they are at the
+    sizes its engines are tuned for (else, where it fails there, at small ones). Where it runs on neither, its
+    error at the first is raised, with both shapes in the hint."""
     origin = str(config.resolve(config.source))
     candidates = [example_feeds(config, seed=1, size_offset=1)]
     small = example_feeds(config, seed=1, size_offset=1, tuned=False)
@@ -97,7 +97,7 @@ def onnx_source_outputs(config: CompileConfig, model: onnx.ModelProto) -> tuple[
                            "engines' profiles and the cpu timing hold sizes it cannot run: declare the sizes it takes "
                            "with --dim NAME=MIN:OPT:MAX", origin, _shapes(candidates[0]), errors[0].message,
                            _shapes(feeds))  # fmt: skip
-        return feeds, outputs
+        return feeds, outputs, not errors
     shapes = " and ".join(_shapes(feeds) for feeds in candidates)
     hint = (f"it ran on example inputs {shapes}; pass sizes the model accepts with --dim NAME=MIN:OPT:MAX "
             "([dims.NAME] opt), or [[inputs]] value_range for its values")  # fmt: skip

@@ -47,11 +47,13 @@ class FusedGraph:
     # without opening a second fp32 session (at 1B, 6 GB more)
     verified: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None
 
-    def outputs_for(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """This graph's outputs for `feeds`: those verification computed when they are the same feeds."""
-        if self.verified is not None and _same_feeds(self.verified[0], feeds):
-            return self.verified[1]
-        return run_onnx(self.path, feeds)
+    def verification_inputs(self, config: CompileConfig) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        """The verification feeds and this graph's outputs for them: verification's own, or (with --no-verify)
+        computed here at the sizes verification would have used."""
+        if self.verified is not None:
+            return self.verified
+        feeds = example_feeds(config, seed=1, size_offset=1, tuned=self.tuned_sizes)
+        return feeds, run_onnx(self.path, feeds)
 
 
 def graph_passes(config: CompileConfig) -> list[GraphPass]:
@@ -99,23 +101,15 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGra
 
     accuracy: dict[str, float] = {}
     computed: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None
+    tuned = True
     if expected is not None:
         reporter.stage("verifying against the source on ONNX Runtime")
-        feeds = expected[0]
+        feeds, reference, tuned = expected
         computed = feeds, run_onnx(model_path, feeds)
-        errors = verify(config, [o.name for o in outputs], expected[1], computed[1])
+        errors = verify(config, [o.name for o in outputs], reference, computed[1])
         accuracy = {"max_relative_error": max(errors.values(), default=0.0)}
     record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
-    tuned = expected is None or _shapes_of(expected[0]) == _shapes_of(example_feeds(config, seed=1, size_offset=1))
     return FusedGraph(model, model_path, record, inputs, outputs, described, reports, accuracy, tuned, computed)
-
-
-def _same_feeds(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-    return a.keys() == b.keys() and all(np.array_equal(a[name], b[name]) for name in a)
-
-
-def _shapes_of(feeds: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
-    return {name: array.shape for name, array in feeds.items()}
 
 
 def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecord:
@@ -150,13 +144,16 @@ def _directory_digest(path: Path) -> str:
     return hashlib.sha256("".join(f"{f.name}:{sha256_of(f)}\n" for f in files).encode()).hexdigest()
 
 
-def expected_outputs(config: CompileConfig, exported: ExportedModel) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-    """Verification's feeds and the source's outputs for them: a PyTorch source's module at the example sizes
-    (feeds.py), an ONNX source's graph as read, on ONNX Runtime, at the sizes it runs on (`onnx_source_outputs`)."""
+def expected_outputs(
+    config: CompileConfig, exported: ExportedModel
+) -> tuple[dict[str, np.ndarray], list[np.ndarray], bool]:
+    """Verification's feeds, the source's outputs for them and whether the feeds are at the tuned sizes: a PyTorch
+    source's module at the example sizes (feeds.py), an ONNX source's graph as read, on ONNX Runtime, at the sizes
+    it runs on (`onnx_source_outputs`)."""
     if exported.reference is None:
         return onnx_source_outputs(config, exported.model)
     feeds = example_feeds(config, seed=1, size_offset=1)
-    return feeds, exported.reference(feeds)
+    return feeds, exported.reference(feeds), True
 
 
 def verify(

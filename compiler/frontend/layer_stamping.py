@@ -148,6 +148,13 @@ def _renamed_scopes(text: str, stack: str, layer: int) -> str:
     return re.sub(rf"{re.escape(stack)}\.1(?=[.'\]])", f"{stack}.{layer}", text)
 
 
+def _input_like(graph: ir.Graph, old: ir.Value, name: str) -> ir.Value:
+    """A new graph input of `old`'s type and shape, named `name` (a later layer's past, or its lifted weight)."""
+    new = ir.Value(name=name, type=old.type, shape=old.shape.copy() if old.shape else None)
+    graph.inputs.append(new)
+    return new
+
+
 @contextlib.contextmanager
 def weights_as_inputs(model: ir.Model, stack: LayerStack) -> Iterator[dict[str, ir.TensorProtocol]]:
     """The layers' weights as graph inputs while inside, initializers again after (those `stamp_layers` adds
@@ -198,10 +205,9 @@ def stamp_layers(
         for value in node.inputs:
             if value is None or value in carried_in or value in weights:
                 continue
-            producer = value.producer()
             if value.is_graph_input() and value.name and value.name.startswith(weight_prefix):
                 weights.append(value)  # lifted by `weights_as_inputs`
-            elif producer is not None and id(value) in from_first_weights:
+            elif id(value) in from_first_weights:
                 carried_in.append(value)  # layer 0's activation (the optimizer shares layer 0's shape arithmetic)
     from_template_weights = _depending_on(template, weight_prefix)
     carried_out = [value for node in template for value in node.outputs if not value.is_graph_output()
@@ -221,18 +227,14 @@ def stamp_layers(
         value_map: dict[ir.Value, ir.Value | None] = {carried_in[0]: previous}
         for old, name in zip(past, past_names[2 * layer : 2 * layer + 2], strict=True):
             assert old is not None
-            new = ir.Value(name=name, type=old.type, shape=old.shape.copy() if old.shape else None)
-            graph.inputs.append(new)
-            value_map[old] = new
+            value_map[old] = _input_like(graph, old, name)
         for old in weights:
             assert old.name is not None
             name = f"{stack.path}.{layer}.{old.name[len(weight_prefix) :]}"
             if name not in tensors:
                 raise StampingRefused(f"the module has no {name}")
-            new = ir.Value(name=name, type=old.type, shape=old.shape.copy() if old.shape else None)
             lifted[name] = ir.Tensor(tensors[name].detach().numpy(), name=name)  # the module's memory, not a copy
-            graph.inputs.append(new)
-            value_map[old] = new
+            value_map[old] = _input_like(graph, old, name)
         suffix = f"__layer{layer}"
 
         def rename(node: ir.Node, layer: int = layer, suffix: str = suffix) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tensorsmith.compiler.frontend.feeds import example_feeds
 from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
 from tensorsmith.compiler.variants.language import text_evaluation, with_language_metrics
@@ -74,8 +73,7 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
         record = reference
         if recipe.floats in (FP16, BF16):
             reporter.stage(f"building the {recipe.floats.name} variant")
-            feeds = example_feeds(config, seed=1, size_offset=1, tuned=fused.tuned_sizes)  # the verification inputs
-            reference_outputs = fused.outputs_for(feeds)  # verification's, when these are its feeds
+            feeds, reference_outputs = fused.verification_inputs(config)
             record, measured_on = build_float_variant(fused.model, recipe.floats, reference_outputs, feeds, directory)
             if text is not None:
                 record = with_language_metrics(record, fused.path, directory, text, measured_on)

@@ -12,7 +12,6 @@ import numpy as np
 from tensorsmith.calibration import CalibrationData
 from tensorsmith.calibration.data import Feeds
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.frontend.feeds import example_feeds
 from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, calibration_split, registered
 from tensorsmith.compiler.variants.cpu_choice import choose_accuracy_level
@@ -30,6 +29,7 @@ from tensorsmith.compiler.variants.weight_mix import (
 )
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.precisions import NVFP4, Family
+from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes.int4 import GemmAsMatMul
 
 
@@ -89,7 +89,7 @@ def _evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | Non
 
     def measured_on(feeds: Feeds, described: str, tokens: np.ndarray | None = None, timing: Feeds | None = None
                     ) -> Evaluation:  # fmt: skip
-        return Evaluation(feeds, fused.outputs_for(feeds), None, described, tokens, timing)
+        return Evaluation(feeds, run_onnx(fused.path, feeds), None, described, tokens, timing)
 
     if split is not None:
         return measured_on(split.evaluation, split.evaluated_on, split.tokens, split.timing)
@@ -100,4 +100,5 @@ def _evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | Non
         path = config.resolve(config.evaluation)
         specs = [record.spec() for record in fused.inputs]
         return measured_on(concatenated(CalibrationData(path, specs, batch_size=READ_BATCH)), str(path))
-    return measured_on(example_feeds(config, seed=1, size_offset=1, tuned=fused.tuned_sizes), "the verification inputs")
+    feeds, outputs = fused.verification_inputs(config)
+    return Evaluation(feeds, outputs, None, "the verification inputs", None, None)

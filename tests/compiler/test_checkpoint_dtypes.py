@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.runtime import load
 from tests.cli.test_bad_inputs import FACTORY, MLP_INPUT, mlp_factory
-from tests.compiler.test_decoders import COMMON, DECODER, _families, _prompts
+from tests.compiler.test_decoders import COMMON, DECODER, _families, assert_greedy_tokens_match
 from tests.conftest import max_relative_error, run_cli, run_cli_json
 
 NEW_TOKENS = 8
@@ -73,13 +73,7 @@ def test_a_half_checkpoint_generates_transformers_float32_tokens(family: str, dt
     config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu"]})
     manifest = compile(config, tmp_path / "out").manifest
     assert manifest.source.exporter == "dynamo" and manifest.targets[0].variant == "fp32"
-    prompt, mask = _prompts()
-    with torch.no_grad():
-        expected = reference.generate(input_ids=torch.from_numpy(prompt), attention_mask=torch.from_numpy(mask),
-                                      do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                      eos_token_id=None, pad_token_id=0).numpy()  # fmt: skip
-    with load(tmp_path / "out", backend="onnxruntime") as model:
-        assert np.array_equal(model.generate(prompt, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), expected)
+    assert_greedy_tokens_match(reference, tmp_path / "out", NEW_TOKENS)
 
 
 @pytest.mark.slow

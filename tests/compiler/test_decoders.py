@@ -64,6 +64,17 @@ def _prompts() -> tuple[np.ndarray, np.ndarray]:
     return prompt, mask
 
 
+def assert_greedy_tokens_match(reference: Any, artifact: Path, new_tokens: int = NEW_TOKENS) -> None:
+    """The artifact's greedy tokens on ONNX Runtime equal transformers' for the left-padded prompts (EOS off)."""
+    prompt, mask = _prompts()
+    with torch.no_grad():
+        expected = reference.generate(input_ids=torch.from_numpy(prompt), attention_mask=torch.from_numpy(mask),
+                                      do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                      eos_token_id=None, pad_token_id=0).numpy()  # fmt: skip
+    with load(artifact, backend="onnxruntime") as model:
+        assert np.array_equal(model.generate(prompt, mask, max_new_tokens=new_tokens, eos_token_id=[]), expected)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "mistral", "gpt2", "mixtral"])
 def test_generate_gives_transformers_tokens(family: str, tmp_path: Path) -> None:

@@ -8,13 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 from tensorsmith.compiler import CompileConfig, compile
-from tensorsmith.runtime import load
-from tests.compiler.test_decoders import COMMON, NEW_TOKENS, _prompts
+from tests.compiler.test_decoders import COMMON, assert_greedy_tokens_match
 
 # the architecture, its config's fields, the kv heads the cache holds (of 4 attention heads)
 LAYOUTS: dict[str, tuple[str, dict[str, Any], int]] = {
@@ -51,10 +49,4 @@ def test_the_cache_layout_compiles_and_generates_transformers_tokens(layout: str
     config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu"]})
     manifest = compile(config, tmp_path / "out").manifest
     assert manifest.generation is not None and manifest.generation.kv_heads == kv_heads
-    prompt, mask = _prompts()
-    with torch.no_grad():
-        greedy = reference.generate(input_ids=torch.from_numpy(prompt), attention_mask=torch.from_numpy(mask),
-                                    do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                    eos_token_id=None, pad_token_id=0).numpy()  # fmt: skip
-    with load(tmp_path / "out", backend="onnxruntime") as model:
-        assert np.array_equal(model.generate(prompt, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), greedy)
+    assert_greedy_tokens_match(reference, tmp_path / "out")
