@@ -1,5 +1,7 @@
 """The float family's builder: the fp32 reference, and variants whose whole graph computes in a narrower float
-(fp16, bf16; LayerNorm kept in fp32), each measured against fp32.
+(fp16, bf16; LayerNorm kept in fp32), each measured against fp32. fp16's also keeps in fp32 the nodes whose weights
+or activations leave its range (activations measured on the fp32 graph first: compiler/variants/fp16_range.py),
+named in the manifest's pass record and in one log line.
 
 bf16 has no ONNX Runtime CPU kernels (MatMul, among others), so a bf16 variant is measured on the graph that
 rounds to bf16 where the engine computes in it, held in fp32 (passes/fp16.py `RoundToBf16`).
@@ -7,6 +9,9 @@ rounds to bf16 where the engine computes in it, held in fp32 (passes/fp16.py `Ro
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +23,22 @@ from tensorsmith.compiler.variants.language import text_evaluation, with_languag
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import rewrite, rewritten, variant_path
 from tensorsmith.core.metrics import accuracy
+from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.core.precisions import BF16, FP16, FP32, Family, Precision
 from tensorsmith.core.sessions import run_onnx
+from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord
+
+logger = logging.getLogger(__name__)
+NAMED = 3  # nodes kept in fp32 for range named in the log line; the rest counted
+RANGE_KEPT = "kept_fp32_for_range"  # the fp16 pass's count and details key
+
+
+@dataclass(frozen=True)
+class FloatVariant:
+    record: VariantRecord
+    report: PassReport  # the conversion pass's, for the manifest
+    measured_on: onnx.ModelProto | None  # the graph its accuracy was measured on where that is not the file (bf16's)
 
 
 def reference_variant(fused: FusedGraph) -> VariantRecord:
@@ -40,43 +58,76 @@ def build_float_variant(
     reference: list[np.ndarray],
     feeds: dict[str, np.ndarray],
     directory: Path,
-) -> tuple[VariantRecord, onnx.ModelProto | None]:
+    out_of_range: Mapping[str, float] | None = None,
+) -> FloatVariant:
     """Write the `floats` (fp16 or bf16) variant of `model` and measure it against `reference`, the fp32 graph's
-    outputs on `feeds` (the verification inputs). Also returns the graph it was measured on where that
-    is not the file (bf16's)."""
+    outputs on `feeds` (the verification inputs). fp16 keeps the writers and readers of `out_of_range` activations
+    (name → max |x|) in fp32, and the readers of weights beyond ±65504."""
     from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, RoundToBf16
 
     path = variant_path(directory, floats.name)
     measured_on: onnx.ModelProto | None = None
     if floats is BF16:
-        rewrite(model, [ConvertToBf16()], path)
+        (report,) = rewrite(model, [ConvertToBf16()], path)
         measured_on, _ = rewritten(model, [RoundToBf16()])  # the same values, in fp32: ONNX Runtime runs it
         outputs = run_onnx(measured_on, feeds)
     else:
-        rewrite(model, [ConvertToFp16()], path)
+        (report,) = rewrite(model, [ConvertToFp16(out_of_range=dict(out_of_range or {}))], path)
         outputs = run_onnx(path, feeds)
     measured = accuracy(reference, outputs)
     described = "the verification inputs" + ("; bf16 rounding simulated in fp32" if measured_on is not None else "")
-    return variant_record(directory, path, floats.name, [floats.name, FP32.name], measured, described), measured_on
+    record = variant_record(directory, path, floats.name, [floats.name, FP32.name], measured, described)
+    return FloatVariant(record, replace(report, variant=record.name), measured_on)
+
+
+def name_modules(report: PassReport, model: onnx.ModelProto) -> PassReport:
+    """The report with each node kept in fp32 for range given its module path (where the export recorded one):
+    onnx-graphsurgeon, which the pass runs on, drops node metadata."""
+    kept = report.details.get(RANGE_KEPT)
+    if not isinstance(kept, dict) or not kept:
+        return report
+    paths = module_paths_recorded(model)
+    named = {node: {**why, "module": paths[node]} if node in paths else why for node, why in kept.items()}
+    return replace(report, details={**report.details, RANGE_KEPT: named})
+
+
+def log_kept_for_range(report: PassReport) -> None:
+    """One line naming the nodes kept in fp32 for range, if any: the first few, with the magnitude that did it."""
+    kept = report.details.get(RANGE_KEPT)
+    if not isinstance(kept, dict) or not kept:
+        return
+    named = [f"{why.get('module') or node} ({why['op']}: {why['reason']} {why['tensor']} reaches {why['max_abs']:.3g})"
+             for node, why in list(kept.items())[:NAMED]]  # fmt: skip
+    more = f" and {len(kept) - NAMED} more" if len(kept) > NAMED else ""
+    logger.info("%s: %d nodes kept in fp32 for fp16's range: %s%s",
+                report.variant or report.name, len(kept), "; ".join(named), more)  # fmt: skip
 
 
 @registered(Family.FLOAT)
 def build_float_variants(job: BuildJob) -> FamilyVariants:
+    from tensorsmith.compiler.variants.fp16_range import out_of_range_activations
+
     fused, config, directory, reporter = job.fused, job.config, job.directory, job.reporter
     reference = reference_variant(fused)
     text = text_evaluation(config, fused.inputs)  # a decoder's held-out text, if it has one
     if text is not None:
         reference = with_language_metrics(reference, fused.path, directory, text)
     records: list[VariantRecord] = []
+    reports: list[PassReport] = []
     by_target: dict[str, VariantRecord] = {}
     for recipe, targets in job.plan.recipes().items():
         record = reference
         if recipe.floats in (FP16, BF16):
             reporter.stage(f"building the {recipe.floats.name} variant")
             feeds, reference_outputs = fused.verification_inputs(config)
-            record, measured_on = build_float_variant(fused.model, recipe.floats, reference_outputs, feeds, directory)
+            out_of_range = out_of_range_activations(fused.path, feeds) if recipe.floats is FP16 else {}
+            built = build_float_variant(fused.model, recipe.floats, reference_outputs, feeds, directory, out_of_range)
+            report = name_modules(built.report, fused.model)
+            log_kept_for_range(report)
+            record = built.record
             if text is not None:
-                record = with_language_metrics(record, fused.path, directory, text, measured_on)
+                record = with_language_metrics(record, fused.path, directory, text, built.measured_on)
             records.append(record)
+            reports.append(report)
         by_target.update(dict.fromkeys(targets, record))
-    return FamilyVariants(records, by_target, reference)
+    return FamilyVariants(records, by_target, reference, reports)

@@ -1,11 +1,13 @@
 """Hugging Face checkpoints saved in bfloat16 and float16 (`model.to(dtype).save_pretrained(dir)`) compile as
 float32 ones do: the reference and the fp32 graph are what transformers computes in float32 from those weights
-(`from_pretrained(dir, dtype=torch.float32)`), the GPU variants stay fp16. A dtype the compile cannot take is one
-line naming it and the file, before the export."""
+(`from_pretrained(dir, dtype=torch.float32)`), the GPU variants stay fp16, with the layers whose weights or
+activations leave fp16's range kept in fp32 and named. A dtype the compile cannot take is one line naming it and
+the file, before the export."""
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,8 @@ def test_a_bfloat16_decoder_builds_its_fp16_engines(tmp_path: Path) -> None:
                             "--target", "sm_86", "--target", "sm_120")  # fmt: skip
     targets = {target["name"]: target for target in compiled["targets"]}
     assert set(targets) == {"sm_86", "sm_120"}
+    (fp16,) = [record for record in compiled["passes"] if record["name"] == "convert_to_fp16"]
+    assert fp16["variant"] == "fp16" and fp16["counts"]["kept_fp32_for_range"] == 0  # nothing beyond fp16 here
     for target in targets.values():
         assert target["status"] == "built" and target["variant"] == "fp16", target["reason"]
 
@@ -169,3 +173,62 @@ def test_a_dtype_it_cannot_take_is_one_line_before_the_export(
     if arguments[0] != FACTORY:  # a directory's dtypes are read with its config; a factory's once it is built
         assert "exporting" not in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _bert_beyond_fp16(directory: Path) -> Path:
+    """A bf16 BERT whose attention output projection holds a weight of 9e4 (bf16 holds it, fp16 does not) and whose
+    MLP's up projection reaches ~1e5 (its weights, of std 0.02, scaled by 5e5)."""
+
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    model = BertModel(config).eval()
+    layer = model.encoder.layer[0]
+    with torch.no_grad():
+        layer.attention.output.dense.weight[7, 3] = 9e4
+        layer.intermediate.dense.weight.mul_(5e5)
+    model.to(torch.bfloat16).save_pretrained(str(directory))
+    return directory
+
+
+@pytest.mark.slow
+def test_a_bfloat16_checkpoint_beyond_fp16s_range_keeps_those_layers_in_fp32(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    from tensorsmith.core.sessions import run_onnx
+    from tensorsmith.passes.fp16 import ConvertToHalf
+    from tests.passes.graphs import apply
+    from tests.passes.test_fp16 import UNCHECKED
+
+    source = _bert_beyond_fp16(tmp_path / "bert")
+    caplog.set_level(logging.INFO, logger="tensorsmith.compiler.variants.float_builder")
+    config = CompileConfig.create({"source": str(source), "targets": ["sm_86"], "precision": "fp16"})
+    manifest = compile(config, tmp_path / "out").manifest
+    assert manifest.variant("fp16").path == "variants/fp16.onnx"
+
+    (record,) = [record for record in manifest.passes if record.name == "convert_to_fp16"]
+    kept = record.details["kept_fp32_for_range"]
+    assert record.variant == "fp16" and isinstance(kept, dict) and record.counts["kept_fp32_for_range"] == len(kept)
+    reasons = {(why.get("module"), why["op"], why["reason"]) for why in kept.values()}
+    assert ("model.encoder.layer.0.attention.output.dense", "MatMul", "weight") in reasons, reasons
+    assert ("model.encoder.layer.0.intermediate.dense", "MatMul", "output") in reasons, reasons
+    weight = next(why for why in kept.values() if why["reason"] == "weight")
+    assert weight["max_abs"] == pytest.approx(9e4, rel=1 / 128)  # in bf16
+    (line,) = [r.getMessage() for r in caplog.records if "kept in fp32 for fp16's range" in r.getMessage()]
+    assert line.startswith(f"fp16: {len(kept)} nodes kept in fp32") and "model.encoder.layer.0." in line
+
+    # The fp16 file in fp16 arithmetic against the fp32 graph; and fp16 without the range check, which fails
+    ids = np.random.default_rng(0).integers(0, 100, (2, 12)).astype(np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    fp32 = onnx.load(str(tmp_path / "out" / "model.onnx"))
+    expected = run_onnx(fp32, feeds)[0]
+    (actual, *_) = ReferenceEvaluator(str(tmp_path / "out" / "variants" / "fp16.onnx")).run(None, feeds)
+    assert np.isfinite(actual).all() and max_relative_error(expected, actual) < 2e-2
+    unchecked, _ = apply(fp32, [ConvertToHalf(half=UNCHECKED)])
+    (wrong, *_) = ReferenceEvaluator(unchecked).run(None, feeds)
+    assert not np.isfinite(wrong).all() or max_relative_error(expected, wrong) > 0.1

@@ -16,14 +16,8 @@ from onnx.reference.op_run import OpRun
 from tensorsmith.compiler.engines.builder import build_engine
 from tensorsmith.compiler.engines.profiles import Profile
 from tensorsmith.core.errors import BuildError
-from tensorsmith.passes.fp16 import (
-    BF16_FLOAT,
-    BF16_MAX,
-    ConvertToBf16,
-    ConvertToFp16,
-    ConvertToHalf,
-    RoundToBf16,
-)
+from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, ConvertToHalf, RoundToBf16
+from tensorsmith.passes.half_float import BF16_FLOAT, BF16_MAX
 from tests.passes.graphs import GraphBuilder, apply, ops, run_onnx
 
 BF16_EPS = float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps)  # 2^-7
