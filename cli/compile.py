@@ -1,4 +1,4 @@
-"""`tensorsmith compile` and `tensorsmith build`: the commands that write artifacts."""
+"""`tensorsmith compile`, `tensorsmith build` and `tensorsmith merge`: the commands that write artifacts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout
-from tensorsmith.core.precisions import requestable
+from tensorsmith.core.precisions import FP8, requestable
 
 PRECISIONS = requestable()  # --precision: the precision table's requestable names, and auto
 
@@ -81,6 +81,17 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
 )
 @click.option("--max-sequence-length", type=int, help="A decoder's prompt + new tokens, at most ([generation]).")
 @click.option("--max-batch", type=int, help="A decoder's requests per call, at most ([generation]).")
+@click.option(
+    "--kv-cache",
+    type=click.Choice(["static", "dynamic"]),
+    help="A decoder's cache: static (request-long, updated in place; default where it applies) or dynamic "
+    "(Optimum's/GenAI's names).",
+)
+@click.option(
+    "--kv-cache-precision",
+    type=click.Choice([FP8.name]),
+    help="The engines' static cache in fp8 (sm_89+; its perplexity measured). Default: the variant's dtype.",
+)
 @click.option("--engine-cache", type=click.Path(path_type=Path), help="Reuse engines built before (a directory).")
 @click.option(
     "--trace-every-layer",
@@ -114,6 +125,8 @@ def compile_command(
     evaluation: Path | None,
     max_sequence_length: int | None,
     max_batch: int | None,
+    kv_cache: str | None,
+    kv_cache_precision: str | None,
     engine_cache: Path | None,
     trace_every_layer: bool,
     no_fuse: bool,
@@ -147,7 +160,8 @@ def compile_command(
     }
     if engine_cache is not None:
         overrides["build"] = {"engine_cache_dir": str(engine_cache.resolve())}
-    lengths = {"max_sequence_length": max_sequence_length, "max_batch": max_batch}
+    lengths = {"max_sequence_length": max_sequence_length, "max_batch": max_batch, "kv_cache": kv_cache,
+               "kv_cache_precision": kv_cache_precision}  # fmt: skip
     if any(value is not None for value in lengths.values()):
         overrides["generation"] = {key: value for key, value in lengths.items() if value is not None}
     config = config_from_flags(source, config_path, overrides)
@@ -222,3 +236,34 @@ def build_command(artifact: Path, target: str, builder: str | None, as_json: boo
         return
     assert record.engine is not None
     stdout.print(f"built {target} with {record.builder} {record.engine.builder_version} → {record.engine.path}")
+
+
+@click.command("merge")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.argument("parts", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@handle_errors
+def merge_command(artifact: Path, parts: tuple[Path, ...], as_json: bool) -> None:
+    """Merge into ARTIFACT the engines that `tensorsmith build PART --target X` added to copies of it (PARTS: one
+    per CI matrix job; each job's manifest.json and engines/ are enough).
+
+    A command of its own rather than a flag of `build`: it builds nothing and needs no TensorRT, and like
+    `git merge` or `coverage combine` it reads best as the one step that joins the jobs' results.
+    """
+    from tensorsmith.compiler.merge import merge_parts
+
+    result = merge_parts(artifact, list(parts))
+    if as_json:
+        emit_json({"ok": True, "artifact": str(artifact),
+                   "added": [{"target": m.target, "part": str(m.part), **m.record.model_dump(mode="json")}
+                             for m in result.added],
+                   "unchanged": result.unchanged, "pending": result.pending})  # fmt: skip
+        return
+    for merged in result.added:
+        assert merged.record.engine is not None
+        stdout.print(f"merged {merged.target} ({merged.record.builder} {merged.record.engine.builder_version}) "
+                     f"from {merged.part} → {artifact / merged.record.engine.path}", markup=False)  # fmt: skip
+    if result.unchanged:
+        stdout.print(f"already in {artifact}, the same engines: {', '.join(result.unchanged)}", markup=False)
+    if result.pending:
+        stdout.print(f"still without an engine: {', '.join(result.pending)}", markup=False)

@@ -10,7 +10,7 @@ import numpy as np
 from rich.table import Table
 
 from tensorsmith.cli.calibrate import calibrate_command
-from tensorsmith.cli.compile import build_command, compile_command
+from tensorsmith.cli.compile import build_command, compile_command, merge_command
 from tensorsmith.cli.generate import generate_command
 from tensorsmith.cli.output import emit_json, handle_errors, setup_logging, stdout
 from tensorsmith.runtime.errors import TensorsmithError
@@ -26,6 +26,7 @@ def main(verbose: int) -> None:
 
 main.add_command(compile_command)
 main.add_command(build_command)
+main.add_command(merge_command)
 main.add_command(calibrate_command)
 main.add_command(generate_command)
 

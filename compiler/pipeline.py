@@ -20,6 +20,7 @@ from tensorsmith.compiler.frontend.huggingface import copy_tokenizer
 from tensorsmith.compiler.frontend.source import Source, open_source
 from tensorsmith.compiler.report.collect import write_report
 from tensorsmith.compiler.variants.data import check_data
+from tensorsmith.compiler.variants.kv_cache import CacheLayout, check_static_cache, generation_graphs
 from tensorsmith.compiler.variants.plan import plan_variants
 from tensorsmith.compiler.variants.stage import Variants, build_variants
 from tensorsmith.compiler.variants.text_data import check_text_data
@@ -56,6 +57,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     # before the export: a wrong array name, a missing tokenizer or a budget the model cannot measure fails at once
     if source.is_decoder:
         check_text_data(config)
+        check_static_cache(config)
     elif (config.precision == AUTO or not precision(config.precision).is_float) and config.inputs:
         check_data(config)
     budget = config.accuracy_budget()
@@ -66,11 +68,18 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     with staged_artifact(out) as staging:
         fused = fused_graph(source, staging, timed)
         variants = build_variants(plan, fused, config, staging, timed)
-        targets = build_engines(config.build, config.targets, variants.by_target, fused.inputs, config.dims,
-                                staging, timed, source.is_decoder)  # fmt: skip
+        layout = None
+        if source.huggingface is not None and source.is_decoder:  # its variant files become generation graphs
+            records, layout = generation_graphs(variants.records, variants.by_target, source.huggingface, config,
+                                                (fused.inputs, fused.outputs), staging, timed,
+                                                lambda: fused.verification_inputs(config)[0])  # fmt: skip
+            variants = variants.with_records(records)
+        inputs, dims = (layout.inputs, layout.dims) if layout else (fused.inputs, config.dims)
+        targets = build_engines(config.build, config.targets, variants.by_target, inputs, dims, staging, timed,
+                                source.is_decoder)  # fmt: skip
         targets = [_with_note(target, plan.notes.get(target.name)) for target in targets]
         tokenizer = copy_tokenizer(source.huggingface, staging) if source.huggingface else []
-        manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer)
+        manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer, layout)
         write_manifest(staging, manifest)
         timed.stage(f"writing the report and {out}")
         write_report(staging, out.resolve().name)
@@ -89,22 +98,27 @@ def _manifest(
     targets: list[TargetRecord],
     steps: list[tuple[str, float]],
     tokenizer: list[FileRecord],
+    layout: CacheLayout | None,
 ) -> Manifest:
+    model = next((FileRecord(path=r.path, sha256=r.sha256) for r in variants.records if r.path == fused.record.path),
+                 fused.record)  # the reference's file, rewritten to a generation graph for a decoder  # fmt: skip
+    dims = layout.dims if layout else source.config.dims
+    reports = [*fused.reports, *variants.reports, *(layout.reports if layout else [])]
     return Manifest(
         tensorsmith_version=__version__,
         source=fused.source,
-        model=fused.record,
-        inputs=fused.inputs,
-        outputs=fused.outputs,
-        dims={name: limits.model_dump() for name, limits in source.config.dims.items()},
+        model=model,
+        inputs=layout.inputs if layout else fused.inputs,
+        outputs=layout.outputs if layout else fused.outputs,
+        dims={name: limits.model_dump() for name, limits in dims.items()},
         dim_names=source.dim_names,
         default_dims=source.default_dims,
         tokenizer=tokenizer,
-        generation=generation_record(source.huggingface, source.config)
-        if source.huggingface and source.huggingface.is_decoder
+        generation=generation_record(source.huggingface, source.config, layout.kind, layout.reason)
+        if source.huggingface and layout
         else None,
         steps=[StepRecord(name=name, seconds=seconds) for name, seconds in steps],
-        passes=[PassRecord(**vars(report)) for report in [*fused.reports, *variants.reports]],
+        passes=[PassRecord(**vars(report)) for report in reports],
         variants=variants.records,
         targets=targets,
     )

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tensorsmith.core.precisions import FP8
 
 
 class _Strict(BaseModel):
@@ -51,3 +53,22 @@ class GenerationConfig(_Strict):
         None, ge=2, description="prompt and new tokens together; default: the config's positions, capped at 2048"
     )
     max_batch: int | None = Field(None, ge=1, description="default 8; engines: at most the target's max_batch")
+    kv_cache: Literal["static", "dynamic"] | None = Field(
+        None,
+        description="static: the cache as long as the request, written in place (TensorScatter, opset 24); "
+        "dynamic: Optimum's and ONNX Runtime GenAI's growing cache, for their tools. Default: static where the "
+        "graph's attention became ONNX Attention, else dynamic (the manifest says why)",
+    )
+    kv_cache_precision: str | None = Field(
+        None,
+        description="fp8: the engines' static cache in FLOAT8E4M3FN, a per-tensor scale per layer's keys and values "
+        "(amax / 448 on the fp32 graph), its perplexity measured on the evaluation text; GPU targets of sm_89 and up. "
+        "Default: the variant's own dtype (fp16, bf16; fp32 for the cpu)",
+    )
+
+    @field_validator("kv_cache_precision")
+    @classmethod
+    def _fp8_only(cls, value: str | None) -> str | None:
+        if value is not None and value != FP8.name:
+            raise ValueError(f"kv_cache_precision takes {FP8.name} (or nothing: the variant's own dtype)")
+        return value

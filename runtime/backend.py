@@ -8,6 +8,7 @@ from types import TracebackType
 
 import numpy as np
 
+from tensorsmith.runtime.kv_cache import CacheSession, CacheShape, DynamicCacheSession, StaticCacheSession, present_of
 from tensorsmith.runtime.specs import Limits, TensorSpec, check_feeds, with_default_token_types
 
 
@@ -47,6 +48,23 @@ class Backend(abc.ABC):
         """Size the buffers of the named tensors for a whole request (generate: the cache at its longest), so
         that no step allocates. ONNX Runtime's CPU sessions allocate from their arena; binding preallocated
         outputs there was measured slower at every cache size (docs/benchmarks.md), so this is a no-op."""
+
+    def input_dtype(self, name: str) -> np.dtype:
+        """The dtype this backend's graph takes for input `name`: the manifest's, unless the backend knows better
+        (a GPU engine's static cache is fp16 where the manifest's fp32 graph has fp32)."""
+        return np.dtype(next(spec.dtype for spec in self.inputs if spec.name == name))
+
+    def open_cache(self, shape: CacheShape, static: bool) -> CacheSession:
+        """A generation request's KV cache (runtime/kv_cache.py): in host arrays, fed to `run` each step, and for
+        the static layout copied back from the presents. Backends that bind the cache in place or keep it on a
+        device override this."""
+        run = self.run_checked_once()
+        if static:
+            self.reserve(shape.reserved_bytes)
+            return StaticCacheSession(run, shape)
+        # the presents at their longest too: a dynamic cache's present is a new tensor each step
+        self.reserve({**shape.reserved_bytes, **{present_of(name): shape.tensor_bytes for name in shape.pasts}})
+        return DynamicCacheSession(run, shape)
 
     @abc.abstractmethod
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...

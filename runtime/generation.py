@@ -15,9 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorsmith.runtime.manifest import GenerationRecord
-
-Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+from tensorsmith.runtime.kv_cache import CacheSession, StepFeeds
 
 
 @dataclass(frozen=True)
@@ -57,38 +55,11 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class Generator:
-    """One request's state: the KV cache, mask and positions of every row, advanced one step at a time."""
+    """One request's loop: prefill, then a token per step, over a KV cache the backend keeps
+    (runtime/kv_cache.py: `open_cache(rows, capacity)`)."""
 
-    def __init__(
-        self, run: Run, layout: GenerationRecord, cache_dtype: str, reserve: Callable[[dict[str, int]], None]
-    ) -> None:
-        self._run = run
-        self._reserve = reserve  # the backend's: its buffers sized once per request
-        self.layout = layout
-        self.cache_dtype = np.dtype(cache_dtype)
-
-    def _reserve_request(self, rows: int, longest: int) -> None:
-        """The cache, mask and presents at their longest for this request: a backend that keeps device buffers
-        (TensorRT) allocates them once, not as they grow by a token per step."""
-        cache = rows * self.layout.kv_heads * longest * self.layout.head_dim * self.cache_dtype.itemsize
-        nbytes = {"attention_mask": rows * longest * 8}
-        for i in range(self.layout.layers):
-            for kind in ("key", "value"):
-                nbytes[f"past_key_values.{i}.{kind}"] = nbytes[f"present.{i}.{kind}"] = cache
-        self._reserve(nbytes)
-
-    def _empty_cache(self, rows: int) -> dict[str, np.ndarray]:
-        shape = (rows, self.layout.kv_heads, 0, self.layout.head_dim)
-        return {f"past_key_values.{i}.{kind}": np.zeros(shape, self.cache_dtype)
-                for i in range(self.layout.layers) for kind in ("key", "value")}  # fmt: skip
-
-    def step(self, tokens: np.ndarray, mask: np.ndarray, positions: np.ndarray, cache: dict[str, np.ndarray]
-             ) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # fmt: skip
-        """Logits of the last position [rows, vocab], and the cache with these tokens in it."""
-        outputs = self._run({"input_ids": tokens, "attention_mask": mask, "position_ids": positions, **cache})
-        presents = {f"past_key_values.{i}.{kind}": outputs[f"present.{i}.{kind}"]
-                    for i in range(self.layout.layers) for kind in ("key", "value")}  # fmt: skip
-        return outputs["logits"][:, -1, :], presents
+    def __init__(self, open_cache: Callable[[int, int], CacheSession]) -> None:
+        self._open_cache = open_cache
 
     def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray | None, max_new_tokens: int,
                  sampling: Sampling, num_beams: int, eos_token_id: list[int], pad_token_id: int,
@@ -105,20 +76,21 @@ class Generator:
     def _sample(self, prompt: np.ndarray, mask: np.ndarray, max_new_tokens: int, sampling: Sampling,
                 eos: list[int], pad: int, seed: int | None, streamer: Any) -> np.ndarray:  # fmt: skip
         rng = np.random.default_rng(seed)
-        self._reserve_request(len(prompt), prompt.shape[1] + max_new_tokens)
+        rows, length = prompt.shape
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-        logits, cache = self.step(prompt, mask, positions, self._empty_cache(len(prompt)))
-        sequences, unfinished = prompt, np.ones(len(prompt), dtype=bool)
-        for step in range(max_new_tokens):
-            chosen = np.where(unfinished, sampling.choose(logits, rng), pad).astype(np.int64)
-            sequences = np.concatenate([sequences, chosen[:, None]], axis=1)
-            _stream(streamer, chosen)
-            unfinished &= ~np.isin(chosen, eos)
-            if not unfinished.any() or step == max_new_tokens - 1:
-                break
-            mask = np.concatenate([mask, np.ones((len(mask), 1), np.int64)], axis=1)
-            positions = positions[:, -1:] + 1
-            logits, cache = self.step(chosen[:, None], mask, positions, cache)
+        with self._open_cache(rows, length + max_new_tokens) as cache:
+            logits = cache.step(StepFeeds(prompt, positions, 0, mask))
+            sequences, unfinished = prompt, np.ones(rows, dtype=bool)
+            ones = np.ones((rows, 1), np.int64)
+            for step in range(max_new_tokens):
+                chosen = np.where(unfinished, sampling.choose(logits, rng), pad).astype(np.int64)
+                sequences = np.concatenate([sequences, chosen[:, None]], axis=1)
+                _stream(streamer, chosen)
+                unfinished &= ~np.isin(chosen, eos)
+                if not unfinished.any() or step == max_new_tokens - 1:
+                    break
+                positions = positions[:, -1:] + 1
+                logits = cache.step(StepFeeds(chosen[:, None], positions, length + step, ones))
         _stream_end(streamer)
         return sequences
 
@@ -126,29 +98,28 @@ class Generator:
         """transformers' beam search with its defaults (length_penalty 1.0, early_stopping False) for
         `max_new_tokens` steps: the best beam by summed log-probability per row. EOS does not end a beam early
         (transformers' finished-hypothesis bookkeeping is not reproduced yet)."""
-        rows = len(prompt)
-        self._reserve_request(rows * beams, prompt.shape[1] + max_new_tokens)
+        rows, length = prompt.shape
         expanded_mask = np.repeat(mask, beams, axis=0)
         positions = np.clip(np.cumsum(expanded_mask, axis=1) - 1, 0, None)
-        logits, cache = self.step(np.repeat(prompt, beams, axis=0), expanded_mask, positions,
-                                  self._empty_cache(rows * beams))  # fmt: skip
-        scores = np.zeros((rows, beams))
-        scores[:, 1:] = -1e9  # the first step expands beam 0 only: the beams start identical
-        sequences = np.repeat(prompt, beams, axis=0)
-        for step in range(max_new_tokens):
-            vocabulary = logits.shape[-1]
-            candidates = (scores.reshape(-1, 1) + log_softmax(logits)).reshape(rows, beams * vocabulary)
-            best = np.argsort(-candidates, axis=-1, kind="stable")[:, :beams]
-            scores = np.take_along_axis(candidates, best, -1)
-            origin = (best // vocabulary + np.arange(rows)[:, None] * beams).reshape(-1)
-            tokens = (best % vocabulary).reshape(-1).astype(np.int64)
-            sequences = np.concatenate([sequences[origin], tokens[:, None]], axis=1)
-            if step == max_new_tokens - 1:
-                break
-            cache = {name: value[origin] for name, value in cache.items()}
-            expanded_mask = np.concatenate([expanded_mask, np.ones((rows * beams, 1), np.int64)], axis=1)
-            positions = positions[origin][:, -1:] + 1
-            logits, cache = self.step(tokens[:, None], expanded_mask, positions, cache)
+        with self._open_cache(rows * beams, length + max_new_tokens) as cache:
+            logits = cache.step(StepFeeds(np.repeat(prompt, beams, axis=0), positions, 0, expanded_mask))
+            scores = np.zeros((rows, beams))
+            scores[:, 1:] = -1e9  # the first step expands beam 0 only: the beams start identical
+            sequences = np.repeat(prompt, beams, axis=0)
+            ones = np.ones((rows * beams, 1), np.int64)
+            for step in range(max_new_tokens):
+                vocabulary = logits.shape[-1]
+                candidates = (scores.reshape(-1, 1) + log_softmax(logits)).reshape(rows, beams * vocabulary)
+                best = np.argsort(-candidates, axis=-1, kind="stable")[:, :beams]
+                scores = np.take_along_axis(candidates, best, -1)
+                origin = (best // vocabulary + np.arange(rows)[:, None] * beams).reshape(-1)
+                tokens = (best % vocabulary).reshape(-1).astype(np.int64)
+                sequences = np.concatenate([sequences[origin], tokens[:, None]], axis=1)
+                if step == max_new_tokens - 1:
+                    break
+                cache.reorder(origin)
+                positions = positions[origin][:, -1:] + 1
+                logits = cache.step(StepFeeds(tokens[:, None], positions, length + step, ones))
         best_beam = scores.argmax(-1) + np.arange(rows) * beams
         return sequences[best_beam]
 

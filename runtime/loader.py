@@ -13,6 +13,7 @@ import numpy as np
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.device import Device, detect_device
 from tensorsmith.runtime.errors import RuntimeLoadError
+from tensorsmith.runtime.kv_cache import CacheSession
 from tensorsmith.runtime.manifest import EngineRecord, Manifest, VariantRecord, read_manifest, verified_file
 from tensorsmith.runtime.selection import select_engine
 from tensorsmith.runtime.specs import TensorSpec
@@ -88,8 +89,15 @@ class Model:
         request = check_request(self.manifest, str(self.directory), input_ids, attention_mask, max_new_tokens,
                                 Sampling(do_sample, temperature, top_k, top_p), num_beams, eos_token_id,
                                 pad_token_id, seed)  # fmt: skip
-        past = next(spec for spec in self.inputs if spec.name.startswith("past_key_values."))
-        generator = Generator(self._backend.run_checked_once(), request.layout, past.dtype, self._backend.reserve)
+        from tensorsmith.runtime.kv_cache import CacheShape
+
+        dtype = self._backend.input_dtype("past_key_values.0.key")
+        static = request.layout.kv_cache == "static"
+
+        def open_cache(rows: int, capacity: int) -> CacheSession:
+            return self._backend.open_cache(CacheShape(request.layout, rows, capacity, dtype), static)
+
+        generator = Generator(open_cache)
         return generator.generate(request.prompt, request.mask, request.max_new_tokens, request.sampling,
                                   request.num_beams, request.eos, request.pad, request.seed, streamer)  # fmt: skip
 
@@ -139,11 +147,13 @@ def _cpu_backend(
     if recorded or choice == "openvino":
         from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
 
-        reason = openvino_unavailable()
+        static = manifest.generation is not None and manifest.generation.kv_cache == "static"
+        reason = "OpenVINO has no TensorScatter for the static KV cache" if static else openvino_unavailable()
         if reason is None:
             return OpenVinoBackend(path, inputs, outputs, limits=manifest.dims), None
         if choice == "openvino":
-            raise RuntimeLoadError(f"cannot load {directory} on OpenVINO: {reason}", hint="use backend='auto'")
+            hint = "compile with --kv-cache dynamic, or use backend='auto'" if static else "use backend='auto'"
+            raise RuntimeLoadError(f"cannot load {directory} on OpenVINO: {reason}", hint=hint)
         assert variant is not None
         reason = f"the compile chose OpenVINO for {variant.name}, but {reason}: ONNX Runtime instead"
         logger.info("%s", reason)

@@ -113,6 +113,12 @@ class GenerationRecord(_Record):
     max_sequence_length: int = Field(description="prompt and new tokens together, at most")
     eos_token_id: list[int] = Field(default_factory=list)
     pad_token_id: int | None = None
+    kv_cache: Literal["dynamic", "static"] = Field(
+        "dynamic",
+        description="static: caches of the request's length, written in place at write_indices, attention_mask "
+        "[batch, cache] over the slots (passes/static_cache.py); dynamic: Optimum's and GenAI's growing cache",
+    )
+    kv_cache_reason: str = Field("", description="why the cache is dynamic when static was not asked against")
 
 
 class Manifest(_Record):

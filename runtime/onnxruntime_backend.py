@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -11,6 +12,7 @@ import numpy as np
 
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.errors import InferenceError, RuntimeLoadError
+from tensorsmith.runtime.kv_cache import CacheSession, CacheShape
 from tensorsmith.runtime.specs import Limits, TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -68,6 +70,19 @@ class OnnxRuntimeBackend(Backend):
         self.disabled_optimizers = list(disabled_optimizers)
         disabled = ", ".join(self.disabled_optimizers) or "none"
         logger.debug("loaded %s with providers %s, optimizers disabled: %s", model_path, chosen, disabled)
+
+    def open_cache(self, shape: CacheShape, static: bool) -> CacheSession:
+        """The static cache bound in place (runtime/onnxruntime_cache.py); the dynamic one as every backend's."""
+        if not static:
+            return super().open_cache(shape, static)
+        from tensorsmith.runtime.onnxruntime_cache import OnnxRuntimeStaticCache
+
+        logits = next(spec for spec in self.outputs if spec.name == "logits")
+        device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
+        fixed = next(i.shape[2] for i in self._session.get_inputs() if i.name == shape.pasts[0])
+        if isinstance(fixed, int):  # a graph written for an engine: the cache as long as the longest request
+            shape = dataclasses.replace(shape, capacity=fixed)
+        return OnnxRuntimeStaticCache(self._session, shape, int(logits.shape[-1]), np.dtype(logits.dtype), device)
 
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # InferenceSession.run is thread-safe, so one session serves concurrent callers.

@@ -1,7 +1,9 @@
 """TensorRT backend: deserialize an engine (tensorrt or tensorrt_rtx) and run it with dynamic shapes.
 
-Device buffers and a CUDA stream come from cuda-python; inputs and outputs are numpy arrays. Needs a GPU, so
-its tests are marked `gpu` and run from scripts/gpu-check.sh.
+Device buffers and a CUDA stream come from cuda-python; inputs and outputs are numpy arrays. `run` copies every
+input in and every output back; generation over a static-cache engine keeps the cache on the device instead
+(`open_cache`: runtime/tensorrt_cache.py, copying what runtime/copy_plan.py lists). Needs a GPU, so its tests
+are marked `gpu` and run from scripts/gpu-check.sh.
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ from typing import Any
 import numpy as np
 
 from tensorsmith.runtime.backend import Backend
+from tensorsmith.runtime.buffer_pool import BufferPool
+from tensorsmith.runtime.cuda_runtime import CopyMeter, check_cuda
 from tensorsmith.runtime.device import FLAVOURS
 from tensorsmith.runtime.errors import RuntimeLoadError
+from tensorsmith.runtime.kv_cache import CacheSession, CacheShape
 from tensorsmith.runtime.specs import TensorSpec
+from tensorsmith.runtime.tensorrt_cache import CacheRuntime, TensorRTStaticCache
+from tensorsmith.runtime.tensorrt_engine import Bounds, EngineContexts, EngineIO, engine_io
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +41,10 @@ def _cudart() -> Any:
     return cudart
 
 
-def _check(result: Any, what: str) -> Any:
-    error, *values = result if isinstance(result, tuple) else (result,)
-    if int(error) != 0:
-        raise RuntimeLoadError(f"CUDA error {error} in {what}")
-    return values[0] if len(values) == 1 else values
+def uses_own_cuda_graphs(flavour: str) -> bool:
+    """TensorRT for RTX captures CUDA graphs itself (a runtime config's `cuda_graph_strategy`); data-centre
+    TensorRT's are captured around `execute_async_v3` by the caller."""
+    return flavour == "tensorrt-rtx"
 
 
 class TensorRTBackend(Backend):
@@ -47,7 +53,7 @@ class TensorRTBackend(Backend):
     ) -> None:
         super().__init__(inputs, outputs)
         trt = importlib.import_module(FLAVOURS[flavour][0])
-        self._cudart = _cudart()
+        self._cudart = CopyMeter(_cudart())  # every copy counted, as it is handed to CUDA
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
         self._engine = self._runtime.deserialize_cuda_engine(engine_path.read_bytes())
@@ -56,17 +62,22 @@ class TensorRTBackend(Backend):
                 f"{flavour} could not deserialize {engine_path}",
                 hint="the engine was built for another GPU or TensorRT version; rebuild it with tensorsmith build",
             )
-        self._stream = _check(self._cudart.cudaStreamCreate(), "cudaStreamCreate")
+        self._trt = trt
+        self._flavour = flavour
+        self._stream = check_cuda(self._cudart.cudaStreamCreate(), "cudaStreamCreate")
         self._buffers: dict[str, tuple[int, int]] = {}  # name → (device pointer, bytes), grown on demand
-        self._lock = threading.Lock()  # one call at a time: the buffers are shared
+        self._lock = threading.Lock()  # one call at a time: the buffers, contexts and stream are shared
         self.name = f"tensorrt:{target}"
         # Each optimization profile (a decoder's prefill and decode) gets an execution context of its own, made
         # when a call first needs it; a call runs on the first profile its shapes fit.
-        self._profiles = [
+        self._profiles: list[dict[str, Bounds]] = [
             {spec.name: self._profile_bounds(spec.name, k) for spec in self.inputs}
             for k in range(self._engine.num_optimization_profiles)
         ]
-        self._contexts: dict[int, Any] = {}
+        # a decoder built from the static-cache graph: generation keeps its cache on the device
+        self._cache_io: EngineIO | None = engine_io(self._engine, trt, self._profiles)
+        self._contexts = EngineContexts(self._profiles, self._create_context)
+        self._cache_runtime: CacheRuntime | None = None
 
     def _buffer(self, name: str, nbytes: int) -> int:
         """The device buffer of `name`, at least `nbytes`; grown by doubling, so a tensor that grows one token per
@@ -74,9 +85,9 @@ class TensorRTBackend(Backend):
         pointer, size = self._buffers.get(name, (0, 0))
         if size < nbytes:
             if pointer:
-                _check(self._cudart.cudaFree(pointer), "cudaFree")
+                check_cuda(self._cudart.cudaFree(pointer), "cudaFree")
             size = max(nbytes, 2 * size, 1)
-            pointer = _check(self._cudart.cudaMalloc(size), "cudaMalloc")
+            pointer = check_cuda(self._cudart.cudaMalloc(size), "cudaMalloc")
             self._buffers[name] = (pointer, size)
         return pointer
 
@@ -90,25 +101,40 @@ class TensorRTBackend(Backend):
         """(min, opt, max) of input `name` in optimization profile `index`."""
         return tuple(tuple(int(d) for d in bound) for bound in self._engine.get_tensor_profile_shape(name, index))
 
+    def _create_context(self, index: int) -> Any:
+        """Profile `index`'s execution context. On TensorRT for RTX the decode profile of a static-cache engine
+        gets TensorRT's own CUDA graphs (captured per shape, launched for every later step of that shape)."""
+        graphed = self._cache_io is not None and index == self._cache_io.graph_profile
+        if graphed and uses_own_cuda_graphs(self._flavour):
+            config = self._engine.create_runtime_config()
+            config.cuda_graph_strategy = self._trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+            context = self._engine.create_execution_context(config)
+        else:
+            context = self._engine.create_execution_context()
+        if index:
+            context.set_optimization_profile_async(index, self._stream)
+        return context
+
     def _context(self, shapes: dict[str, tuple[int, ...]]) -> Any:
         """The execution context of the first profile that `shapes` fit, made on first use."""
-        for index, profile in enumerate(self._profiles):
-            fits = all(
-                all(lo <= s <= hi for s, lo, hi in zip(shape, profile[name][0], profile[name][2], strict=True))
-                for name, shape in shapes.items()
+        return self._contexts.get(shapes)[1]
+
+    def open_cache(self, shape: CacheShape, static: bool) -> CacheSession:
+        """The static cache on the device for the whole request (runtime/tensorrt_cache.py); the dynamic one
+        as every backend's, through `run`."""
+        if not static or self._cache_io is None:
+            return super().open_cache(shape, static)
+        if self._cache_runtime is None:
+            self._cache_runtime = CacheRuntime(
+                io=self._cache_io,
+                contexts=self._contexts,
+                cudart=self._cudart,
+                stream=self._stream,
+                lock=self._lock,
+                pool=BufferPool(self._cudart, self._contexts.forget),
+                explicit_graphs=not uses_own_cuda_graphs(self._flavour),
             )
-            if fits:
-                if index not in self._contexts:
-                    context = self._engine.create_execution_context()
-                    if index:
-                        context.set_optimization_profile_async(index, self._stream)
-                    self._contexts[index] = context
-                return self._contexts[index]
-        ranges = "; ".join(
-            ", ".join(f"{name} {list(b[0])}..{list(b[2])}" for name, b in profile.items()) for profile in self._profiles
-        )
-        described = ", ".join(f"{name} {list(shape)}" for name, shape in shapes.items())
-        raise ValueError(f"inputs {described} fit none of the engine's profiles ({ranges})")
+        return TensorRTStaticCache(self._cache_runtime, shape)
 
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         copy = self._cudart.cudaMemcpyKind
@@ -118,7 +144,7 @@ class TensorRTBackend(Backend):
                 array = np.ascontiguousarray(array)
                 pointer = self._buffer(name, array.nbytes)
                 context.set_input_shape(name, array.shape)
-                _check(
+                check_cuda(
                     self._cudart.cudaMemcpyAsync(
                         pointer, array.ctypes.data, array.nbytes, copy.cudaMemcpyHostToDevice, self._stream
                     ),
@@ -135,16 +161,21 @@ class TensorRTBackend(Backend):
             if not context.execute_async_v3(self._stream):
                 raise RuntimeLoadError("TensorRT failed to execute the engine")
             for result, pointer in results.values():
-                _check(
+                check_cuda(
                     self._cudart.cudaMemcpyAsync(
                         result.ctypes.data, pointer, result.nbytes, copy.cudaMemcpyDeviceToHost, self._stream
                     ),
                     "cudaMemcpyAsync",
                 )
-            _check(self._cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+            check_cuda(self._cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
             return {name: result for name, (result, _) in results.items()}
 
     def close(self) -> None:
+        with self._lock:
+            if self._cache_runtime is not None:
+                self._cache_runtime.pool.close()
+                self._cache_runtime = None
+            self._contexts.close()
         for pointer, _ in self._buffers.values():
             self._cudart.cudaFree(pointer)
         self._buffers.clear()

@@ -3,7 +3,9 @@
 #   bash scripts/gpu-check.sh
 # Installs like `make test`, compiles the tiny_bert sample, builds its engine for the local GPU with whichever
 # TensorRT is installed (tensorrt-rtx where it covers the architecture), loads it with the runtime, compares
-# it with ONNX Runtime, and runs the tests marked `gpu`. Prints what it verified and what it could not.
+# it with ONNX Runtime, prints issue 25's decode table for the tinylm sample's fp16 and INT4 engines
+# (bench/gpu_decode.py; SmolLM-135M's shape too with GPU_CHECK_SMOLLM=1), and runs the tests marked `gpu`.
+# Prints what it verified and what it could not.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || { echo "NOT VERIFIED: no GPU"; exit 1; }
@@ -34,36 +36,31 @@ with load(sys.argv[1], backend="onnxruntime") as reference, load(sys.argv[1]) as
     print(("VERIFIED" if model.backend.startswith("tensorrt") and error < 1e-2 else "NOT VERIFIED")
           + f": TensorRT against ONNX Runtime, max relative error {error:.2e}")
 PY
-# The decoder sample: its engine for this GPU (prefill and decode profiles), greedy tokens on TensorRT against
-# ONNX Runtime.
+# The decoder sample: its engines for this GPU (prefill and decode profiles, the static KV cache kept on the
+# device: runtime/tensorrt_cache.py), fp16 and INT4 weight-only (RTN: no calibration text needed), each with its
+# cpu variant as the reference; 1,152 cache slots, so that the table's 1,024-token context fits.
+long=(--max-sequence-length 1152)
 .venv/bin/tensorsmith compile samples/tinylm/tensorsmith.toml -o build/gpu-tinylm --target cpu --target "$target" \
-  || echo "NOT VERIFIED: tinylm engine for $target"
-.venv/bin/python - build/gpu-tinylm <<'PY'
-import sys
-import numpy as np
-from tensorsmith.runtime import load
-prompt = np.arange(3, 67, dtype=np.int64)[None]
-with load(sys.argv[1], backend="onnxruntime") as reference, load(sys.argv[1]) as model:
-    expected = reference.generate(prompt, max_new_tokens=32, eos_token_id=[])
-    actual = model.generate(prompt, max_new_tokens=32, eos_token_id=[])
-    same = model.backend.startswith("tensorrt") and np.array_equal(expected, actual)
-    print(("VERIFIED" if same else "NOT VERIFIED") + f": tinylm generate on {model.backend} against ONNX Runtime, "
-          f"{int((expected != actual).sum())} of 32 greedy tokens differ")
-PY
-# INT4 weight-only (RTN: no calibration text needed) on this GPU's builder, run against its cpu variant: the
-# tokens may differ a little (fp16 regions against fp32), so the check reports the agreement.
+  "${long[@]}" || echo "NOT VERIFIED: tinylm engine for $target"
 .venv/bin/tensorsmith compile samples/tinylm/tensorsmith.toml -o build/gpu-tinylm-int4 --target cpu --target "$target" \
-  --precision int4 --int4-algorithm rtn || echo "NOT VERIFIED: tinylm INT4 engine for $target"
-.venv/bin/python - build/gpu-tinylm-int4 <<'PY'
-import sys
-import numpy as np
-from tensorsmith.runtime import load
-prompt = np.arange(3, 67, dtype=np.int64)[None]
-with load(sys.argv[1], backend="onnxruntime") as reference, load(sys.argv[1]) as model:
-    expected = reference.generate(prompt, max_new_tokens=32, eos_token_id=[])
-    actual = model.generate(prompt, max_new_tokens=32, eos_token_id=[])
-    agree = float((expected[:, 64:] == actual[:, 64:]).mean())
-    print(("VERIFIED" if model.backend.startswith("tensorrt") else "NOT VERIFIED") +
-          f": tinylm INT4 generate on {model.backend}, {agree:.0%} of 32 greedy tokens as ONNX Runtime's cpu-int4")
-PY
+  --precision int4 --int4-algorithm rtn "${long[@]}" || echo "NOT VERIFIED: tinylm INT4 engine for $target"
+artifacts=(build/gpu-tinylm build/gpu-tinylm-int4)
+# SmolLM-135M's shape (bench/shapes.py, seeded random weights) when there is time for its compile: GPU_CHECK_SMOLLM=1
+if [ "${GPU_CHECK_SMOLLM:-0}" = 1 ]; then
+  .venv/bin/python -m bench.shapes smollm-135m build/shapes/smollm-135m >/dev/null \
+    && .venv/bin/tensorsmith compile build/shapes/smollm-135m -o build/gpu-smollm --target cpu --target "$target" \
+      "${long[@]}" --no-verify && artifacts+=(build/gpu-smollm) || echo "NOT VERIFIED: SmolLM-135M engine for $target"
+fi
+# Issue 25's table, one call: greedy tokens on each engine against ONNX Runtime CPU's; decode tokens/s at batch 1
+# and 8 with 128 and 1,024 tokens of context; the bytes each decode step handed to the CUDA API's copies against
+# runtime/copy_plan.py's plan; tokens/s against the bandwidth bound (engine + cache bytes per step ÷ the memory
+# bandwidth from the memory clock and bus width).
+.venv/bin/python -m bench.gpu_decode "${artifacts[@]}" --batches 1 8 --contexts 128 1024 --json build/gpu-decode.json
+# Every copy on the device as CUDA itself saw it (TensorRT's own included), where Nsight Systems is installed.
+if command -v nsys >/dev/null; then
+  nsys profile -q -o build/gpu-decode --force-overwrite true -t cuda .venv/bin/python -m bench.gpu_decode \
+    build/gpu-tinylm --batches 1 --contexts 128 --steps 16 >/dev/null \
+    && nsys stats -q -r cuda_gpu_mem_size_sum build/gpu-decode.nsys-rep \
+    || echo "NOT VERIFIED: the copies as Nsight Systems counts them"
+fi
 .venv/bin/python -m pytest -q -m gpu -rs

@@ -95,6 +95,17 @@ def tinylm_cpu_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tinylm_dynamic_cache_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """samples/tinylm for the cpu target with `kv_cache = "dynamic"`: Optimum's and GenAI's growing cache."""
+    from tensorsmith.compiler import CompileConfig, compile
+
+    out = tmp_path_factory.mktemp("tinylm-dynamic") / "out"
+    source = str(SAMPLES / "tinylm" / "checkpoint")
+    compile(CompileConfig.create({"source": source, "targets": ["cpu"], "generation": {"kv_cache": "dynamic"}}), out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def minilm_int8_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """all-MiniLM-L6-v2 with --precision int8 for the cpu (cpu-int8) and every int8 architecture (int8)."""
     from tensorsmith.samples import prepare

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tensorsmith.compiler.config import BATCH_DIM, DEFAULT_MAX_SIZE, DimRange
 from tensorsmith.compiler.targets import get_target
+from tensorsmith.passes.static_cache import CACHE_DIM
 from tensorsmith.runtime.manifest import TensorRecord
 
 Shapes = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
@@ -29,16 +30,22 @@ def as_profiles(profiles: Profile | Sequence[Profile]) -> list[Profile]:
 
 def decoder_profiles(inputs: Sequence[TensorRecord], dims: Mapping[str, DimRange], target: str) -> list[Profile]:
     """A KV-cache decoder's two profiles. prefill: the prompt, batch 1..B, sequence 1..S, no past; decode: one
-    new token, past 1..S-1 (so each call's shapes fall in exactly one profile: past 0 is prefill). B is the
+    new token, past 1..S-1 (so each call's shapes fall in exactly one profile: past 0 is prefill). With a static
+    cache: prefill sequence 2..S, decode sequence 1, the cache S long in both. B is the
     [dims.batch] max within the target's max_batch, S the [dims.total] max."""
     batch = min(dims["batch"].max or get_target(target).max_batch, get_target(target).max_batch)
     longest = dims["total"].max or DEFAULT_MAX_SIZE
     prompt = min(longest, 128)
+    # a static cache (dim `cache`, the request's length) has no past length to tell prefill from decode: a
+    # one-token prompt runs in the decode profile, so prefill starts at two tokens
+    static = any(CACHE_DIM in record.shape for record in inputs)
     sizes = {  # dim → (prefill min, opt, max), (decode min, opt, max)
         "batch": ((1, 1, batch), (1, batch, batch)),
-        "sequence": ((1, prompt, longest), (1, 1, 1)),
+        "sequence": ((2 if static else 1, prompt, longest), (1, 1, 1)),
         "past": ((0, 0, 0), (1, longest // 2, longest - 1)),
         "total": ((1, prompt, longest), (2, longest // 2 + 1, longest)),
+        # fixed: TensorRT's KV-cache update takes a static sequence dim (the engines' variants are written so)
+        CACHE_DIM: ((longest, longest, longest), (longest, longest, longest)),
     }
     profiles = []
     for index, name in enumerate(("prefill", "decode")):

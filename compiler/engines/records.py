@@ -19,6 +19,7 @@ from tensorsmith.compiler.targets import RTX_TARGETS, Builder, get_target
 from tensorsmith.core.errors import BuildError
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.progress import Reporter
+from tensorsmith.passes.static_cache import WRITE_INDICES
 from tensorsmith.runtime.device import detect_device, module_installed
 from tensorsmith.runtime.manifest import (
     EngineRecord,
@@ -152,7 +153,9 @@ def build_engine_record(
     """Build `name`'s engine from `variant` into `directory/engines/NAME.engine` (+ NAME.json, with the build's
     warnings), and its manifest record."""
     profiles = decoder_profiles(inputs, dims, name) if decoder else [profile_for(inputs, dims, name)]
-    with engine_graph(directory, variant, decoder) as (source, sha256):
+    # a static-cache decoder's variant is its generation graph already (compiler/variants/kv_cache.py)
+    sliced = any(record.name == WRITE_INDICES for record in inputs)
+    with engine_graph(directory, variant, decoder and not sliced) as (source, sha256):
         engine = build_engine(source, name, profiles, builder, options, onnx_sha256=sha256)
     engines = directory / ENGINES_DIR
     engines.mkdir(exist_ok=True)

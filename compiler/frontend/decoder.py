@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.precisions import FP16
-from tensorsmith.runtime.manifest import GenerationRecord
+from tensorsmith.passes.static_cache import CACHE_DIM, WRITE_INDICES
+from tensorsmith.runtime.manifest import GenerationRecord, TensorRecord
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +60,45 @@ def present_names(layers: int) -> list[str]:
     return [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
 
 
+def layer_windows(model: HuggingFaceModel) -> list[int | None]:
+    """Each layer's sliding window (None: full attention), as transformers' own config class reads config.json
+    (Qwen2's `use_sliding_window`/`max_window_layers` and Gemma's alternation become its `layer_types`)."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(str(model.directory))
+    layers, _, _ = kv_layout(model.config)
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types:
+        unknown = sorted({kind for kind in types if kind not in ("full_attention", "sliding_attention")})
+        if unknown:
+            raise ValueError(f"config.json's layer_types has {unknown}: no static cache for these layers")
+        return [window if kind == "sliding_attention" else None for kind in types]
+    if getattr(config, "use_sliding_window", True) is False:
+        return [None] * layers
+    return [window] * layers
+
+
+def static_cache_io(inputs: list[TensorRecord], outputs: list[TensorRecord]
+                    ) -> tuple[list[TensorRecord], list[TensorRecord]]:  # fmt: skip
+    """The static-cache graph's inputs and outputs (passes/static_cache.py) from the dynamic one's: the mask
+    over the cache's slots, the caches `cache` long, write_indices [batch] after the other inputs, and logits
+    of the last position."""
+
+    def cached(record: TensorRecord) -> TensorRecord:
+        if record.name == "attention_mask":
+            return record.model_copy(update={"shape": ["batch", CACHE_DIM]})
+        if record.name.startswith(("past_key_values.", "present.")):
+            batch, heads, _, head_dim = record.shape
+            return record.model_copy(update={"shape": [batch, heads, CACHE_DIM, head_dim]})
+        if record.name == "logits":
+            return record.model_copy(update={"shape": [record.shape[0], 1, record.shape[2]]})
+        return record
+
+    written = TensorRecord(name=WRITE_INDICES, dtype="int64", shape=["batch"])
+    return [*map(cached, inputs), written], [*map(cached, outputs)]
+
+
 def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileConfig:
     layers, kv_heads, head_dim = kv_layout(model.config)
     vocabulary = int(model.config.get("vocab_size") or 2)
@@ -89,7 +129,8 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
     return config.model_copy(update=update)
 
 
-def generation_record(model: HuggingFaceModel, config: CompileConfig) -> GenerationRecord:
+def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: str = "dynamic", reason: str = ""
+                      ) -> GenerationRecord:  # fmt: skip
     layers, kv_heads, head_dim = kv_layout(model.config)
     eos = model.generation_config().get("eos_token_id", model.config.get("eos_token_id"))
     return GenerationRecord(
@@ -99,6 +140,8 @@ def generation_record(model: HuggingFaceModel, config: CompileConfig) -> Generat
         max_sequence_length=config.dims["total"].max or model.max_sequence,
         eos_token_id=[eos] if isinstance(eos, int) else list(eos or []),
         pad_token_id=model.config.get("pad_token_id"),
+        kv_cache=kv_cache,
+        kv_cache_reason=reason,
     )
 
 

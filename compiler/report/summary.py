@@ -88,6 +88,10 @@ def pass_sentence(record: PassRecord) -> str:
         text = f"skipped: {record.details['reason']}"
     elif record.name == "canonicalize":
         text = _canonicalize(record)
+    elif record.name == "static_kv_cache":
+        length = record.details.get("capacity")
+        length = f"{length} slots" if isinstance(length, int) else "the request's length"
+        text = f"{record.counts.get('layers', 0)} layers, {record.details.get('cache_dtype')} caches of {length}"
     elif any(key.rsplit(".", 1)[-1] in ("matched", "skipped_opset") for key in record.counts):
         text = _fusion(record)
     else:
@@ -184,4 +188,7 @@ def artifact_lines(manifest: Manifest, plan: PrecisionPlan | None = None) -> lis
         layers = f"; {layer_sentence(recipe, plan.budget if plan else None)}" if recipe and recipe.layers else ""
         lines.append(f"variant {variant_sentence(variant)}{layers}")
     lines += [f"target {target_sentence(target)}" for target in manifest.targets]
+    if manifest.generation is not None:
+        why = f" ({manifest.generation.kv_cache_reason})" if manifest.generation.kv_cache_reason else ""
+        lines.append(f"generation: {manifest.generation.kv_cache} KV cache{why}")
     return lines

@@ -41,15 +41,17 @@ def choose_cpu_backend(
     specs: tuple[list[TensorSpec], list[TensorSpec]],
     reporter: Reporter,
     session_tuned: bool,
+    time_openvino: bool = True,
 ) -> VariantRecord:
     """`record` with its ONNX Runtime session settings chosen (unless `session_tuned` already) and the faster cpu
-    backend recorded, with both latencies."""
+    backend recorded, with both latencies; `time_openvino=False`: ONNX Runtime's settings only (a graph OpenVINO
+    cannot read)."""
     if not session_tuned:
         reporter.stage("cpu: timing ONNX Runtime's session settings")
         record = tuned(record, directory, feeds)
     from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
 
-    unavailable = openvino_unavailable()
+    unavailable = openvino_unavailable() if time_openvino else "the static KV cache's TensorScatter has no OpenVINO op"
     if unavailable is not None:
         logger.info("cpu: OpenVINO not timed: %s", unavailable)
         return record

@@ -36,6 +36,13 @@ class Variants:
     reports: list[PassReport] = field(default_factory=list)  # smoothing and Q/DQ passes, for the manifest
     unmet: list[str] = field(default_factory=list)  # recipes whose budget does not hold, with the figure
 
+    def with_records(self, records: list[VariantRecord]) -> Variants:
+        """These variants with each record replaced by the one of the same name in `records`."""
+        by_name = {record.name: record for record in records}
+        records_ = [by_name.get(r.name, r) for r in self.records]
+        return Variants(records_, {t: by_name.get(r.name, r) for t, r in self.by_target.items()}, self.reports,
+                        self.unmet)  # fmt: skip
+
 
 def build_variants(
     plan: VariantPlan, fused: FusedGraph, config: CompileConfig, directory: Path, reporter: Reporter
@@ -50,10 +57,12 @@ def build_variants(
     if cpu is None:
         return variants
     specs = ([record.spec() for record in fused.inputs], [record.spec() for record in fused.outputs])
-    chosen = choose_cpu_backend(
-        cpu, directory, example_feeds(config, tuned=fused.tuned_sizes), specs, reporter, cpu.name in tuned
-    )
-    return _replaced(variants, chosen)
+    # OpenVINO has no TensorScatter (opset 24): a decoder's static KV cache runs on ONNX Runtime
+    static_cache = config.generation.kv_cache != "dynamic" and any(r.name.startswith("past_key_values.")
+                                                                    for r in fused.inputs)  # fmt: skip
+    chosen = choose_cpu_backend(cpu, directory, example_feeds(config, tuned=fused.tuned_sizes), specs, reporter,
+                                cpu.name in tuned, time_openvino=not static_cache)  # fmt: skip
+    return variants.with_records([chosen])
 
 
 def _merged(parts: list[FamilyVariants]) -> Variants:
@@ -65,13 +74,3 @@ def _merged(parts: list[FamilyVariants]) -> Variants:
                  for part in parts for target, record in part.by_target.items()}  # fmt: skip
     reports = [report for part in parts for report in part.reports]
     return Variants(records, by_target, reports, [unmet for part in parts for unmet in part.unmet])
-
-
-def _replaced(variants: Variants, record: VariantRecord) -> Variants:
-    """`variants` with the record of the same name replaced by `record`."""
-    return Variants(
-        [record if r.name == record.name else r for r in variants.records],
-        {t: record if r.name == record.name else r for t, r in variants.by_target.items()},
-        variants.reports,
-        variants.unmet,
-    )

@@ -65,11 +65,17 @@ def test_gpt_neox_for_a_gpu_prints_json_and_writes_a_valid_fp16_variant(tmp_path
     path = tmp_path / "out" / "variants" / "fp16.onnx"
     onnx.checker.check_model(onnx.load(str(path)), full_check=True)  # in topological order, types that agree
     ids = np.random.default_rng(0).integers(3, 256, (1, 6)).astype(np.int64)
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(6)[None]}
-    for spec in compiled["inputs"][3:]:  # the empty past of each layer
-        feeds[spec["name"]] = np.zeros((1, 4, 0, 16), np.float32)
+    # an engine's static cache, as long as the longest request, fp16; the prompt written from slot 0
+    length = compiled["generation"]["max_sequence_length"]
+    mask = np.zeros((1, length), np.int64)
+    mask[:, :6] = 1
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": np.arange(6)[None],
+             "write_indices": np.zeros(1, np.int64)}  # fmt: skip
+    for spec in compiled["inputs"]:
+        if spec["name"].startswith("past_key_values."):
+            feeds[spec["name"]] = np.zeros((1, 4, length, 16), np.float16)
     (logits, *_) = run_onnx(path, feeds)
-    assert logits.shape == (1, 6, 256) and np.isfinite(logits).all()
+    assert logits.shape == (1, 1, 256) and np.isfinite(logits).all()
 
 
 def test_qwen2_with_its_zero_biases_prints_json_for_the_cpu(tmp_path: Path) -> None:

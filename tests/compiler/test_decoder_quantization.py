@@ -30,8 +30,8 @@ def calibration_text(path: Path) -> Path:
 
 
 @pytest.fixture
-def fp32_tinylm(tinylm_cpu_artifact: Path) -> Path:
-    return tinylm_cpu_artifact  # compiled once per session (tests/conftest.py)
+def fp32_tinylm(tinylm_dynamic_cache_artifact: Path) -> Path:
+    return tinylm_dynamic_cache_artifact  # the graph calibration runs (dynamic cache), compiled once per session
 
 
 def test_a_bounded_read_tokenizes_a_prefix_to_the_same_ids(tmp_path: Path) -> None:

@@ -64,14 +64,17 @@ def _prompts() -> tuple[np.ndarray, np.ndarray]:
     return prompt, mask
 
 
-def assert_greedy_tokens_match(reference: Any, artifact: Path, new_tokens: int = NEW_TOKENS) -> None:
-    """The artifact's greedy tokens on ONNX Runtime equal transformers' for the left-padded prompts (EOS off)."""
+def assert_greedy_tokens_match(reference: Any, artifact: Path, new_tokens: int = NEW_TOKENS,
+                               kv_cache: str = "static") -> None:  # fmt: skip
+    """The artifact's greedy tokens on ONNX Runtime equal transformers' for the left-padded prompts (EOS off),
+    generated over the `kv_cache` layout (the default: static, updated in place)."""
     prompt, mask = _prompts()
     with torch.no_grad():
         expected = reference.generate(input_ids=torch.from_numpy(prompt), attention_mask=torch.from_numpy(mask),
                                       do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                       eos_token_id=None, pad_token_id=0).numpy()  # fmt: skip
     with load(artifact, backend="onnxruntime") as model:
+        assert model.manifest.generation is not None and model.manifest.generation.kv_cache == kv_cache
         assert np.array_equal(model.generate(prompt, mask, max_new_tokens=new_tokens, eos_token_id=[]), expected)
 
 
@@ -79,18 +82,23 @@ def assert_greedy_tokens_match(reference: Any, artifact: Path, new_tokens: int =
 @pytest.mark.parametrize("family", ["llama", "mistral", "gpt2", "mixtral"])
 def test_generate_gives_transformers_tokens(family: str, tmp_path: Path) -> None:
     reference = save_checkpoint(family, tmp_path / "checkpoint")
-    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu", *GPU_TARGETS]})
+    ada = ["sm_89"] if family == "llama" else []  # every architecture's static-cache engine, once
+    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu", *GPU_TARGETS, *ada]})
     manifest = compile(config, tmp_path / "out").manifest
     assert manifest.generation is not None and manifest.generation.layers == 2
     for target in manifest.targets[1:]:  # fp16 by default for a decoder's GPU targets, two named profiles each
         assert target.status == "built" and target.variant == "fp16" and target.engine is not None, target.reason
         assert target.engine.profile_names == ["prefill", "decode"]
         prefill, decode = (profile["past_key_values.0.key"] for profile in target.engine.profiles)
-        assert prefill["max"][2] == 0 and decode["min"][2] == 1 and decode["max"][2] == 255  # type: ignore[index]
+        # the static cache, as long as the longest request (TensorRT takes a fixed size); a one-token prompt runs
+        # in the decode profile
+        assert prefill["min"][2] == decode["max"][2] == 256  # type: ignore[index]
+        assert target.engine.profiles[0]["input_ids"]["min"][1] == 2  # type: ignore[index]
         assert target.engine.profiles[1]["input_ids"]["max"][1] == 1  # type: ignore[index]
-    assert manifest.targets[0].variant == "fp32"
-    assert [r.name for r in manifest.inputs][:4] == ["input_ids", "attention_mask", "position_ids",
-                                                     "past_key_values.0.key"]  # fmt: skip
+    assert manifest.targets[0].variant == "fp32" and manifest.generation.kv_cache == "static"
+    assert {r.name: r.shape for r in manifest.inputs if "past" not in r.name} == {
+        "input_ids": ["batch", "sequence"], "attention_mask": ["batch", "cache"], "position_ids": ["batch", "sequence"],
+        "write_indices": ["batch"]}  # fmt: skip
     prompt, mask = _prompts()
     ids, attention = torch.from_numpy(prompt), torch.from_numpy(mask)
     with torch.no_grad():
@@ -109,12 +117,14 @@ def test_generate_gives_transformers_tokens(family: str, tmp_path: Path) -> None
         assert np.array_equal(
             model.generate(prompt[:1], max_new_tokens=NEW_TOKENS, num_beams=4, eos_token_id=[]), beams
         )
-        empty = np.zeros((2, manifest.generation.kv_heads, 0, manifest.generation.head_dim), np.float32)
+        # a prefill run by hand: the static graph's cache is the prompt's length, written from slot 0
+        empty = np.zeros((2, manifest.generation.kv_heads, 12, manifest.generation.head_dim), np.float32)
         pasts = [spec.name for spec in model.inputs if spec.name.startswith("past_key_values.")]
-        feeds = {"input_ids": prompt, "attention_mask": mask, "position_ids": positions, **dict.fromkeys(pasts, empty)}
+        feeds = {"input_ids": prompt, "attention_mask": mask, "position_ids": positions,
+                 "write_indices": np.zeros(2, np.int64), **dict.fromkeys(pasts, empty)}  # fmt: skip
         prefill = model.run(feeds)["logits"]
-    real = mask.astype(bool)  # padded positions' logits are not compared: nothing attends to them
-    assert max_relative_error(logits[real], prefill[real]) <= 1e-4
+    assert prefill.shape == (2, 1, 256)  # the last position's only
+    assert max_relative_error(logits[:, -1:], prefill) <= 1e-4
 
 
 def test_sampling_is_reproducible_with_a_seed_and_streams(tmp_path: Path) -> None:
@@ -151,7 +161,7 @@ def test_generation_lengths_shape_the_profiles_and_bound_requests(tmp_path: Path
         engine = model.manifest.targets[0].engine
         assert engine is not None
         prefill, decode = (profile["past_key_values.0.key"] for profile in engine.profiles)
-        assert decode["max"] == [2, 2, 63, 16] and prefill["max"] == [2, 2, 0, 16]
+        assert decode["max"] == prefill["max"] == [2, 2, 64, 16]  # the static cache, as long as a request
         prompt = np.ones((1, 60), np.int64)
         with pytest.raises(ValueError, match="leaves room for 4 new tokens"):
             model.generate(prompt, max_new_tokens=8)

@@ -196,8 +196,15 @@ def test_minilm_fp32_and_its_int8_qdq_cpu_variant_run_on_openvino(minilm_int8: P
 
 
 @pytest.fixture
-def tinylm(tinylm_cpu_artifact: Path) -> Path:
-    return tinylm_cpu_artifact  # compiled once per session (tests/conftest.py)
+def tinylm(tinylm_dynamic_cache_artifact: Path) -> Path:
+    return tinylm_dynamic_cache_artifact  # OpenVINO has no TensorScatter: the dynamic cache (tests/conftest.py)
+
+
+@needs_openvino
+def test_a_static_cache_decoder_is_refused_on_openvino_with_the_way_out(tinylm_cpu_artifact: Path) -> None:
+    with pytest.raises(RuntimeLoadError, match="TensorScatter") as caught:
+        load(tinylm_cpu_artifact, backend="openvino")
+    assert "--kv-cache dynamic" in str(caught.value.hint)
 
 
 @needs_openvino

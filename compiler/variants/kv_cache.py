@@ -1,0 +1,157 @@
+"""A decoder's generation graphs: every variant file rewritten to the static KV cache, once it has been measured.
+
+The variants are measured (perplexity, the cpu backend's timing) on the dynamic-cache graph, which keeps every
+position; the files written here are what generation runs: the static cache updated in place
+(passes/static_cache.py) and the vocabulary projection at the last position only (passes/last_position.py), at
+opset 24. Engines are built from these files as they are. `[generation] kv_cache = "dynamic"` keeps the dynamic
+graph (Optimum's and ONNX Runtime GenAI's names) and slices the logits for the engines only, as before.
+
+By default the static cache is taken where the graph allows it: its attention must have become ONNX Attention
+(passes/attention.py), which the compile skips when a GPU target gets an fp32 variant (TensorRT for RTX has no
+fp32 Attention kernel). Where it cannot be taken the compile says why and keeps the dynamic cache; asked for
+explicitly (or implied by `kv_cache_precision = "fp8"`, compiler/variants/kv_fp8.py), it is an error naming
+the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from tensorsmith.compiler.config import CompileConfig, DimRange
+from tensorsmith.compiler.frontend.decoder import layer_windows, static_cache_io
+from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
+from tensorsmith.compiler.targets import get_target
+from tensorsmith.compiler.variants.kv_fp8 import FP8_CACHE, cache_scales, check_cache_precision, with_fp8_perplexity
+from tensorsmith.compiler.variants.language import text_evaluation
+from tensorsmith.core.errors import ConfigError, PassError
+from tensorsmith.core.ir import load_onnx, save_onnx
+from tensorsmith.core.precisions import FP32
+from tensorsmith.core.progress import Reporter
+from tensorsmith.passes import PassReport, run_passes
+from tensorsmith.passes.kv_quantize import QuantizedCache
+from tensorsmith.passes.last_position import LastPositionLogits
+from tensorsmith.passes.static_cache import CACHE_DIM, STATIC_CACHE_OPSET, StaticCache
+from tensorsmith.runtime.manifest import TensorRecord, VariantRecord, sha256_of
+
+logger = logging.getLogger(__name__)
+
+STATIC, DYNAMIC = "static", "dynamic"
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What the generation graphs take: their kind, inputs, outputs and dims, and why they are not static."""
+
+    kind: str
+    inputs: list[TensorRecord]
+    outputs: list[TensorRecord]
+    dims: dict[str, DimRange]
+    reason: str = ""
+    reports: list[PassReport] = field(default_factory=list)
+
+
+def check_static_cache(config: CompileConfig) -> None:
+    """`--kv-cache static` (or an fp8 cache) refused before the export when the compile will leave attention
+    decomposed."""
+    check_cache_precision(config)
+    if _wanted(config) != STATIC:
+        return
+    gpu = [name for name in config.targets if get_target(name).builders]
+    reason = ("--no-fuse leaves attention decomposed" if not config.fuse else
+              f"fp32 on {', '.join(gpu)} keeps attention decomposed (TensorRT for RTX builds ONNX Attention in fp16 "
+              "or lower only)" if config.precision == FP32.name and gpu else None)  # fmt: skip
+    if reason:
+        raise ConfigError(f"no static KV cache: {reason}", hint="compile with --kv-cache dynamic, or fp16 for GPUs")
+
+
+def generation_graphs(
+    records: list[VariantRecord],
+    by_target: Mapping[str, VariantRecord],
+    model: HuggingFaceModel,
+    config: CompileConfig,
+    io: tuple[list[TensorRecord], list[TensorRecord]],
+    directory: Path,
+    reporter: Reporter,
+    verification: Callable[[], dict[str, np.ndarray]],
+) -> tuple[list[VariantRecord], CacheLayout]:
+    """`records` rewritten in place to the static cache (new sha256 each), with the layout they now take; or as
+    they are, with the dynamic layout and the reason. A variant an engine is built from (`by_target`: target →
+    its variant) has a cache of the longest request, a fixed size (TensorRT needs one); the others take the
+    request's own length. With an fp8 cache, an engine's variant (none a cpu target runs) is measured with it
+    (`verification`: the fp32 graph's feeds where the compile has no text) and its graph's caches become fp8."""
+    inputs, outputs = io
+    dynamic = CacheLayout(DYNAMIC, inputs, outputs, dict(config.dims))
+    wanted = _wanted(config)
+    if wanted == DYNAMIC:
+        return records, dynamic
+    try:
+        windows = layer_windows(model)
+    except ValueError as err:
+        return _kept_dynamic(records, dynamic, str(err), wanted)
+    reporter.stage("generation graphs: static KV cache, last-position logits")
+    longest = config.dims["total"].max
+    engines = {r.name for target, r in by_target.items() if get_target(target).builders}
+    scales: dict[str, float] = {}
+    engines_only = engines - {r.name for target, r in by_target.items() if not get_target(target).builders}
+    if config.generation.kv_cache_precision == FP8_CACHE:
+        reference = directory / records[0].path
+        scales, described = cache_scales(config, reference, inputs, verification)
+        logger.info("fp8 KV cache: %d scales from %s", len(scales), described)
+        evaluation = text_evaluation(config, inputs)
+        records = [with_fp8_perplexity(r, reference, directory, evaluation, scales) if r.name in engines_only else r
+                   for r in records]  # fmt: skip
+    rewritten: list[VariantRecord] = []
+    reports: list[PassReport] = []
+    for record in records:
+        try:
+            report = _rewrite(directory / record.path, windows, longest if record.name in engines else None,
+                              scales if record.name in engines_only else {})  # fmt: skip
+        except PassError as err:
+            if rewritten:  # the variants come from one fused graph: one rewriting and another not is a bug
+                raise
+            return _kept_dynamic(records, dynamic, f"{record.name}: {err}", wanted)
+        rewritten.append(record.model_copy(update={"sha256": sha256_of(directory / record.path)}))
+        for one in report:
+            one.variant = record.name
+        reports.extend(report)
+    static_inputs, static_outputs = static_cache_io(inputs, outputs)
+    dims = {**config.dims, CACHE_DIM: DimRange(min=1, max=longest)}
+    return rewritten, CacheLayout(STATIC, static_inputs, static_outputs, dims, reports=reports)
+
+
+def _kept_dynamic(records: list[VariantRecord], dynamic: CacheLayout, reason: str, wanted: str | None
+                  ) -> tuple[list[VariantRecord], CacheLayout]:  # fmt: skip
+    if wanted == STATIC:
+        raise ConfigError(f"no static KV cache: {reason}", hint="compile with --kv-cache dynamic")
+    logger.info("generation graphs keep the dynamic KV cache: %s", reason)
+    return records, CacheLayout(DYNAMIC, dynamic.inputs, dynamic.outputs, dynamic.dims, reason)
+
+
+def _wanted(config: CompileConfig) -> str | None:
+    """The cache asked for: an fp8 cache is a static one."""
+    fp8 = config.generation.kv_cache_precision == FP8_CACHE
+    return config.generation.kv_cache or (STATIC if fp8 else None)
+
+
+def _rewrite(path: Path, windows: list[int | None], capacity: int | None, fp8_scales: dict[str, float]
+             ) -> list[PassReport]:  # fmt: skip
+    """The static cache's reports (and the fp8 cache's, given its scales)."""
+    graph = gs.import_onnx(load_onnx(path))
+    logits = next(tensor for tensor in graph.outputs if tensor.name == "logits")
+    batch, _, vocabulary = logits.shape
+    quantized = [QuantizedCache(fp8_scales)] if fp8_scales else []
+    reports = run_passes(graph, [StaticCache(windows, capacity), *quantized, LastPositionLogits()])
+    logits.shape = [batch, 1, vocabulary]  # the last position's: an output's shape is written, not inferred
+    graph.opset = max(graph.opset, STATIC_CACHE_OPSET)
+    model = gs.export_onnx(graph)
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = max(opset.version, STATIC_CACHE_OPSET)
+    save_onnx(model, path)
+    return reports[:-1]

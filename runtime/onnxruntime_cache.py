@@ -1,0 +1,66 @@
+"""The static KV cache on ONNX Runtime: every present bound to its past's buffer (I/O binding), so TensorScatter
+writes the step in place (ONNX Runtime checks that the two share an address, and otherwise copies the whole
+past into a new present and logs "in-place optimization not activated").
+
+The caches, the mask and the logits are bound once per request; a step rebinds only its new token ids,
+positions and write indices. With the CUDA provider the caches are device tensors (OrtValues on "cuda") and only
+those small inputs cross the bus, with the last position's logits coming back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tensorsmith.runtime.errors import InferenceError
+from tensorsmith.runtime.kv_cache import CacheShape, StaticCacheSession, present_of
+
+
+class OnnxRuntimeStaticCache(StaticCacheSession):
+    def __init__(self, session: Any, shape: CacheShape, vocabulary: int, logits_dtype: np.dtype, device: str = "cpu"
+                 ) -> None:  # fmt: skip
+        super().__init__(self._unused_run, shape)
+        import onnxruntime
+
+        self._session = session
+        self._device = device
+        self._binding = session.io_binding()
+        self._values: dict[str, Any] = {}
+        for name, array in self.cache.items():
+            value = (onnxruntime.OrtValue.ortvalue_from_numpy(array) if device == "cpu"
+                     else onnxruntime.OrtValue.ortvalue_from_numpy(array, device, 0))  # fmt: skip
+            self._values[name] = value
+            self._binding.bind_ortvalue_input(name, value)
+            self._binding.bind_ortvalue_output(present_of(name), value)  # the same buffer: written in place
+        self._mask_value = onnxruntime.OrtValue.ortvalue_from_numpy(self.mask)  # shares the array on the host
+        self.logits = np.zeros((shape.rows, 1, vocabulary), logits_dtype)
+        self._binding.bind_ortvalue_output("logits", onnxruntime.OrtValue.ortvalue_from_numpy(self.logits))
+
+    @staticmethod
+    def _unused_run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise AssertionError("the bound session runs through its I/O binding")
+
+    def _run_step(self, small: dict[str, np.ndarray]) -> np.ndarray:
+        self._binding.bind_ortvalue_input("attention_mask", self._mask_value)  # its columns changed in place
+        for name, array in small.items():
+            self._binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        try:
+            self._session.run_with_iobinding(self._binding)
+        except Exception as err:  # onnxruntime's own untyped errors
+            from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
+
+            raise InferenceError(f"ONNX Runtime failed running a generation step: {onnxruntime_reason(err)}") from err
+        return self.logits[:, -1, :]
+
+    def reorder(self, origin: np.ndarray) -> None:
+        if self._device == "cpu":
+            super().reorder(origin)  # the OrtValues share the numpy arrays
+            return
+        self.mask[...] = self.mask[origin]
+        for value in self._values.values():  # device tensors: through the host (beam search only)
+            value.update_inplace(value.numpy()[origin])
+
+    def close(self) -> None:
+        self._binding.clear_binding_inputs()
+        self._binding.clear_binding_outputs()
