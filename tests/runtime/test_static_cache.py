@@ -6,29 +6,39 @@ tokens as the dynamic cache."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tensorsmith.core.sessions import QUIET_SEVERITY
 from tensorsmith.runtime import load
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.kv_cache import CacheShape, StaticCacheSession, StepFeeds
+from tensorsmith.runtime.onnxruntime_backend import WARNING_SEVERITY
 from tensorsmith.runtime.onnxruntime_cache import OnnxRuntimeStaticCache
 
 COPY_WARNING = "in-place optimization not activated"
 PROMPT = np.array([[1, 5, 9, 13, 17, 21]], np.int64)
 
 
-def _warnings_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ONNX Runtime's warnings through to stderr: its sessions log at WARNING when this logger is at DEBUG."""
+@pytest.fixture
+def onnxruntime_warnings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """ONNX Runtime's warnings through to stderr: its sessions log at WARNING when this logger is at DEBUG, and
+    its kernels through the process-wide default logger, which a compile earlier in the process quietened."""
+    import onnxruntime
+
     monkeypatch.setattr(logging.getLogger("tensorsmith.runtime.onnxruntime_backend"), "level", logging.DEBUG)
+    onnxruntime.set_default_logger_severity(WARNING_SEVERITY)
+    yield
+    onnxruntime.set_default_logger_severity(QUIET_SEVERITY)
 
 
 def test_onnxruntime_writes_the_cache_in_place(
-    tinylm_cpu_artifact: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _warnings_on(monkeypatch)
+    tinylm_cpu_artifact: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    onnxruntime_warnings: None,
+) -> None:  # fmt: skip
     with load(tinylm_cpu_artifact, backend="onnxruntime") as model:
         assert model.manifest.generation is not None and model.manifest.generation.kv_cache == "static"
         bound = model.generate(PROMPT, max_new_tokens=8, eos_token_id=[])
