@@ -1,10 +1,12 @@
 """Text generation over a decoder artifact's KV-cache graph: prefill the prompt, then one token per step.
 
-The same loop serves every backend (it only calls `run`). It follows transformers' `generate` where the issue
-asks for the same tokens: greedy and beam search pick as it does (argmax; the top `2 × beams` continuations of
-the running log-probabilities), finished rows are padded with `pad_token_id`, a batch of prompts is left
-padded (positions counted from each row's first real token). Sampling applies temperature, top-k and top-p in
-transformers' order, with numpy's generator (so the same seed gives the same text here, not torch's).
+The same loop serves every backend and both cache layouts: it only calls a request's cache session
+(runtime/kv_cache.py: `step`, `reorder`), which the backend keeps where it computes. It follows transformers'
+`generate` where the issue asks for the same tokens: greedy and beam search pick as it does (argmax; the top
+`2 × beams` continuations of the running log-probabilities), finished rows are padded with `pad_token_id`, a
+batch of prompts is left padded (positions counted from each row's first real token). Sampling applies
+temperature, top-k and top-p in transformers' order, with numpy's generator (so the same seed gives the same text
+here, not torch's).
 """
 
 from __future__ import annotations
