@@ -24,15 +24,18 @@ PROMPT = np.array([[1, 5, 9, 13, 17, 21]], np.int64)
 
 
 @pytest.fixture
-def onnxruntime_warnings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def onnxruntime_warnings() -> Iterator[None]:
     """ONNX Runtime's warnings through to stderr: its sessions log at WARNING when this logger is at DEBUG, and
     its kernels through the process-wide default logger, which a compile earlier in the process quietened."""
     import onnxruntime
 
-    monkeypatch.setattr(logging.getLogger("tensorsmith.runtime.onnxruntime_backend"), "level", logging.DEBUG)
+    backend_logger = logging.getLogger("tensorsmith.runtime.onnxruntime_backend")
+    level = backend_logger.level
+    backend_logger.setLevel(logging.DEBUG)  # setLevel, not the attribute: it clears isEnabledFor's cache
     onnxruntime.set_default_logger_severity(WARNING_SEVERITY)
     yield
     onnxruntime.set_default_logger_severity(QUIET_SEVERITY)
+    backend_logger.setLevel(level)
 
 
 def test_onnxruntime_writes_the_cache_in_place(
