@@ -33,19 +33,15 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.passes.base import PassReport
+from tensorsmith.runtime.kv_cache import WRITE_INDICES, past_name, present_of
 
 STATIC_CACHE_OPSET = 24  # TensorScatter's first
 CACHE_DIM = "cache"
-WRITE_INDICES = "write_indices"
 MASK = "attention_mask"
 
 
-def _past_name(layer: int, kind: str) -> str:
-    return f"past_key_values.{layer}.{kind}"
-
-
 def _present_name(layer: int, kind: str) -> str:
-    return f"present.{layer}.{kind}"
+    return present_of(past_name(layer, kind))
 
 
 @dataclass
@@ -91,7 +87,7 @@ class StaticCache:
         graph.inputs.append(write_indices)
         graph.cleanup(remove_unused_graph_inputs=False)
         self._check_pasts_read_once(graph)
-        cache_dtype = _dtype_name(inputs[_past_name(0, "key")].dtype)
+        cache_dtype = _dtype_name(inputs[past_name(0, "key")].dtype)
         return PassReport(self.name, changed=True, counts={"layers": len(self.windows), "masks": len(visible)},
                           details={"windows": sorted({w for w in self.windows if w is not None}),
                                    "cache_dtype": cache_dtype, "capacity": self.capacity or CACHE_DIM})  # fmt: skip
@@ -99,9 +95,9 @@ class StaticCache:
     def _scatter(self, graph: gs.Graph, inputs: dict[str, gs.Tensor], outputs: dict[str, gs.Tensor], layer: int,
                  kind: str, write_indices: gs.Variable) -> None:  # fmt: skip
         """present = TensorScatter(past, new, write_indices) in place of Concat(past, new)."""
-        past, present = inputs.get(_past_name(layer, kind)), outputs.get(_present_name(layer, kind))
+        past, present = inputs.get(past_name(layer, kind)), outputs.get(_present_name(layer, kind))
         if past is None or present is None:
-            raise PassError(f"the graph has no {_past_name(layer, kind)} input or {_present_name(layer, kind)} output",
+            raise PassError(f"the graph has no {past_name(layer, kind)} input or {_present_name(layer, kind)} output",
                             hint="config.json's layer count and the graph's cache disagree")  # fmt: skip
         _cache_in_compute_dtype(past, present)
         concat = present.inputs[0] if present.inputs else None
@@ -198,7 +194,7 @@ class StaticCache:
         """Nothing but the update may read a past: anything else (its length, say) meant the old layout."""
         for layer in range(len(self.windows)):
             for kind in ("key", "value"):
-                past = next(t for t in graph.inputs if t.name == _past_name(layer, kind))
+                past = next(t for t in graph.inputs if t.name == past_name(layer, kind))
                 others = [node for node in past.outputs if node.op != "TensorScatter" and not _reads_no_length(node)]
                 if others:
                     raise PassError(f"{past.name} is read by {[node.op for node in others]}, not only by its "

@@ -6,9 +6,9 @@ Two layouts (the manifest's `generation.kv_cache`):
   its keys and values at `write_indices` (TensorScatter) and the mask `attention_mask [rows, capacity]` says
   which slots hold real tokens. Present is past with the step written in, so a backend that binds each present
   to its past's buffer updates the cache in place and a step moves only its new tokens, positions and mask
-  columns (runtime/copy_plan.py). `HostCacheSession` keeps the cache in numpy arrays and copies the presents
-  back (any backend); ONNX Runtime binds them in place (onnxruntime_backend.py), TensorRT keeps them on the
-  device (tensorrt_backend.py).
+  columns (runtime/copy_plan.py). `StaticCacheSession` keeps the cache in numpy arrays and copies the presents
+  back (any backend); ONNX Runtime binds them in place (onnxruntime_cache.py), TensorRT keeps them on the
+  device (tensorrt_cache.py).
 - **dynamic** (Optimum's and ONNX Runtime GenAI's names): the cache grows by a Concat in the graph, the mask by
   a column per step; `DynamicCacheSession` feeds the presents back as the next pasts.
 

@@ -89,9 +89,9 @@ class Model:
         request = check_request(self.manifest, str(self.directory), input_ids, attention_mask, max_new_tokens,
                                 Sampling(do_sample, temperature, top_k, top_p), num_beams, eos_token_id,
                                 pad_token_id, seed)  # fmt: skip
-        from tensorsmith.runtime.kv_cache import CacheShape
+        from tensorsmith.runtime.kv_cache import CacheShape, past_name
 
-        dtype = self._backend.input_dtype("past_key_values.0.key")
+        dtype = self._backend.input_dtype(past_name(0, "key"))
         static = request.layout.kv_cache == "static"
 
         def open_cache(rows: int, capacity: int) -> CacheSession:

@@ -28,12 +28,12 @@ class OnnxRuntimeStaticCache(StaticCacheSession):
         self._binding = session.io_binding()
         self._values: dict[str, Any] = {}
         for name, array in self.cache.items():
-            value = (onnxruntime.OrtValue.ortvalue_from_numpy(array) if device == "cpu"
-                     else onnxruntime.OrtValue.ortvalue_from_numpy(array, device, 0))  # fmt: skip
+            value = onnxruntime.OrtValue.ortvalue_from_numpy(array, device, 0)  # on the cpu: the array itself
             self._values[name] = value
             self._binding.bind_ortvalue_input(name, value)
             self._binding.bind_ortvalue_output(present_of(name), value)  # the same buffer: written in place
-        self._mask_value = onnxruntime.OrtValue.ortvalue_from_numpy(self.mask)  # shares the array on the host
+        # the host mask's own memory: the columns each step writes into it are what the next run reads
+        self._binding.bind_ortvalue_input("attention_mask", onnxruntime.OrtValue.ortvalue_from_numpy(self.mask))
         self.logits = np.zeros((shape.rows, 1, vocabulary), logits_dtype)
         self._binding.bind_ortvalue_output("logits", onnxruntime.OrtValue.ortvalue_from_numpy(self.logits))
 
@@ -42,7 +42,6 @@ class OnnxRuntimeStaticCache(StaticCacheSession):
         raise AssertionError("the bound session runs through its I/O binding")
 
     def _run_step(self, small: dict[str, np.ndarray]) -> np.ndarray:
-        self._binding.bind_ortvalue_input("attention_mask", self._mask_value)  # its columns changed in place
         for name, array in small.items():
             self._binding.bind_cpu_input(name, np.ascontiguousarray(array))
         try:

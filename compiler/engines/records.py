@@ -19,8 +19,8 @@ from tensorsmith.compiler.targets import RTX_TARGETS, Builder, get_target
 from tensorsmith.core.errors import BuildError
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.progress import Reporter
-from tensorsmith.passes.static_cache import WRITE_INDICES
 from tensorsmith.runtime.device import detect_device, module_installed
+from tensorsmith.runtime.kv_cache import WRITE_INDICES
 from tensorsmith.runtime.manifest import (
     EngineRecord,
     TargetRecord,

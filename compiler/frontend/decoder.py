@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.precisions import FP16
-from tensorsmith.passes.static_cache import CACHE_DIM, WRITE_INDICES
+from tensorsmith.passes.static_cache import CACHE_DIM
+from tensorsmith.runtime.kv_cache import WRITE_INDICES, past_name, present_of
 from tensorsmith.runtime.manifest import GenerationRecord, TensorRecord
 
 if TYPE_CHECKING:
@@ -53,11 +54,11 @@ def kv_layout(config: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def past_names(layers: int) -> list[str]:
-    return [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    return [past_name(i, kind) for i in range(layers) for kind in ("key", "value")]
 
 
 def present_names(layers: int) -> list[str]:
-    return [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    return [present_of(name) for name in past_names(layers)]
 
 
 def layer_windows(model: HuggingFaceModel) -> list[int | None]:
