@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -16,34 +18,45 @@ from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.calibration.statistics import Statistics, TensorStatistics
 from tensorsmith.core.errors import CalibrationError
 from tensorsmith.core.progress import LogReporter, Reporter
-from tensorsmith.core.sessions import session_for
+from tensorsmith.core.sessions import session_for, session_with_outputs
 from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 logger = logging.getLogger(__name__)
 
 
-class Observer:
-    """An ONNX Runtime session over `model` that also returns the `tensors` to observe."""
+def _session_observing(model: onnx.ModelProto, tensors: list[str], providers: list[str]) -> Any:
+    """The observed tensors as extra outputs, added for the session and taken off again (no copy of the weights)."""
+    outputs = {output.name for output in model.graph.output}
+    added = [onnx.ValueInfoProto(name=name) for name in tensors if name not in outputs]
+    model.graph.output.extend(added)
+    try:
+        return session_for(model, providers)
+    finally:
+        del model.graph.output[len(model.graph.output) - len(added) :]
 
-    def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], providers: Sequence[str] | None = None) -> None:
+
+class Observer:
+    """An ONNX Runtime session over `model` (in memory, or the graph saved at that path: its weights then read
+    from its file, not copied) that also returns the `tensors` to observe."""
+
+    def __init__(
+        self, model: onnx.ModelProto | Path, tensors: Sequence[str], providers: Sequence[str] | None = None
+    ) -> None:
         import onnxruntime
 
         self.tensors = list(dict.fromkeys(tensors))
-        outputs = {output.name for output in model.graph.output}
-        added = [onnx.ValueInfoProto(name=name) for name in self.tensors if name not in outputs]
         available = set(onnxruntime.get_available_providers())
         chosen = list(providers or [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available])
-        # the observed tensors as extra outputs, added for the session and taken off again (no copy of the weights)
-        model.graph.output.extend(added)
         try:
-            self.session = session_for(model, chosen)
+            if isinstance(model, Path):
+                self.session = session_with_outputs(model, self.tensors, chosen)
+            else:
+                self.session = _session_observing(model, self.tensors, chosen)
         except Exception as err:  # onnxruntime's own exception types
             raise CalibrationError(
                 f"ONNX Runtime cannot run the graph to calibrate it: {onnxruntime_reason(err)}",
                 hint="check the source runs on ONNX Runtime: tensorsmith compile it with --precision fp32",
             ) from err
-        finally:
-            del model.graph.output[len(model.graph.output) - len(added) :]
         self.input_names = {value.name for value in self.session.get_inputs()}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -27,7 +27,7 @@ from tensorsmith.compiler.variants.text_data import check_text_data
 from tensorsmith.compiler.version import __version__
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.precisions import AUTO, precision
-from tensorsmith.core.progress import LogReporter, Reporter, TimedReporter
+from tensorsmith.core.progress import LogReporter, Reporter, Step, TimedReporter
 from tensorsmith.core.sessions import quiet_onnxruntime
 from tensorsmith.runtime.manifest import FileRecord, Manifest, PassRecord, StepRecord, TargetRecord
 
@@ -96,7 +96,7 @@ def _manifest(
     fused: FusedGraph,
     variants: Variants,
     targets: list[TargetRecord],
-    steps: list[tuple[str, float]],
+    steps: list[Step],
     tokenizer: list[FileRecord],
     layout: CacheLayout | None,
 ) -> Manifest:
@@ -117,7 +117,7 @@ def _manifest(
         generation=generation_record(source.huggingface, source.config, layout.kind, layout.reason)
         if source.huggingface and layout
         else None,
-        steps=[StepRecord(name=name, seconds=seconds) for name, seconds in steps],
+        steps=[StepRecord(name=s.name, seconds=s.seconds, peak_rss_bytes=s.peak_rss_bytes) for s in steps],
         passes=[PassRecord(**vars(report)) for report in reports],
         variants=variants.records,
         targets=targets,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -11,6 +12,9 @@ from google.protobuf.message import DecodeError
 
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.runtime.manifest import TensorRecord, external_data_path
+
+if TYPE_CHECKING:
+    import onnx_ir
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +122,28 @@ def save_onnx(model: onnx.ModelProto, path: Path) -> None:
         return
     import onnx_ir as ir
 
+    save_ir(ir.from_proto(model), path)
+
+
+def remove_onnx(path: Path) -> None:
+    """Remove an ONNX file and its external data."""
+    path.unlink(missing_ok=True)
+    external_data_path(path).unlink(missing_ok=True)
+
+
+def save_ir(model: onnx_ir.Model, path: Path) -> None:
+    """Save an onnx-ir model as `save_onnx` saves a ModelProto (weights above EXTERNAL_DATA_ABOVE in `<name>.data`)."""
+    import onnx_ir as ir
+
+    sidecar = external_data_path(path)
+    sidecar.unlink(missing_ok=True)
+    weights = sum(value.const_value.nbytes for graph in model.graphs() for value in graph.initializers.values()
+                  if value.const_value is not None)  # fmt: skip
+    if weights <= EXTERNAL_DATA_ABOVE:
+        ir.save(model, path)
+        return
     logger.debug("saving %s with its weights in %s", path.name, sidecar.name)
-    ir.save(ir.from_proto(model), path, external_data=sidecar.name, size_threshold_bytes=1024)
+    ir.save(model, path, external_data=sidecar.name, size_threshold_bytes=1024)
 
 
 def value_dims(value: onnx.ValueInfoProto) -> list[int | str]:

@@ -71,6 +71,24 @@ def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutio
         return onnxruntime.InferenceSession(str(path), options, providers=list(providers))
 
 
+def session_with_outputs(path: Path, outputs: Sequence[str], providers: Sequence[str] = ("CPUExecutionProvider",)
+                         ) -> Any:  # fmt: skip
+    """A quiet ONNX Runtime session over the graph saved at `path` that also returns `outputs` (tensors inside
+    it). Its structure, with the outputs added, is written beside it for the session to open and then removed:
+    the weights are read from the graph's own file, never copied into a protobuf. ONNX Runtime's errors propagate."""
+    onnxruntime = quiet_onnxruntime()
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = QUIET_SEVERITY
+    structure = onnx.load(str(path), load_external_data=False)
+    present = {output.name for output in structure.graph.output}
+    structure.graph.output.extend(onnx.ValueInfoProto(name=name) for name in outputs if name not in present)
+    # beside the graph, where its external data's relative locations resolve (ONNX Runtime refuses absolute ones)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.stem}-observed-", suffix=".onnx") as written:
+        written.write(structure.SerializeToString())
+        written.flush()
+        return onnxruntime.InferenceSession(written.name, options, providers=list(providers))
+
+
 def cpu_session(
     path: Path,
     disabled_optimizers: tuple[str, ...] | list[str] = (),

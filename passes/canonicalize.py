@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -22,7 +23,7 @@ import onnx_ir as ir
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.core.importing import first_line
-from tensorsmith.core.ir import SUBGRAPH_ATTRIBUTES
+from tensorsmith.core.ir import SUBGRAPH_ATTRIBUTES, save_ir
 from tensorsmith.core.library_logs import route_polygraphy_logs
 from tensorsmith.passes.base import PassReport
 
@@ -62,7 +63,7 @@ def _has_subgraphs(model: onnx.ModelProto) -> bool:
     return any(attribute.type in SUBGRAPH_ATTRIBUTES for node in model.graph.node for attribute in node.attribute)
 
 
-def fold_with_onnxscript(model: ir.Model) -> onnx.ModelProto:
+def fold_with_onnxscript(model: ir.Model) -> ir.Model:
     """onnxscript's constant folding and shape-aware simplification (standard ops in, standard ops out), Constant
     nodes lifted to initializers, unused nodes dropped, shapes inferred."""
     from onnx_ir.passes.common import (
@@ -79,7 +80,7 @@ def fold_with_onnxscript(model: ir.Model) -> onnx.ModelProto:
     for step in (LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0), RemoveUnusedNodesPass(),
                  TopologicalSortPass(), ShapeInferencePass()):  # fmt: skip
         step(model)
-    return ir.to_proto(model)
+    return model
 
 
 def fold_with_polygraphy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -116,6 +117,14 @@ class Canonicalize:
 
     def __call__(self, model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassReport]:
         """Works on the ModelProto, not a gs.Graph: opset conversion and shape inference are defined there."""
+        return self._canonical(model, None)
+
+    def to_file(self, model: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, PassReport]:
+        """The canonical graph saved at `path` (core/ir.py's layout), and its structure without the weights: the
+        weights are written from onnx-ir's views of `model`'s, never copied into a second protobuf."""
+        return self._canonical(model, path)
+
+    def _canonical(self, model: onnx.ModelProto, path: Path | None) -> tuple[onnx.ModelProto, PassReport]:
         started = time.perf_counter()
         before = Counter(node.op_type for node in model.graph.node)
         opset_before = _opset(model)
@@ -123,11 +132,16 @@ class Canonicalize:
         upgrade_opset(converted, self.opset)
         folder = "onnxscript"
         try:
-            model = fold_with_onnxscript(converted)
+            folded: ir.Model | onnx.ModelProto = fold_with_onnxscript(converted)
         except Exception as err:  # the optimizer's own errors, of any type: Polygraphy's loop still folds
             logger.info("onnxscript's optimizer failed (%s): folding with Polygraphy", first_line(err)[:200])
             folder = "polygraphy"
-            model = fold_with_polygraphy(ir.to_proto(converted))
+            folded = fold_with_polygraphy(ir.to_proto(converted))
+        if path is None:
+            model = ir.to_proto(folded) if isinstance(folded, ir.Model) else folded
+        else:
+            save_ir(folded if isinstance(folded, ir.Model) else ir.from_proto(folded), path)
+            model = onnx.load(str(path), load_external_data=False)
         _release(converted)
         after = Counter(node.op_type for node in model.graph.node)
         report = PassReport(

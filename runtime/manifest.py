@@ -58,6 +58,7 @@ class PassRecord(_Record):
 class StepRecord(_Record):
     name: str
     seconds: float
+    peak_rss_bytes: int | None = Field(None, description="the compiling process's peak resident memory in the step")
 
 
 class FileRecord(_Record):

@@ -10,6 +10,7 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -117,7 +118,11 @@ FORWARD_HINT = "run with -v for the exporters' tracebacks; check the declared in
 
 
 def _export_torch(
-    module: Any, config: CompileConfig, feeds: dict[str, np.ndarray], hint: str = FORWARD_HINT
+    module: Any,
+    config: CompileConfig,
+    feeds: dict[str, np.ndarray],
+    hint: str = FORWARD_HINT,
+    scratch: Path | None = None,
 ) -> ExportedModel:
     output_names = config.outputs or None
     reference = _torch_reference(module, [decl.name for decl in config.inputs])
@@ -125,7 +130,7 @@ def _export_torch(
     if config.exporter in ("auto", "dynamo"):
         warned: list[str] = []
         try:
-            model = export_dynamo(module, config, feeds, output_names, warned)
+            model = export_dynamo(module, config, feeds, output_names, warned, scratch)
             return ExportedModel(model, "dynamo", None, reference, warned)
         except Exception as err:  # the exporter raises many types; the reason goes into the manifest
             failed["dynamo"] = err
@@ -150,7 +155,11 @@ def _export_torch(
 
 
 def _export_stamped(
-    module: torch.nn.Module, model: HuggingFaceModel, config: CompileConfig, feeds: dict[str, np.ndarray]
+    module: torch.nn.Module,
+    model: HuggingFaceModel,
+    config: CompileConfig,
+    feeds: dict[str, np.ndarray],
+    scratch: Path | None,
 ) -> ExportedModel | None:
     """A decoder traced with two layers and the rest stamped from the second (layer_stamping.py); None where the
     layers may differ or the trace of two fails, for the whole stack to be traced instead."""
@@ -189,7 +198,8 @@ def _export_stamped(
         logger.debug("the trace of two layers", exc_info=True)
         return None
     reference = _torch_reference(module, [decl.name for decl in config.inputs])
-    return ExportedModel(released_proto(program.model), "dynamo", None, reference, warned, traced_layers=TRACED_LAYERS)
+    exported = released_proto(program.model, scratch)
+    return ExportedModel(exported, "dynamo", None, reference, warned, traced_layers=TRACED_LAYERS)
 
 
 def _is_exported_program(module: Any) -> bool:
@@ -213,8 +223,10 @@ def _load_exported_program(config: CompileConfig) -> Any:
         ) from err
 
 
-def export_source(source: Source, feeds: dict[str, np.ndarray]) -> ExportedModel:
-    """Export the source to ONNX with `feeds` as example inputs (ONNX sources were loaded by `open_source`)."""
+def export_source(source: Source, feeds: dict[str, np.ndarray], scratch: Path | None = None) -> ExportedModel:
+    """Export the source to ONNX with `feeds` as example inputs (ONNX sources were loaded by `open_source`). With
+    a `scratch` directory, the dynamo exporter's large graphs are written there and returned as their structure,
+    the weights referenced by path (exporters.released_proto)."""
     config = source.config
     if source.onnx_model is not None:
         return ExportedModel(source.onnx_model, "none")
@@ -225,13 +237,13 @@ def export_source(source: Source, feeds: dict[str, np.ndarray]) -> ExportedModel
         )
     if source.huggingface is not None:
         module = build_module(source.huggingface, [decl.name for decl in config.inputs])
-        stamped = _export_stamped(module, source.huggingface, config, feeds) if source.is_decoder else None
-        return stamped or _export_torch(module, config, feeds, export_hint(source.huggingface))
+        stamped = _export_stamped(module, source.huggingface, config, feeds, scratch) if source.is_decoder else None
+        return stamped or _export_torch(module, config, feeds, export_hint(source.huggingface), scratch)
     if config.source_kind == "exported_program":
         program = _load_exported_program(config)
-        exported = _export_torch(program, config, feeds)
+        exported = _export_torch(program, config, feeds, scratch=scratch)
         exported.reference = _torch_reference(program.module(), [decl.name for decl in config.inputs])
         return exported
     module = _build_module(config)
     _check_forward_arguments(module, config.inputs)
-    return _export_torch(module, config, feeds)
+    return _export_torch(module, config, feeds, scratch=scratch)

@@ -104,21 +104,42 @@ def export_dynamo(
     feeds: dict[str, np.ndarray],
     output_names: list[str] | None,
     warned: list[str],
+    scratch: Path | None = None,
 ) -> onnx.ModelProto:
-    return released_proto(dynamo_program(module, config, feeds, output_names, warned).model)
+    return released_proto(dynamo_program(module, config, feeds, output_names, warned).model, scratch)
 
 
-def released_proto(model: Any) -> onnx.ModelProto:
+def released_proto(model: Any, scratch: Path | None = None) -> onnx.ModelProto:
     """The onnx-ir `model` as a ModelProto, its own tensors then dropped. onnxscript's rewrite rules keep the
     last graph they matched (a module-level matcher's `_match`), and the exporter's initializers are views of the
-    torch module's parameters: without this the module's weights stay alive to the end of the compile."""
+    torch module's parameters: without this the module's weights stay alive to the end of the compile.
+
+    Given a `scratch` directory, a graph whose weights are above EXTERNAL_DATA_ABOVE is written there (its weights
+    straight from the module's memory into `exported.onnx.data`) and the proto returned is its structure, each
+    weight an external reference by absolute path: the weights are not copied into a protobuf (at 1B, 5 GB)."""
     import onnx_ir as ir
 
-    proto = ir.to_proto(model)
+    from tensorsmith.core.ir import save_ir
+
+    if scratch is None:
+        proto = ir.to_proto(model)
+    else:
+        path = scratch / "exported.onnx"
+        save_ir(model, path)
+        proto = onnx.load(str(path), load_external_data=False)
+        absolute_locations(proto, scratch)
     for graph in model.graphs():
         for value in graph.initializers.values():
             value.const_value = None
     return proto
+
+
+def absolute_locations(model: onnx.ModelProto, base: Path) -> None:
+    """Point every external weight of `model` at its file by absolute path, so that it reads from anywhere."""
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = str((base / entry.value).resolve())
 
 
 def dynamo_program(

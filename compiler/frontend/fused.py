@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.export import ExportedModel, export_source
@@ -19,8 +19,9 @@ from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
-from tensorsmith.core.ir import ai_onnx_opset, io_records, save_onnx
-from tensorsmith.core.module_paths import attach_module_paths, module_paths
+from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
+from tensorsmith.core.mapped_graph import load_mapped, save_mapped
+from tensorsmith.core.module_paths import module_paths
 from tensorsmith.core.precisions import FP32
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
@@ -32,8 +33,7 @@ MODEL_NAME = "model.onnx"
 
 @dataclass(frozen=True)
 class FusedGraph:
-    model: onnx.ModelProto  # canonical and fused, node module paths attached
-    path: Path  # where it is saved: MODEL_NAME in the artifact being written
+    path: Path  # canonical and fused, node module paths attached, saved: MODEL_NAME in the artifact being written
     record: FileRecord
     inputs: list[TensorRecord]
     outputs: list[TensorRecord]
@@ -46,6 +46,12 @@ class FusedGraph:
     # the verification feeds and this graph's outputs for them: what the float variants are measured against,
     # without opening a second fp32 session (at 1B, 6 GB more)
     verified: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The graph with its weights, read from its file on each call (not held: at 1B it is 6 GB). A stage that
+        rewrites it reads it memory-mapped instead (core/mapped_graph.py)."""
+        return load_onnx(self.path)
 
     def verification_inputs(self, config: CompileConfig) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         """The verification feeds and this graph's outputs for them: verification's own, or (with --no-verify)
@@ -66,21 +72,21 @@ def graph_passes(config: CompileConfig) -> list[GraphPass]:
     return default_passes()
 
 
-def fuse(model: onnx.ModelProto, config: CompileConfig) -> tuple[onnx.ModelProto, list[PassReport]]:
-    """The graph passes after canonicalize, on onnx-graphsurgeon's IR."""
-    passes = graph_passes(config)
-    if not passes:
-        return model, []
-    graph = gs.import_onnx(model)
-    reports = run_passes(graph, passes)
-    return gs.export_onnx(graph), reports
+def fuse(path: Path, config: CompileConfig, module_paths: dict[str, str]) -> tuple[onnx.ModelProto, list[PassReport]]:
+    """The graph passes after canonicalize, on onnx-graphsurgeon's IR over the graph saved at `path` (its weights
+    memory-mapped), saved there again with the nodes' module paths; its structure, without the weights."""
+    graph, _ = load_mapped(path)
+    reports = run_passes(graph, graph_passes(config))
+    return save_mapped(graph, path, module_paths), reports
 
 
 def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGraph:
     """Export, optimize, save and verify: the fp32 graph every variant starts from."""
     config = source.config
     reporter.stage(f"exporting {config.source}")
-    exported = export_source(source, example_feeds(config) if config.inputs else {})
+    scratch = directory / ".export"  # a large export's weights, read by canonicalize, then deleted
+    scratch.mkdir()
+    exported = export_source(source, example_feeds(config) if config.inputs else {}, scratch)
     described = source_record(config, exported)
     # The source's outputs now, so that the source model (a torch module: the fp32 weights again) and the
     # exported graph go before the passes make their copies.
@@ -90,14 +96,14 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGra
     gc.collect()  # transformers' modules hold reference cycles
 
     reporter.stage("running graph passes")
-    model, canonical = Canonicalize(opset=config.opset)(exported.model)
-    exported.model = onnx.ModelProto()  # the last reference to the exported graph: freed before the passes copy
-    model, reports = fuse(model, config)
-    reports = [canonical, *reports]
-    attach_module_paths(model, paths)
     model_path = directory / MODEL_NAME
-    save_onnx(model, model_path)
-    inputs, outputs = io_records(model)
+    # canonical, saved, then fused over its memory-mapped weights and saved again: no second copy of them
+    _, canonical = Canonicalize(opset=config.opset).to_file(exported.model, model_path)
+    exported.model = onnx.ModelProto()  # the last reference to the exported graph
+    shutil.rmtree(scratch)
+    structure, reports = fuse(model_path, config, paths)
+    reports = [canonical, *reports]
+    inputs, outputs = io_records(structure)
 
     accuracy: dict[str, float] = {}
     computed: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None
@@ -109,7 +115,7 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGra
         errors = verify(config, [o.name for o in outputs], reference, computed[1])
         accuracy = {"max_relative_error": max(errors.values(), default=0.0)}
     record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
-    return FusedGraph(model, model_path, record, inputs, outputs, described, reports, accuracy, tuned, computed)
+    return FusedGraph(model_path, record, inputs, outputs, described, reports, accuracy, tuned, computed)
 
 
 def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecord:

@@ -20,7 +20,7 @@ from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.metrics import Budget, accuracy
 from tensorsmith.core.sessions import cpu_session, latency_ms, run_onnx
 from tensorsmith.passes import PassReport
-from tensorsmith.runtime.manifest import VariantRecord
+from tensorsmith.runtime.manifest import VariantRecord, external_data_path
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,8 @@ def tuned(variant: VariantRecord, directory: Path, feeds: dict[str, np.ndarray])
     """`variant` with the ONNX Runtime optimizers that run it slower on this CPU recorded (unchanged for a model
     too large to hold two sessions)."""
     path = directory / variant.path
-    if path.stat().st_size > MAX_TUNED_BYTES:
+    weights = external_data_path(path)  # a large graph's weights are beside it
+    if path.stat().st_size + (weights.stat().st_size if weights.is_file() else 0) > MAX_TUNED_BYTES:
         logger.info("cpu: ONNX Runtime's defaults kept for %s: too large to hold two sessions for timing", path.name)
         return variant
     disabled, latency = tune_session(path, feeds)

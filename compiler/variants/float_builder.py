@@ -21,7 +21,8 @@ from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
 from tensorsmith.compiler.variants.language import text_evaluation, with_language_metrics
 from tensorsmith.compiler.variants.records import variant_record
-from tensorsmith.compiler.variants.rewrite import rewrite, rewritten, variant_path
+from tensorsmith.compiler.variants.rewrite import rewrite_file, rewritten, variant_path
+from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.metrics import accuracy
 from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.core.precisions import BF16, FP16, FP32, Family, Precision
@@ -53,26 +54,26 @@ def reference_variant(fused: FusedGraph) -> VariantRecord:
 
 
 def build_float_variant(
-    model: onnx.ModelProto,
+    model: Path,
     floats: Precision,
     reference: list[np.ndarray],
     feeds: dict[str, np.ndarray],
     directory: Path,
     out_of_range: Mapping[str, float] | None = None,
 ) -> FloatVariant:
-    """Write the `floats` (fp16 or bf16) variant of `model` and measure it against `reference`, the fp32 graph's
-    outputs on `feeds` (the verification inputs). fp16 keeps the writers and readers of `out_of_range` activations
-    (name → max |x|) in fp32, and the readers of weights beyond ±65504."""
+    """Write the `floats` (fp16 or bf16) variant of the graph saved at `model` and measure it against `reference`,
+    the fp32 graph's outputs on `feeds` (the verification inputs). fp16 keeps the writers and readers of
+    `out_of_range` activations (name → max |x|) in fp32, and the readers of weights beyond ±65504."""
     from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, RoundToBf16
 
     path = variant_path(directory, floats.name)
     measured_on: onnx.ModelProto | None = None
     if floats is BF16:
-        (report,) = rewrite(model, [ConvertToBf16()], path)
-        measured_on, _ = rewritten(model, [RoundToBf16()])  # the same values, in fp32: ONNX Runtime runs it
+        (report,) = rewrite_file(model, [ConvertToBf16()], path)
+        measured_on, _ = rewritten(load_onnx(model), [RoundToBf16()])  # the same values, in fp32: ONNX Runtime runs it
         outputs = run_onnx(measured_on, feeds)
     else:
-        (report,) = rewrite(model, [ConvertToFp16(out_of_range=dict(out_of_range or {}))], path)
+        (report,) = rewrite_file(model, [ConvertToFp16(out_of_range=dict(out_of_range or {}))], path)
         outputs = run_onnx(path, feeds)
     measured = accuracy(reference, outputs)
     described = "the verification inputs" + ("; bf16 rounding simulated in fp32" if measured_on is not None else "")
@@ -80,13 +81,13 @@ def build_float_variant(
     return FloatVariant(record, replace(report, variant=record.name), measured_on)
 
 
-def name_modules(report: PassReport, model: onnx.ModelProto) -> PassReport:
+def name_modules(report: PassReport, model: Path) -> PassReport:
     """The report with each node kept in fp32 for range given its module path (where the export recorded one):
     onnx-graphsurgeon, which the pass runs on, drops node metadata."""
     kept = report.details.get(RANGE_KEPT)
     if not isinstance(kept, dict) or not kept:
         return report
-    paths = module_paths_recorded(model)
+    paths = module_paths_recorded(onnx.load(str(model), load_external_data=False))
     named = {node: {**why, "module": paths[node]} if node in paths else why for node, why in kept.items()}
     return replace(report, details={**report.details, RANGE_KEPT: named})
 
@@ -121,8 +122,8 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
             reporter.stage(f"building the {recipe.floats.name} variant")
             feeds, reference_outputs = fused.verification_inputs(config)
             out_of_range = out_of_range_activations(fused.path, feeds) if recipe.floats is FP16 else {}
-            built = build_float_variant(fused.model, recipe.floats, reference_outputs, feeds, directory, out_of_range)
-            report = name_modules(built.report, fused.model)
+            built = build_float_variant(fused.path, recipe.floats, reference_outputs, feeds, directory, out_of_range)
+            report = name_modules(built.report, fused.path)
             log_kept_for_range(report)
             record = built.record
             if text is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from tensorsmith.calibration import CalibrationData, Observer
 from tensorsmith.calibration.awq import collect_statistics, search_clip, search_scale
@@ -21,8 +22,10 @@ from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.quantized import Evaluation, with_text_metrics
 from tensorsmith.compiler.variants.records import variant_record
-from tensorsmith.compiler.variants.rewrite import rewrite, rewritten, variant_path
+from tensorsmith.compiler.variants.rewrite import rewrite, rewrite_file, rewritten, variant_path
 from tensorsmith.core.budget_search import quantized_fraction
+from tensorsmith.core.ir import load_onnx
+from tensorsmith.core.mapped_graph import load_mapped
 from tensorsmith.core.metrics import accuracy
 from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT, NVFP4, float_precisions
@@ -54,40 +57,67 @@ class Int4Plan:
 
 @dataclass(frozen=True)
 class WeightMatMuls:
-    chosen: dict[str, tuple[str, np.ndarray]]  # node → (input activation, weight [K, N])
+    chosen: dict[str, tuple[str, gs.Constant]]  # node → (input activation, weight [K, N]: read with weight_array)
     skipped: dict[str, str]  # node → why it stays in float
     layers: dict[str, tuple[str, str, int]]  # every weight MatMul → (module, input activation, weight elements)
     blocks: dict[str, int] = field(default_factory=dict)  # chosen node → its block where smaller than asked
 
 
-def weight_matmuls(model: onnx.ModelProto, block: int) -> WeightMatMuls:
+GraphSource = onnx.ModelProto | Path  # a graph in memory, or saved (its weights then memory-mapped when read)
+
+
+def source_graph(source: GraphSource) -> tuple[gs.Graph, onnx.ModelProto]:
+    """onnx-graphsurgeon's graph of `source` and the proto whose node metadata (module paths) it was read from."""
+    if isinstance(source, Path):
+        return load_mapped(source)
+    return gs.import_onnx(source), source
+
+
+def weight_array(weight: gs.Constant) -> np.ndarray:
+    """A weight's values in fp32, read for this use only: a memory-mapped weight is not kept loaded by its graph
+    (every weight of a 1B model held at once would be its size again in memory)."""
+    values = weight._values.load() if isinstance(weight._values, LazyValues) else weight.values
+    return np.asarray(values, dtype=np.float32)
+
+
+def weight_matmuls(source: GraphSource, block: int) -> WeightMatMuls:
     """The MatMuls with a constant 2-D float weight, and which of them INT4 can take (in `block`, or the largest
     smaller block that divides their K)."""
-    modules = module_paths_recorded(model)  # the fused graph carries them (frontend/fused.py)
+    graph, structure = source_graph(source)
+    modules = module_paths_recorded(structure)  # the fused graph carries them (frontend/fused.py)
     chosen, skipped, layers, blocks = {}, {}, {}, {}
-    for node in gs.import_onnx(model).nodes:
+    for node in graph.nodes:
         if node.op != "MatMul" or constant_value(node.inputs[0]) is not None:
             continue
-        weight = constant_value(node.inputs[1])
-        if weight is None or weight.ndim != 2 or weight.dtype.kind != "f":
+        weight = node.inputs[1]
+        if not isinstance(weight, gs.Constant) or len(weight.shape) != 2 or not _is_float(weight.dtype):
             continue
-        layers[node.name] = (modules.get(node.name, ""), node.inputs[0].name, int(weight.size))
-        fits = layer_block(weight.shape[0], block)
+        rows, columns = (int(dim) for dim in weight.shape)
+        layers[node.name] = (modules.get(node.name, ""), node.inputs[0].name, rows * columns)
+        fits = layer_block(rows, block)
         if fits is None:
             smallest = min(block, *SMALLER_BLOCKS)
-            skipped[node.name] = f"input dim {weight.shape[0]} is not a multiple of {smallest} (the smallest block)"
+            skipped[node.name] = f"input dim {rows} is not a multiple of {smallest} (the smallest block)"
             continue
-        chosen[node.name] = (node.inputs[0].name, weight.astype(np.float32))
+        chosen[node.name] = (node.inputs[0].name, weight)
         if fits != block:
             blocks[node.name] = fits
     return WeightMatMuls(chosen, skipped, layers, blocks)
 
 
+def _is_float(dtype: object) -> bool:
+    """numpy's float kinds; onnx-graphsurgeon gives a type numpy has none of (bf16) as ONNX's enum."""
+    try:
+        return np.dtype(dtype).kind == "f"  # type: ignore[call-overload]
+    except TypeError:
+        return False
+
+
 def plan_int4(
-    model: onnx.ModelProto, algorithm: str, block: int, data: CalibrationData | None, reporter: Reporter
+    source: GraphSource, algorithm: str, block: int, data: CalibrationData | None, reporter: Reporter
 ) -> Int4Plan:
     """Round-to-nearest, or AWQ's scales and clipping searched on one pass over the calibration data."""
-    found = weight_matmuls(model, block)
+    found = weight_matmuls(source, block)
     matmuls, skipped, smaller = found.chosen, found.skipped, found.blocks
     if smaller:
         logger.info("int4: %d of %d weight layers take a smaller block than %d (their K is not a multiple of it)",
@@ -99,35 +129,38 @@ def plan_int4(
         return Int4Plan(weights, algorithm, block, found.layers, skipped)
     assert data is not None, "awq needs calibration data (checked with the config)"
     activations = sorted({activation for activation, _ in matmuls.values()})
-    observer = Observer(model, activations)
+    observer = Observer(source, activations)
     reporter.stage(f"int4 awq: activation statistics of {len(activations)} inputs (one pass)")
     statistics = collect_statistics(observer.run(batch) for batch in data.batches())
+    del observer  # its session holds the fp32 weights
     weights, alphas, relative = {}, {}, {}
     with reporter.task("int4 awq: scale and clipping search", len(activations)) as advance:
         for activation in activations:
             readers = [name for name, (tensor, _) in matmuls.items() if tensor == activation]
-            joint = np.concatenate([matmuls[name][1] for name in readers], axis=1)
+            own_weights = [weight_array(matmuls[name][1]) for name in readers]
+            joint = np.concatenate(own_weights, axis=1)
             own = smaller.get(readers[0])  # readers of one activation share its K, and so the block
             scale, alphas[activation], relative[activation] = search_scale(statistics[activation], joint, own or block)
-            for name in readers:
-                clip = search_clip(statistics[activation], matmuls[name][1], scale, own or block)
+            del joint
+            for name, weight in zip(readers, own_weights, strict=True):
+                clip = search_clip(statistics[activation], weight, scale, own or block)
                 weights[name] = Int4Weight(scale, clip, own)
             advance(1)
     return Int4Plan(weights, algorithm, block, found.layers, skipped, alphas, relative)
 
 
-def tied_projection_names(model: onnx.ModelProto) -> set[str]:
+def tied_projection_names(source: GraphSource) -> set[str]:
     """The output projections QuantizeEmbeddings(int4=True) makes read its INT4 table (tables it stores in INT4)."""
     from tensorsmith.passes.embeddings import MIN_ROWS, row_block, tied_projections
 
-    graph = gs.import_onnx(model)
+    graph, _ = source_graph(source)
     tables = [node.inputs[0] for node in graph.nodes if node.op == "Gather" and isinstance(node.inputs[0], gs.Constant)]
     return {node.name for table in tables if table.values.ndim == 2 and table.values.shape[0] >= MIN_ROWS
             and row_block(table.values.shape[1]) for node in tied_projections(graph, table.values)}  # fmt: skip
 
 
 def build_int4_variant(
-    model: onnx.ModelProto,
+    model: GraphSource,
     recipe: Recipe,
     plan: Int4Plan,
     evaluation: Evaluation,
@@ -172,10 +205,11 @@ def build_int4_variant(
         passes.append(QuantizeEmbeddings(gather_first=cpu, int4=not cpu, tie=bool(tied)))
     if recipe.floats is FP16:
         passes.append(ConvertToFp16())
-    reports = rewrite(model, passes, path)
+    reports = rewrite_file(model, passes, path) if isinstance(model, Path) else rewrite(model, passes, path)
     if nvfp4:  # ONNX Runtime has no FLOAT4E2M1 DequantizeLinear: measured on the same weights held in fp32
         simulated = [SimulatedNvfp4(nvfp4) if isinstance(p, WeightOnlyNvfp4) else p for p in passes]
-        outputs = run_onnx(rewritten(model, simulated)[0], evaluation.feeds)
+        whole = load_onnx(model) if isinstance(model, Path) else model
+        outputs = run_onnx(rewritten(whole, simulated)[0], evaluation.feeds)
     else:
         outputs = run_onnx(path, evaluation.feeds)
     assert recipe.quantized is not None

@@ -32,11 +32,19 @@ from tensorsmith.calibration.weight_search import (
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import Recipe, get_target
 from tensorsmith.compiler.variants.calibrated import collect_statistics, write_table
-from tensorsmith.compiler.variants.int4 import Int4Plan, build_int4_variant, tables_policy, weight_matmuls
+from tensorsmith.compiler.variants.int4 import (
+    GraphSource,
+    Int4Plan,
+    build_int4_variant,
+    tables_policy,
+    weight_array,
+    weight_matmuls,
+)
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.quantized import Evaluation
 from tensorsmith.core.budget_search import give_back_until_met, quantized_fraction
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.precisions import FP8, FP32, INT8, NVFP4, overridable
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
@@ -79,7 +87,7 @@ def pinned_levels(plan: Int4Plan, overrides: Sequence[Override]) -> dict[str, tu
 
 
 def plan_weight_levels(
-    model: onnx.ModelProto,
+    model: GraphSource,
     plan: Int4Plan,
     config: CompileConfig,
     data: CalibrationData | None,
@@ -118,7 +126,8 @@ def plan_weight_levels(
     if not wanted or not (searching or any(level in wanted for level, _ in pinned.values())):
         return WeightLevels(tuple(allowed), notes, {}, pinned)
     assert data is not None
-    table = write_table(collect_statistics(model, data, reporter, channels=()), config, directory)
+    whole = load_onnx(model) if isinstance(model, Path) else model
+    table = write_table(collect_statistics(whole, data, reporter, channels=()), config, directory)
     scales = {INT8.name: table.int8_scales(), FP8.name: table.fp8_scales()}
     for name, (level, reason) in pinned.items():
         activation = plan.layers[name][1]
@@ -134,9 +143,10 @@ def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) 
     back in), and the bytes each stores (fp16; one byte and a scale per column; int4 with its block scales; nvfp4
     with its fp8 block scales)."""
     options = {}
-    for name, (activation, weight) in weight_matmuls(model, plan.block).chosen.items():
+    for name, (activation, constant) in weight_matmuls(model, plan.block).chosen.items():
         if name not in plan.weights:
             continue
+        weight = weight_array(constant)
         choice = plan.weights[name]
         scale = choice.input_scale if choice.input_scale is not None else np.ones(weight.shape[0], np.float32)
         block = plan.block_of(name)
@@ -189,7 +199,7 @@ class MixedVariant:
 
 
 def build_mixed_variant(
-    model: onnx.ModelProto,
+    model: GraphSource,
     recipe: Recipe,
     plan: Int4Plan,
     levels: WeightLevels,

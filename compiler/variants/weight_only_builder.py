@@ -6,8 +6,10 @@ Targets that cannot run the request (sm_75) got float recipes: the float builder
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+import onnx
 
 from tensorsmith.calibration import CalibrationData
 from tensorsmith.calibration.data import Feeds
@@ -20,7 +22,7 @@ from tensorsmith.compiler.variants.int4 import build_int4_variant, int4_recipe_p
 from tensorsmith.compiler.variants.language import text_evaluation
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.quantized import Evaluation
-from tensorsmith.compiler.variants.rewrite import rewritten
+from tensorsmith.compiler.variants.rewrite import rewrite_file
 from tensorsmith.compiler.variants.weight_mix import (
     build_mixed_variant,
     plan_weight_levels,
@@ -28,6 +30,7 @@ from tensorsmith.compiler.variants.weight_mix import (
     search_weights,
 )
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.ir import load_onnx, remove_onnx
 from tensorsmith.core.precisions import NVFP4, Family
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes.int4 import GemmAsMatMul
@@ -42,7 +45,7 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
                           hint="pass --calibration PATH instead")  # fmt: skip
     split = calibration_split(config, fused) if config.calibration is not None else None  # AWQ's, W8A8's scales
     evaluation = _evaluation(config, fused, split)
-    model, _ = rewritten(fused.model, [GemmAsMatMul()])  # the same function; Gemm weights become INT4-able
+    model = _without_gemm(fused, directory)  # the same function; Gemm weights become INT4-able
     # nvfp4 on its own: Model Optimizer's scales on every weight whose K is a multiple of its block (16), no AWQ
     assert NVFP4.block is not None
     nvfp4 = plan.request == NVFP4.name
@@ -56,7 +59,7 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
     if budget is not None:
         tokens = split.tokens if split is not None else None
         evaluation = replace(evaluation, budget=budget.on_tokens(tokens) if tokens is not None else budget)
-        search = search_weights(model, int4_plan, levels, evaluation, config.sensitivity_samples, reporter)
+        search = search_weights(load_onnx(model), int4_plan, levels, evaluation, config.sensitivity_samples, reporter)
     records, by_target, reports, recipes, unmet = [], {}, [], {}, []
     for recipe, targets in plan.recipes().items():
         reporter.stage(f"{recipe.variant}: writing and measuring the variant ({algorithm})")
@@ -78,9 +81,22 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
         records.append(record)
         by_target.update(dict.fromkeys(targets, record))
         reports += [replace(report, variant=record.name) for report in passes]
+    if model != fused.path:
+        remove_onnx(model)
     precision_plan = PrecisionPlan(precision=plan.request, evaluated_on=evaluation.described,
                                    budget=str(budget) if budget else None, recipes=recipes)  # fmt: skip
     return FamilyVariants(records, by_target, None, reports, unmet, precision_plan)
+
+
+def _without_gemm(fused: FusedGraph, directory: Path) -> Path:
+    """The fused graph with its Gemms as MatMuls, written beside it where it has any (removed after the variants:
+    remove_onnx), else the fused graph's own file."""
+    structure = onnx.load(str(fused.path), load_external_data=False)
+    if not any(node.op_type == "Gemm" for node in structure.graph.node):
+        return fused.path
+    path = directory / ".weight-only-source.onnx"
+    rewrite_file(fused.path, [GemmAsMatMul()], path)
+    return path
 
 
 def _evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | None) -> Evaluation:

@@ -1,0 +1,140 @@
+"""onnx-graphsurgeon graphs whose weights stay in their file until a pass needs them, and are written once.
+
+A billion-parameter graph held as a protobuf is its weights again in memory, and onnx-graphsurgeon's import,
+a pass's arrays and the export each add a copy (the 1B shape's fp16 variant peaked above 21 GB that way). Here:
+
+- `load_mapped(path)` reads the graph's structure only (`load_external_data=False`); each weight in the
+  `.data` file becomes a constant whose values are a copy-on-write memory map of its bytes, made when a pass
+  first reads it (`MappedValues`, an onnx-graphsurgeon `LazyValues`): nothing is read that no pass touches,
+  and a pass that replaces a weight (fp16's conversion) drops the map.
+- `save_mapped(graph, path)` writes the weights one tensor at a time into `<name>.data` and points each
+  constant at its written bytes before onnx-graphsurgeon exports the structure, so the export copies no weight
+  and the graph stays valid (mapped) after the save. Small graphs are written with their weights inside, as
+  `core/ir.save_onnx` writes them.
+
+Weights may be rewritten in place (a variant file the generation graphs rewrite): the new files are written
+beside the old under temporary names, every old weight read before the rename.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
+
+from tensorsmith.core import ir
+from tensorsmith.runtime.manifest import external_data_path
+
+INLINE_BELOW = 1024  # bytes: smaller weights stay in the protobuf (onnx-ir's threshold as save_onnx uses it)
+
+
+class MappedValues(LazyValues):
+    """A weight stored as external data: `load()` maps its bytes (copy-on-write: a pass that edits the array in
+    place changes its own pages, never the file)."""
+
+    def __init__(self, tensor: onnx.TensorProto, file: Path) -> None:
+        super().__init__(tensor)
+        fields = {entry.key: entry.value for entry in tensor.external_data}
+        self.file = file
+        self.offset = int(fields.get("offset", 0))
+
+    def load(self) -> np.ndarray:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type))
+        shape = tuple(int(dim) for dim in self.tensor.dims)
+        if int(np.prod(shape)) == 0:
+            return np.zeros(shape, dtype)
+        return np.memmap(self.file, dtype=dtype, mode="c", offset=self.offset, shape=shape)
+
+
+def load_mapped(path: Path) -> tuple[gs.Graph, onnx.ModelProto]:
+    """The graph at `path` with its external weights mapped, and the structure it was imported from (the nodes'
+    metadata, which onnx-graphsurgeon drops, is read from it)."""
+    structure = onnx.load(str(path), load_external_data=False)
+    graph = gs.import_onnx(structure)
+    for tensor in graph.tensors().values():
+        if isinstance(tensor, gs.Constant) and _is_external(tensor._values):
+            location = next(entry.value for entry in tensor._values.tensor.external_data if entry.key == "location")
+            tensor._values = MappedValues(tensor._values.tensor, path.parent / location)
+    return graph, structure
+
+
+def _is_external(values: object) -> bool:
+    return (isinstance(values, LazyValues) and not isinstance(values, MappedValues)
+            and values.tensor.data_location == onnx.TensorProto.EXTERNAL)  # fmt: skip
+
+
+def weight_bytes(graph: gs.Graph) -> int:
+    """The constants' bytes, loaded or not (onnx-graphsurgeon's LazyValues and numpy arrays both know theirs)."""
+    return sum(int(constant._values.nbytes) for constant in _constants(graph))
+
+
+def _constants(graph: gs.Graph) -> list[gs.Constant]:
+    return [tensor for tensor in graph.tensors().values() if isinstance(tensor, gs.Constant)]
+
+
+def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+    """Save `graph` at `path` (weights above EXTERNAL_DATA_ABOVE in all to `<name>.data`, one tensor at a time) and
+    return the structure written. With external data, `graph`'s constants read the new file afterwards."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sidecar = external_data_path(path)
+    constants = _constants(graph)
+    for constant in constants:
+        constant.data_location = None  # onnx-graphsurgeon would stamp an array it writes inline as external
+    if weight_bytes(graph) <= ir.EXTERNAL_DATA_ABOVE:
+        for constant in constants:
+            if isinstance(constant._values, MappedValues):
+                constant.values = np.array(constant._values.load())  # inside the protobuf
+        model = gs.export_onnx(graph)
+        _attach(model, metadata)
+        _replace(path, model.SerializeToString(), None)
+        sidecar.unlink(missing_ok=True)
+        return model
+    scratch = sidecar.with_name(f".{sidecar.name}.partial")
+    written: list[tuple[gs.Constant, onnx.TensorProto]] = []
+    with scratch.open("wb") as stream:
+        for constant in constants:
+            values = constant.values if not isinstance(constant._values, LazyValues) else constant._values.load()
+            if values.nbytes < INLINE_BELOW:
+                constant.values = np.array(values)
+                continue
+            offset = stream.tell()
+            np.ascontiguousarray(values).tofile(stream)
+            written.append((constant, _external_tensor(constant.name, values, sidecar.name, offset)))
+            constant.values = np.empty(0, np.uint8)  # the array (or the old file's map) goes now
+    for constant, tensor in written:
+        constant._values = MappedValues(tensor, sidecar)
+    model = gs.export_onnx(graph)
+    _attach(model, metadata)
+    _replace(path, model.SerializeToString(), scratch)
+    return model
+
+
+def _external_tensor(name: str, values: np.ndarray, location: str, offset: int) -> onnx.TensorProto:
+    tensor = onnx.TensorProto(name=name, dims=list(values.shape),
+                              data_type=onnx.helper.np_dtype_to_tensor_dtype(values.dtype))  # fmt: skip
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(values.nbytes))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def _attach(model: onnx.ModelProto, metadata: dict[str, str] | None) -> None:
+    """Node metadata (module paths) by node name: onnx-graphsurgeon's export writes none."""
+    if not metadata:
+        return
+    from tensorsmith.core.module_paths import attach_module_paths
+
+    attach_module_paths(model, metadata)
+
+
+def _replace(path: Path, structure: bytes, weights: Path | None) -> None:
+    """The structure and its weights into place together: neither is renamed until both are written."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(structure)
+    if weights is not None:
+        os.replace(weights, external_data_path(path))
+    os.replace(partial, path)
