@@ -30,6 +30,7 @@ from tensorsmith.core import ir
 from tensorsmith.runtime.manifest import external_data_path
 
 INLINE_BELOW = 1024  # bytes: smaller weights stay in the protobuf (onnx-ir's threshold as save_onnx uses it)
+PACKED = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1})
 
 
 class MappedValues(LazyValues):
@@ -41,12 +42,28 @@ class MappedValues(LazyValues):
         fields = {entry.key: entry.value for entry in tensor.external_data}
         self.file = file
         self.offset = int(fields.get("offset", 0))
+        self.length = int(fields["length"]) if "length" in fields else file.stat().st_size - self.offset
+
+    def stored(self) -> np.ndarray:
+        """The bytes as stored (packed for 4-bit types), mapped."""
+        return np.memmap(self.file, dtype=np.uint8, mode="c", offset=self.offset, shape=(self.length,))
+
+    def inline(self) -> onnx.TensorProto:
+        """The tensor with its bytes inside it (read now)."""
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(self.tensor)
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        tensor.raw_data = self.stored().tobytes()
+        return tensor
 
     def load(self) -> np.ndarray:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type))
         shape = tuple(int(dim) for dim in self.tensor.dims)
         if int(np.prod(shape)) == 0:
             return np.zeros(shape, dtype)
+        if self.tensor.data_type in PACKED:  # two values a byte: onnx unpacks them
+            return np.asarray(onnx.numpy_helper.to_array(self.inline()))
         return np.memmap(self.file, dtype=dtype, mode="c", offset=self.offset, shape=shape)
 
 
@@ -79,15 +96,19 @@ def _constants(graph: gs.Graph) -> list[gs.Constant]:
 def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
     """Save `graph` at `path` (weights above EXTERNAL_DATA_ABOVE in all to `<name>.data`, one tensor at a time) and
     return the structure written. With external data, `graph`'s constants read the new file afterwards."""
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
     path.parent.mkdir(parents=True, exist_ok=True)
     sidecar = external_data_path(path)
     constants = _constants(graph)
     for constant in constants:
         constant.data_location = None  # onnx-graphsurgeon would stamp an array it writes inline as external
+        if isinstance(constant._values, MappedValues) and constant._values.length < INLINE_BELOW:
+            constant._values = LazyValues(constant._values.inline())
     if weight_bytes(graph) <= ir.EXTERNAL_DATA_ABOVE:
         for constant in constants:
             if isinstance(constant._values, MappedValues):
-                constant.values = np.array(constant._values.load())  # inside the protobuf
+                constant._values = LazyValues(constant._values.inline())  # inside the protobuf
         model = gs.export_onnx(graph)
         _attach(model, metadata)
         _replace(path, model.SerializeToString(), None)
@@ -97,14 +118,18 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
     written: list[tuple[gs.Constant, onnx.TensorProto]] = []
     with scratch.open("wb") as stream:
         for constant in constants:
-            values = constant.values if not isinstance(constant._values, LazyValues) else constant._values.load()
-            if values.nbytes < INLINE_BELOW:
-                constant.values = np.array(values)
-                continue
             offset = stream.tell()
-            np.ascontiguousarray(values).tofile(stream)
-            written.append((constant, _external_tensor(constant.name, values, sidecar.name, offset)))
-            constant.values = np.empty(0, np.uint8)  # the array (or the old file's map) goes now
+            if isinstance(constant._values, MappedValues):  # its stored bytes, copied as they are
+                stored, tensor = constant._values.stored(), constant._values.tensor
+                stored.tofile(stream)
+                written.append((constant, _external(tensor, sidecar.name, offset, stored.nbytes)))
+                continue
+            tensor = OnnxExporter.export_tensor_proto(constant)  # packed where the type is (INT4, FP4)
+            if not tensor.HasField("raw_data") or len(tensor.raw_data) < INLINE_BELOW:
+                continue  # small, or typed fields: stays inside the protobuf
+            stream.write(tensor.raw_data)
+            written.append((constant, _external(tensor, sidecar.name, offset, len(tensor.raw_data))))
+            constant.values = np.empty(0, np.uint8)  # the array goes now
     for constant, tensor in written:
         constant._values = MappedValues(tensor, sidecar)
     model = gs.export_onnx(graph)
@@ -113,13 +138,13 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
     return model
 
 
-def _external_tensor(name: str, values: np.ndarray, location: str, offset: int) -> onnx.TensorProto:
-    tensor = onnx.TensorProto(name=name, dims=list(values.shape),
-                              data_type=onnx.helper.np_dtype_to_tensor_dtype(values.dtype))  # fmt: skip
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(values.nbytes))):
-        tensor.external_data.add(key=key, value=value)
-    return tensor
+def _external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> onnx.TensorProto:
+    """`tensor`'s name, type and dims, its bytes at `offset` of `location`."""
+    external = onnx.TensorProto(name=tensor.name, dims=list(tensor.dims), data_type=tensor.data_type)
+    external.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        external.external_data.add(key=key, value=value)
+    return external
 
 
 def _attach(model: onnx.ModelProto, metadata: dict[str, str] | None) -> None:

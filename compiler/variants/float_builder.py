@@ -110,7 +110,7 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
 
     fused, config, directory, reporter = job.fused, job.config, job.directory, job.reporter
     reference = reference_variant(fused)
-    text = text_evaluation(config, fused.inputs)  # a decoder's held-out text, if it has one
+    text = text_evaluation(config, fused.inputs, fused.path)  # a decoder's held-out text, if it has one
     if text is not None:
         reference = with_language_metrics(reference, fused.path, directory, text)
     records: list[VariantRecord] = []

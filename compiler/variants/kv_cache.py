@@ -102,7 +102,7 @@ def generation_graphs(
         reference = directory / records[0].path
         scales, described = cache_scales(config, reference, inputs, verification)
         logger.info("fp8 KV cache: %d scales from %s", len(scales), described)
-        evaluation = text_evaluation(config, inputs)
+        evaluation = text_evaluation(config, inputs, reference)
         records = [with_fp8_perplexity(r, reference, directory, evaluation, scales) if r.name in engines_only else r
                    for r in records]  # fmt: skip
     rewritten: list[VariantRecord] = []

@@ -11,7 +11,7 @@ import onnx
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.variants.text_data import (
-    EVALUATION_WINDOWS,
+    evaluation_windows,
     is_decoder_graph,
     prefill_feeds,
     token_windows,
@@ -29,12 +29,14 @@ class TextEvaluation:
     described: str
 
 
-def text_evaluation(config: CompileConfig, inputs: list[TensorRecord]) -> TextEvaluation | None:
-    """The evaluation text of a decoder compile, None when there is none (or the model is no decoder)."""
+def text_evaluation(config: CompileConfig, inputs: list[TensorRecord], reference: Path) -> TextEvaluation | None:
+    """The evaluation text of a decoder compile, None when there is none (or the model is no decoder); as many
+    windows as the `reference` graph's vocabulary allows (text_data.evaluation_windows)."""
     if not is_decoder_graph(inputs) or config.evaluation is None:
         return None
     path = config.resolve(config.evaluation)
-    tokens = token_windows(config, path, window_length(config), EVALUATION_WINDOWS)
+    length = window_length(config)
+    tokens = token_windows(config, path, length, evaluation_windows(reference, length))
     rows, width = tokens.shape
     return TextEvaluation(tokens, prefill_feeds(tokens, inputs), f"{rows} windows of {width} tokens of {path.name}")
 

@@ -26,6 +26,10 @@ WINDOW = 128  # tokens per window (at most the decoder's max sequence length)
 EVALUATION_WINDOWS = 64  # 8 left AWQ and RTN apart by less than the noise (measured on tinylm)
 CALIBRATION_WINDOWS = 64  # without --calibration-samples
 OBSERVED_BYTES = 256 << 20  # a calibration batch's returned activations, at most (without --calibration-batch-size)
+# the evaluation's logits, at most: the reference's and a variant's are held at once, with ONNX Runtime's own copy
+# (64 windows of 128 tokens at SmolLM-135M's vocabulary: 1.6 GB each, a 7.4 GB peak; at Llama-3.2-1B's, 4.2 GB)
+EVALUATED_BYTES = 512 << 20
+MIN_EVALUATION_WINDOWS = 8
 DECODE_POINTS = (0.25, 0.5, 1.0)  # past lengths of the decode steps calibrated, as fractions of a window
 PAST_PREFIX = "past_key_values."
 CHARACTERS_PER_TOKEN = 16  # a prefix this long per token needed holds enough tokens for any BPE on prose or code
@@ -139,16 +143,26 @@ class TextSplit:
     decode_step: Feeds  # one token over the cache of half a window: what generation runs most
 
 
+def evaluation_windows(reference: Path, length: int) -> int:
+    """How many windows a decoder is evaluated on: EVALUATION_WINDOWS, fewer where their logits would pass
+    EVALUATED_BYTES (a large vocabulary), never below MIN_EVALUATION_WINDOWS."""
+    model = onnx.load(str(reference), load_external_data=False)
+    logits = model.graph.output[0].type.tensor_type.shape.dim
+    vocabulary = logits[-1].dim_value if logits and logits[-1].dim_value > 0 else 1
+    return int(min(EVALUATION_WINDOWS, max(MIN_EVALUATION_WINDOWS, EVALUATED_BYTES // (4 * length * vocabulary))))
+
+
 def text_split(config: CompileConfig, inputs: list[TensorRecord], reference: Path) -> TextSplit:
     """Calibration windows (and their decode steps) and evaluation windows, never the same text."""
     length = window_length(config)
+    evaluated = evaluation_windows(reference, length)
     windows = None
     if config.calibration is not None:
         source = config.resolve(config.calibration)
         windows = token_windows(config, source, length, config.calibration_samples or CALIBRATION_WINDOWS)
     if config.evaluation is not None:
         evaluation = config.resolve(config.evaluation)
-        tokens = token_windows(config, evaluation, length, EVALUATION_WINDOWS)
+        tokens = token_windows(config, evaluation, length, evaluated)
         described = f"{len(tokens)} windows of {length} tokens of {evaluation.name}"
     elif windows is None:
         raise ConfigError("--calibration-stats needs --eval-data (no calibration text to hold any out of)",
@@ -157,7 +171,7 @@ def text_split(config: CompileConfig, inputs: list[TensorRecord], reference: Pat
         raise ConfigError(f"{source} gives {len(windows)} window of {length} tokens: none left to evaluate on",
                           hint="add text, or pass --eval-data")  # fmt: skip
     else:
-        held = min(EVALUATION_WINDOWS, max(1, len(windows) // 4))
+        held = min(evaluated, max(1, len(windows) // 4))
         windows, tokens = windows[:-held], windows[-held:]
         described = f"{held} windows of {length} tokens held out of {source.name} (its last)"
     data = _calibration_feeds(config, inputs, reference, windows) if windows is not None else None

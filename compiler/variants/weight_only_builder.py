@@ -109,7 +109,7 @@ def _evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | Non
 
     if split is not None:
         return measured_on(split.evaluation, split.evaluated_on, split.tokens, split.timing)
-    text = text_evaluation(config, fused.inputs)
+    text = text_evaluation(config, fused.inputs, fused.path)
     if text is not None:
         return measured_on(text.feeds, text.described, text.tokens)
     if config.evaluation is not None:
