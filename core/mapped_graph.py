@@ -105,6 +105,8 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
         constant.data_location = None  # onnx-graphsurgeon would stamp an array it writes inline as external
         if isinstance(constant._values, MappedValues) and constant._values.length < INLINE_BELOW:
             constant._values = LazyValues(constant._values.inline())
+        elif _packed_array(constant._values):  # onnx-graphsurgeon would write numpy's int4 a byte each
+            constant._values = LazyValues(onnx.numpy_helper.from_array(constant._values, constant.name))
     if weight_bytes(graph) <= ir.EXTERNAL_DATA_ABOVE:
         for constant in constants:
             if isinstance(constant._values, MappedValues):
@@ -136,6 +138,15 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
     _attach(model, metadata)
     _replace(path, model.SerializeToString(), scratch)
     return model
+
+
+def _packed_array(values: object) -> bool:
+    if not isinstance(values, np.ndarray):
+        return False
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(values.dtype) in PACKED
+    except (KeyError, ValueError, TypeError):
+        return False
 
 
 def _external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> onnx.TensorProto:

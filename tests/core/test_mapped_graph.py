@@ -1,0 +1,98 @@
+"""Graphs whose weights stay in their file (core/mapped_graph.py): read only when a pass needs them, written once,
+rewritable in place, packed 4-bit tensors copied as stored; sessions over a saved graph with extra outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as helper
+import onnxruntime
+import pytest
+from onnx import numpy_helper
+
+from tensorsmith.core import ir
+from tensorsmith.core.mapped_graph import MappedValues, load_mapped, save_mapped
+from tensorsmith.core.sessions import session_with_outputs
+from tensorsmith.passes.int4 import int4_constant
+from tensorsmith.runtime.manifest import external_data_path
+
+RNG = np.random.default_rng(0)
+FIRST, SECOND = RNG.standard_normal((64, 32)).astype(np.float32), RNG.standard_normal((32, 16)).astype(np.float32)
+BIAS = RNG.standard_normal(16).astype(np.float32)  # 64 bytes: stays inside the protobuf
+FEEDS = {"x": RNG.standard_normal((2, 64)).astype(np.float32)}
+
+
+def two_matmuls(path: Path) -> Path:
+    """x @ FIRST → hidden → @ SECOND + BIAS, saved with its weights outside it."""
+    nodes = [helper.make_node("MatMul", ["x", "first"], ["hidden"]), helper.make_node("MatMul", ["hidden", "second"],
+             ["product"]), helper.make_node("Add", ["product", "bias"], ["y"])]  # fmt: skip
+    weights = [numpy_helper.from_array(FIRST, "first"), numpy_helper.from_array(SECOND, "second"),
+               numpy_helper.from_array(BIAS, "bias")]  # fmt: skip
+    x, y = (helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [2, width]) for name, width in (("x", 64),
+            ("y", 16)))  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [x], [y], weights)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)
+        ir.save_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    assert external_data_path(path).is_file()
+    return path
+
+
+def outputs(path: Path) -> np.ndarray:
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, FEEDS)[0]
+
+
+def test_weights_are_mapped_until_read_and_rewritten_in_place(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = two_matmuls(tmp_path / "model.onnx")
+    expected = outputs(path)
+    graph, _ = load_mapped(path)
+    constants = {name: tensor for name, tensor in graph.tensors().items() if name in ("first", "second")}
+    assert all(isinstance(tensor._values, MappedValues) for tensor in constants.values())
+    constants["second"].values = constants["second"].values * 2  # a pass's edit: copy-on-write, not the file's
+    monkeypatch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)
+    save_mapped(graph, path)  # the file it reads from
+    assert not list(tmp_path.glob(".*partial"))
+    np.testing.assert_allclose(outputs(path), 2 * (expected - BIAS) + BIAS, rtol=1e-5, atol=1e-5)
+    assert isinstance(constants["first"]._values, MappedValues)  # the graph reads the new file afterwards
+    np.testing.assert_array_equal(constants["first"]._values.load(), FIRST)
+    np.testing.assert_array_equal(np.asarray(constants["second"]._values.load()), SECOND * 2)
+
+
+def test_a_small_graph_is_written_with_its_weights_inside(tmp_path: Path) -> None:
+    source = two_matmuls(tmp_path / "model.onnx")
+    graph, _ = load_mapped(source)
+    save_mapped(graph, tmp_path / "inline.onnx")  # 8 KB, far below EXTERNAL_DATA_ABOVE
+    assert not external_data_path(tmp_path / "inline.onnx").exists()
+    np.testing.assert_allclose(outputs(tmp_path / "inline.onnx"), outputs(source), rtol=1e-6)
+
+
+def test_packed_int4_weights_are_written_and_read_back_as_stored(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:  # fmt: skip
+    path = two_matmuls(tmp_path / "model.onnx")
+    graph, _ = load_mapped(path)
+    codes = RNG.integers(-8, 8, (64, 32)).astype(np.int8)
+    matmul = next(node for node in graph.nodes if node.inputs[1].name == "first")
+    matmul.inputs[1] = int4_constant("first_int4", codes)  # not run: the bytes are the point
+    monkeypatch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)
+    save_mapped(graph, tmp_path / "int4.onnx")
+    tensor = next(t for t in onnx.load(str(tmp_path / "int4.onnx"), load_external_data=False).graph.initializer
+                  if t.name == "first_int4")  # fmt: skip
+    assert tensor.data_type == onnx.TensorProto.INT4
+    assert {e.key: e.value for e in tensor.external_data}["length"] == str(codes.size // 2)  # two a byte
+    again, _ = load_mapped(tmp_path / "int4.onnx")
+    np.testing.assert_array_equal(np.asarray(again.tensors()["first_int4"].values, dtype=np.int8), codes)
+    save_mapped(again, tmp_path / "copy.onnx")  # a mapped packed tensor copied as its bytes
+    assert external_data_path(tmp_path / "copy.onnx").stat().st_size == external_data_path(
+        tmp_path / "int4.onnx").stat().st_size  # fmt: skip
+
+
+def test_a_session_over_a_saved_graph_returns_inner_tensors_and_leaves_no_file(tmp_path: Path) -> None:
+    path = two_matmuls(tmp_path / "model.onnx")
+    before = sorted(tmp_path.iterdir())
+    session = session_with_outputs(path, ["hidden"])
+    hidden, y = session.run(["hidden", "y"], FEEDS)
+    np.testing.assert_allclose(hidden, FEEDS["x"] @ FIRST, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, outputs(path), rtol=1e-6)
+    assert sorted(tmp_path.iterdir()) == before
