@@ -10,7 +10,8 @@ median of 3 after a warm-up), tensorsmith's cpu variant against GenAI's cpu mode
         [--sides='tensorsmith fp16,GenAI']   # only the sides whose names start so
 
 Sides: `tensorsmith compile DIR --target cpu --target sm_86 --target sm_120` (fp16 GPU variants, the fp32 cpu
-variant) and the same with `--precision int4 --calibration heldout.txt` (AWQ); GenAI's `-p fp32 -e cpu`,
+variant) and the same with `--precision int4 --calibration heldout.txt` (AWQ); `--target sm_86 --precision int4
+--int4-algorithm rtn` (the 3B shape's row: no calibration pass); GenAI's `-p fp32 -e cpu`,
 `-p int4 -e cpu` and `-p fp16 -e cuda` (the builder writes the CUDA model on a machine without a GPU; it builds
 no engine). A side that fails or runs out of memory is reported with its exit status, not left out.
 """
@@ -88,6 +89,9 @@ def _sides(checkpoint: Path, work: Path) -> dict[str, list[str]]:
         "tensorsmith fp16": [*ours, "-o", str(work / "ts-fp16")],
         "tensorsmith int4 (AWQ)": [*ours, "-o", str(work / "ts-int4"), "--precision", "int4",
                                    "--calibration", str(TEXT)],
+        "tensorsmith int4 RTN (sm_86)": [tensorsmith, "compile", str(checkpoint), "--target", "sm_86", "--json",
+                                         "-o", str(work / "ts-int4-rtn"), "--precision", "int4",
+                                         "--int4-algorithm", "rtn"],
         "GenAI -p fp32 -e cpu": [*builder, "-o", str(work / "genai-fp32"), "-p", "fp32", "-e", "cpu"],
         "GenAI -p int4 -e cpu": [*builder, "-o", str(work / "genai-int4"), "-p", "int4", "-e", "cpu"],
         "GenAI -p fp16 -e cuda": [*builder, "-o", str(work / "genai-fp16"), "-p", "fp16", "-e", "cuda"],
@@ -159,7 +163,9 @@ def measure(shape: str, decode: bool, only: list[str] | None = None) -> dict[str
 
 def _compile_figures(out: Path) -> dict[str, Any]:
     manifest = json.loads((out / "manifest.json").read_text())
-    steps = {step["name"]: step["seconds"] for step in manifest["steps"]}
+    # each stage's seconds and the compiling process's sampled peak resident GB in it: where time and memory go
+    steps = {step["name"]: [step["seconds"], round((step.get("peak_rss_bytes") or 0) / 2**30, 2)]
+             for step in manifest["steps"]}  # fmt: skip
     figures: dict[str, Any] = {"steps": steps, "targets": {t["name"]: t["status"] for t in manifest["targets"]}}
     figures["variants"] = {variant["name"]: {"gb": round(_bytes(out, variant["path"] + "*") / 1e9, 3),
                                              "quantized_flops": variant["accuracy"].get("quantized_flops_fraction")}
