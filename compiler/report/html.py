@@ -50,7 +50,10 @@ def _steps(report: dict[str, Any]) -> str:
     passes = [(f"pass {p['name']}" + (f", for variant {p['variant']}" if p.get("variant") else ""), p["seconds"])
               for p in report["passes"]]  # fmt: skip
     chart = _plot(report_plots.steps_chart(rows), "seconds per step") if rows else ""
-    return "<h2>Pipeline</h2>" + chart + _table(("step", "seconds"), rows + passes)
+    peaks = [f"{step['peak_rss_bytes'] / 2**30:.2f}" if step.get("peak_rss_bytes") else "" for step in report["steps"]]
+    table = [(name, seconds, peak) for (name, seconds), peak in zip(rows, peaks, strict=True)]
+    return "<h2>Pipeline</h2>" + chart + _table(("step", "seconds", "peak resident GB"),
+                                                table + [(name, seconds, "") for name, seconds in passes])  # fmt: skip
 
 
 def _fusion(report: dict[str, Any]) -> str:

@@ -21,6 +21,9 @@ def test_every_compile_writes_a_report_with_its_steps_and_engines(artifact: Path
     assert report["artifact"] == "out"  # the published name, not the temporary directory's
     steps = [step["name"] for step in report["steps"]]
     assert steps[0].startswith("exporting") and all(step["seconds"] >= 0 for step in report["steps"])
+    # each stage's peak resident memory (this process holds torch: well over 50 MB in every stage)
+    assert all(step["peak_rss_bytes"] > 50 << 20 for step in report["steps"])
+    assert "peak resident GB" in (artifact / "report.html").read_text()
     assert {row["rule"] for row in report["fusion"]} >= {"layernorm", "gelu_erf", "attention_scale"}
     assert [row["target"] for row in report["engines"]] == ["cpu"]
     assert report["variants"][0]["name"] == "fp32" and report["variants"][0]["bytes"] > 0
