@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,20 @@ def session_with_outputs(path: Path, outputs: Sequence[str], providers: Sequence
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.stem}-observed-", suffix=".onnx") as written:
         written.write(structure.SerializeToString())
         written.flush()
-        return onnxruntime.InferenceSession(written.name, options, providers=list(providers))
+        session = onnxruntime.InferenceSession(written.name, options, providers=list(providers))
+    _SESSIONS_OVER[str(path.resolve())] = session
+    return session
+
+
+# Sessions this process holds over a saved graph, by its path, while something holds them: a second fp32 session
+# over the same 1B graph is 6 GB more (AWQ's observer and the decoder feeds' prefill run at once).
+_SESSIONS_OVER: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+def session_over(path: Path) -> Any | None:
+    """A session already open over the graph at `path` (session_with_outputs': every graph output among its
+    outputs), or None. Borrow it for a run; do not keep it (it goes when its owner drops it)."""
+    return _SESSIONS_OVER.get(str(path.resolve()))
 
 
 def cpu_session(

@@ -96,3 +96,18 @@ def test_a_session_over_a_saved_graph_returns_inner_tensors_and_leaves_no_file(t
     np.testing.assert_allclose(hidden, FEEDS["x"] @ FIRST, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(y, outputs(path), rtol=1e-6)
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_session_over_a_graph_is_found_by_its_path_while_it_is_held(tmp_path: Path) -> None:
+    """The decoder feeds' prefill borrows an observer's session rather than opening a second fp32 one."""
+    import gc
+
+    from tensorsmith.core.sessions import session_over
+
+    path = two_matmuls(tmp_path / "model.onnx")
+    assert session_over(path) is None
+    session = session_with_outputs(path, ["hidden"])
+    assert session_over(tmp_path / "." / "model.onnx") is session
+    del session
+    gc.collect()
+    assert session_over(path) is None
