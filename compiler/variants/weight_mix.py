@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from tensorsmith.calibration import CalibrationData
@@ -25,21 +24,14 @@ from tensorsmith.calibration.weight_search import (
     INT8_WEIGHT,
     ONE_BYTE,
     WITH_ACTIVATIONS,
-    LayerOptions,
     WeightSearch,
     WeightSearchResult,
 )
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import Recipe, get_target
 from tensorsmith.compiler.variants.calibrated import collect_statistics, write_table
-from tensorsmith.compiler.variants.int4 import (
-    GraphSource,
-    Int4Plan,
-    build_int4_variant,
-    tables_policy,
-    weight_array,
-    weight_matmuls,
-)
+from tensorsmith.compiler.variants.int4 import GraphSource, Int4Plan, build_int4_variant, tables_policy
+from tensorsmith.compiler.variants.layer_options import layer_options
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.quantized import Evaluation
 from tensorsmith.core.budget_search import give_back_until_met, quantized_fraction
@@ -48,9 +40,6 @@ from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.precisions import FP8, FP32, INT8, NVFP4, overridable
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
-from tensorsmith.passes.int4 import dequantize_int4, int8_weight, quantize_int4
-from tensorsmith.passes.nvfp4 import dequantize_nvfp4, quantize_nvfp4
-from tensorsmith.passes.quantize import quantize_weights
 from tensorsmith.runtime.manifest import VariantRecord
 
 logger = logging.getLogger(__name__)
@@ -136,44 +125,6 @@ def plan_weight_levels(
                               f"{table.tensors[activation].reason if activation in table.tensors else 'not observed'}",
                               hint="pin it to int8-weight or int4")  # fmt: skip
     return WeightLevels(tuple(allowed), notes, scales, pinned)
-
-
-def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) -> dict[str, LayerOptions]:
-    """Each INT4-able weight MatMul as every allowed level computes it (int4 with the plan's AWQ scales folded
-    back in), and the bytes each stores (fp16; one byte and a scale per column; int4 with its block scales; nvfp4
-    with its fp8 block scales)."""
-    options = {}
-    for name, (activation, constant) in weight_matmuls(model, plan.block).chosen.items():
-        if name not in plan.weights:
-            continue
-        weight = weight_array(constant)
-        choice = plan.weights[name]
-        scale = choice.input_scale if choice.input_scale is not None else np.ones(weight.shape[0], np.float32)
-        block = plan.block_of(name)
-        q, step = quantize_int4(weight * scale[:, None], block, choice.clip)
-        weights = {INT4: dequantize_int4(q, step, block) / scale[:, None]}
-        codes, scales = int8_weight(weight)
-        weights[INT8_WEIGHT] = codes * scales
-        activation_scales = {}
-        for precision in WITH_ACTIVATIONS:
-            if precision in levels.allowed and activation in levels.scales.get(precision, {}):
-                if precision == INT8.name:  # W8A8's weights are the weight-only level's, a scale per column
-                    weights[precision] = weights[INT8_WEIGHT]
-                else:
-                    values, steps = quantize_weights(weight, 1, precision)
-                    weights[precision] = values.astype(np.float32) * steps
-                activation_scales[precision] = levels.scales[precision][activation]
-        rows, columns = weight.shape
-        if NVFP4.name in levels.allowed and NVFP4.block and rows % NVFP4.block == 0:
-            weights[NVFP4.name] = dequantize_nvfp4(quantize_nvfp4(weight, NVFP4.block))
-        one_byte = rows * columns + 2 * columns
-        stored = {FLOAT: 2 * rows * columns, **dict.fromkeys(ONE_BYTE, one_byte),
-                  INT4: rows * columns // 2 + 2 * (rows // block) * columns,
-                  NVFP4.name: rows * columns // 2 + rows // (NVFP4.block or 1) * columns + 4}  # fmt: skip
-        pinned = levels.pinned.get(name, (None, ""))[0]
-        options[name] = LayerOptions({level: values.astype(np.float32) for level, values in weights.items()},
-                                     stored, activation, activation_scales, pinned)  # fmt: skip
-    return options
 
 
 def search_weights(

@@ -1,0 +1,57 @@
+"""A decoder's `--precision auto` search input: each INT4-able weight MatMul as every allowed level computes it,
+and the bytes each level stores (compiler/variants/weight_mix.py searches over them)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+
+from tensorsmith.calibration.weight_search import FLOAT, INT4, INT8_WEIGHT, ONE_BYTE, WITH_ACTIVATIONS, LayerOptions
+from tensorsmith.compiler.variants.int4 import Int4Plan, weight_array, weight_matmuls
+from tensorsmith.core.precisions import INT8, NVFP4
+from tensorsmith.passes.int4 import dequantize_int4, int8_weight, quantize_int4
+from tensorsmith.passes.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from tensorsmith.passes.quantize import quantize_weights
+
+if TYPE_CHECKING:
+    from tensorsmith.compiler.variants.weight_mix import WeightLevels
+
+
+def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) -> dict[str, LayerOptions]:
+    """Each INT4-able weight MatMul as every allowed level computes it (int4 with the plan's AWQ scales folded
+    back in), and the bytes each stores (fp16; one byte and a scale per column; int4 with its block scales; nvfp4
+    with its fp8 block scales)."""
+    options = {}
+    for name, (activation, constant) in weight_matmuls(model, plan.block).chosen.items():
+        if name not in plan.weights:
+            continue
+        weight = weight_array(constant)
+        choice = plan.weights[name]
+        scale = choice.input_scale if choice.input_scale is not None else np.ones(weight.shape[0], np.float32)
+        block = plan.block_of(name)
+        q, step = quantize_int4(weight * scale[:, None], block, choice.clip)
+        weights = {INT4: dequantize_int4(q, step, block) / scale[:, None]}
+        codes, scales = int8_weight(weight)
+        weights[INT8_WEIGHT] = codes * scales
+        activation_scales = {}
+        for precision in WITH_ACTIVATIONS:
+            if precision in levels.allowed and activation in levels.scales.get(precision, {}):
+                if precision == INT8.name:  # W8A8's weights are the weight-only level's, a scale per column
+                    weights[precision] = weights[INT8_WEIGHT]
+                else:
+                    values, steps = quantize_weights(weight, 1, precision)
+                    weights[precision] = values.astype(np.float32) * steps
+                activation_scales[precision] = levels.scales[precision][activation]
+        rows, columns = weight.shape
+        if NVFP4.name in levels.allowed and NVFP4.block and rows % NVFP4.block == 0:
+            weights[NVFP4.name] = dequantize_nvfp4(quantize_nvfp4(weight, NVFP4.block))
+        one_byte = rows * columns + 2 * columns
+        stored = {FLOAT: 2 * rows * columns, **dict.fromkeys(ONE_BYTE, one_byte),
+                  INT4: rows * columns // 2 + 2 * (rows // block) * columns,
+                  NVFP4.name: rows * columns // 2 + rows // (NVFP4.block or 1) * columns + 4}  # fmt: skip
+        pinned = levels.pinned.get(name, (None, ""))[0]
+        options[name] = LayerOptions({level: values.astype(np.float32) for level, values in weights.items()},
+                                     stored, activation, activation_scales, pinned)  # fmt: skip
+    return options
