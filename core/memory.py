@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-COLLECT_ABOVE = 4 << 30  # a full collection takes 0.24 s with torch loaded (more in a test worker): large processes only
+COLLECT_ABOVE = 4 << 30  # a full collection takes 0.24 s with torch loaded (more in a test worker): large only
 
 
 def release_freed_memory() -> None:
