@@ -79,6 +79,13 @@ def load_mapped(path: Path) -> tuple[gs.Graph, onnx.ModelProto]:
     return graph, structure
 
 
+def values_unkept(constant: gs.Constant) -> np.ndarray:
+    """A constant's values without keeping them loaded: onnx-graphsurgeon keeps a lazily loaded (or mapped)
+    constant's values from their first access on, so a scan of every weight would hold all of them at once."""
+    values = constant._values  # LazyValues until first accessed
+    return values.load() if isinstance(values, LazyValues) else np.asarray(values)
+
+
 def _is_external(values: object) -> bool:
     return (isinstance(values, LazyValues) and not isinstance(values, MappedValues)
             and values.tensor.data_location == onnx.TensorProto.EXTERNAL)  # fmt: skip

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.ir.tensor import LazyValues
 
+from tensorsmith.core.mapped_graph import values_unkept
 from tensorsmith.passes.half_float import FLOAT, HalfFloat, is_fp32, largest_outside
 
 logger = logging.getLogger(__name__)
@@ -43,14 +43,6 @@ class HalfRegions:
     float_casts: list[gs.Node]  # Cast(to=FLOAT) nodes, which cast to half instead
     variables: list[gs.Variable]  # fp32 tensors held in half (graph inputs and outputs stay fp32 through Casts)
     for_range: dict[str, dict[str, object]]  # node → why it keeps fp32 for range: the tensor, its max |x|
-
-
-def _values_unkept(constant: gs.Constant) -> np.ndarray:
-    """A constant's values without keeping them loaded: onnx-graphsurgeon keeps a lazily loaded constant's values
-    from their first access on, and the conversion loads, converts and replaces one weight at a time; a scan of
-    every weight before it would hold all of them in fp32 at once."""
-    values = constant._values  # LazyValues until first accessed
-    return values.load() if isinstance(values, LazyValues) else np.asarray(values)
 
 
 def _computes_a_scale(node: gs.Node) -> bool:
@@ -107,7 +99,7 @@ def _kept_for_range(
     def beyond(value: object) -> float:  # an fp32 constant's largest |value| beyond the range
         if not isinstance(value, gs.Constant) or not is_fp32(value):
             return 0.0
-        return largest_outside(_values_unkept(value), half.max)
+        return largest_outside(values_unkept(value), half.max)
 
     tensors = graph.tensors()
     for tensor in tensors.values():

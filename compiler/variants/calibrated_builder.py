@@ -36,14 +36,15 @@ def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
     if budget is not None and split.tokens is not None:
         budget = budget.on_tokens(split.tokens)
     by_precision = plan.by_precision()
+    fused_model = fused.model  # read from its file once, for the statistics, the calibration and the cpu choice
     if config.calibration_stats is not None:
         reporter.stage(f"calibration statistics: merging {config.calibration_stats}")
         statistics = merged_statistics(config.calibration_stats, fused.record.sha256, config.base_dir)
     else:
         assert split.calibration is not None
-        statistics = collect_statistics(fused.model, split.calibration, reporter)
+        statistics = collect_statistics(fused_model, split.calibration, reporter)
     names = {record.name for record in by_precision}
-    calibrated = calibrate_variants(fused.model, config, statistics, names, directory, reporter)
+    calibrated = calibrate_variants(fused_model, config, statistics, names, directory, reporter)
     model = calibrated.model
     one_sample = {name: array[:1] for name, array in split.evaluation.items()}
     shapes = activation_shapes(Observer(model, tensors_to_observe(model)).run(one_sample))
@@ -68,7 +69,7 @@ def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
             if budget is not None and record_of is INT8 and recipe.on_cpu:
                 reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
                 alpha = config.smoothing_alpha if config.smoothing else None
-                source = dynamic_source(fused.model, calibrated.channel_amax, alpha)
+                source = dynamic_source(fused_model, calibrated.channel_amax, alpha)
                 outcome = choose_cpu_variant(source, layers, search.order, record, evaluation, budget, directory)
                 tuned.add(outcome.chosen.name)
                 records += [outcome.static] if outcome.chosen is outcome.static else [outcome.static, outcome.chosen]

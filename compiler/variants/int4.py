@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from tensorsmith.calibration import CalibrationData, Observer
 from tensorsmith.calibration.awq import collect_statistics, search_clip, search_scale
@@ -25,7 +24,7 @@ from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import rewrite, rewrite_file, rewritten, variant_path
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import load_onnx
-from tensorsmith.core.mapped_graph import load_mapped
+from tensorsmith.core.mapped_graph import load_mapped, values_unkept
 from tensorsmith.core.metrics import accuracy
 from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT, NVFP4, float_precisions
@@ -76,8 +75,7 @@ def source_graph(source: GraphSource) -> tuple[gs.Graph, onnx.ModelProto]:
 def weight_array(weight: gs.Constant) -> np.ndarray:
     """A weight's values in fp32, read for this use only: a memory-mapped weight is not kept loaded by its graph
     (every weight of a 1B model held at once would be its size again in memory)."""
-    values = weight._values.load() if isinstance(weight._values, LazyValues) else weight.values
-    return np.asarray(values, dtype=np.float32)
+    return np.asarray(values_unkept(weight), dtype=np.float32)
 
 
 def weight_matmuls(source: GraphSource, block: int) -> WeightMatMuls:
