@@ -13,14 +13,14 @@ SAMPLE_ROWS, taken evenly from every batch), so memory grows with the layers, ne
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from tensorsmith.passes.int4 import dequantize_int4, quantize_int4
+from tensorsmith.passes.int4 import AMAX_LEVEL, INT4_MAX, INT4_MIN, block_amax
 
-ALPHAS = tuple(round(0.05 * i, 2) for i in range(21))
+ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))  # Model Optimizer awq_lite's grid (alpha_step 0.1)
 CLIP_RATIOS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 … 0.5
 SAMPLE_ROWS = 256
 ROWS_PER_BATCH = 32
@@ -63,46 +63,77 @@ def collect_statistics(batches: Iterable[Mapping[str, np.ndarray]]) -> dict[str,
     return statistics
 
 
-def _quantized_product(x: np.ndarray, weight: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
-    q, step = quantize_int4(weight * scale[:, None], block)
-    return (x / scale) @ dequantize_int4(q, step, block)
+COLUMNS_PER_CHUNK = 2048  # output columns searched at once: bounded temporaries, cache-sized at any N
+
+
+def _column_chunks(columns: int) -> Iterator[slice]:
+    return (slice(start, min(start + COLUMNS_PER_CHUNK, columns)) for start in range(0, columns, COLUMNS_PER_CHUNK))
+
+
+def _rounding_error(blocks: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """blocks − dequantize(quantize(blocks)) for blocks [K/B, B, n] and their steps [K/B, 1, n] (clip·amax/7.5),
+    in place on one temporary: what quantize_int4 then dequantize_int4 compute, without their copies."""
+    error = np.divide(blocks, step)
+    np.round(error, out=error)
+    np.clip(error, INT4_MIN, INT4_MAX, out=error)
+    error *= step
+    np.subtract(blocks, error, out=error)
+    return error
+
+
+def _steps(amax: np.ndarray, ratio: float = 1.0) -> np.ndarray:
+    """quantize_int4's step per block and column, [K/B, 1, n], from the block amax [K/B, n]."""
+    clipped = amax * np.float32(ratio)
+    return np.where(clipped > 0, clipped / np.float32(AMAX_LEVEL), np.float32(1.0))[:, None, :]
 
 
 def search_scale(statistics: ActivationStatistics, weight: np.ndarray, block: int) -> tuple[np.ndarray, float, float]:
-    """(t [K], α, its error relative to RTN's) for the weights [K, N] of every MatMul reading one activation."""
+    """(t [K], α, its error relative to RTN's) for the weights [K, N] of every MatMul reading one activation.
+
+    The error of α is ‖x·E‖² with E = Q(diag(t)·W)/t − W, the quantized product's difference from x·W."""
     x = statistics.sample
-    reference = x @ weight
+    rows, columns = weight.shape
     mean = np.maximum(statistics.mean_abs, 1e-6)
-    best: tuple[float, np.ndarray, float] | None = None
-    rtn_error = 0.0
+    scales = []
     for alpha in ALPHAS:
         scale = mean**alpha
-        scale = (scale / np.sqrt(scale.max() * scale.min())).astype(np.float32)
-        error = float(np.mean((_quantized_product(x, weight, scale, block) - reference) ** 2))
-        if alpha == 0.0:
-            rtn_error = error
-        if best is None or error < best[0]:
-            best = (error, scale, alpha)
-    assert best is not None
-    return best[1], best[2], best[0] / rtn_error if rtn_error > 0 else 1.0
+        scales.append((scale / np.sqrt(scale.max() * scale.min())).astype(np.float32))
+    errors = np.zeros(len(ALPHAS))
+    for columns_chunk in _column_chunks(columns):
+        chunk = weight[:, columns_chunk]
+        for index, scale in enumerate(scales):
+            blocks = (chunk * scale[:, None]).reshape(rows // block, block, -1)
+            difference = _rounding_error(blocks, _steps(block_amax(blocks.reshape(rows, -1), block)))
+            difference = difference.reshape(rows, -1)
+            difference /= scale[:, None]
+            errors[index] += float(np.square(x @ difference).sum(dtype=np.float64))
+    errors /= len(x) * columns
+    best = int(np.argmin(errors))
+    rtn_error = errors[ALPHAS.index(0.0)]
+    return scales[best], ALPHAS[best], float(errors[best] / rtn_error) if rtn_error > 0 else 1.0
 
 
 def search_clip(statistics: ActivationStatistics, weight: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
     """The clipping ratio [K/B, N] per block and output column of diag(t)·W that minimizes the block's output
-    error on the sampled activations x/t."""
+    error on the sampled activations x/t.
+
+    A block's error over the sample rows is dᵀ·G·d, with d its column's rounding error and G = xᵀx the Gram matrix
+    of the block's input channels [B, B]: one small matrix product per block instead of one per sample row."""
     x = statistics.sample / scale
-    scaled = weight * scale[:, None]
-    rows, columns = scaled.shape
-    blocks = rows // block
-    x_blocks = x.reshape(len(x), blocks, block)
-    best_error = np.full((blocks, columns), np.inf)
-    best_ratio = np.ones((blocks, columns), np.float32)
-    for ratio in CLIP_RATIOS:
-        clip = np.full((blocks, columns), ratio, np.float32)
-        q, step = quantize_int4(scaled, block, clip)
-        difference = (scaled - dequantize_int4(q, step, block)).reshape(blocks, block, columns)
-        error = (np.einsum("rkb,kbn->rkn", x_blocks, difference) ** 2).sum(axis=0)  # [blocks, columns]
-        better = error < best_error
-        best_error = np.where(better, error, best_error)
-        best_ratio = np.where(better, ratio, best_ratio)
+    rows, columns = weight.shape
+    blocks_count = rows // block
+    x_blocks = x.reshape(len(x), blocks_count, block).transpose(1, 0, 2)  # [K/B, rows, B]
+    gram = np.matmul(x_blocks.transpose(0, 2, 1), x_blocks)  # [K/B, B, B]
+    best_ratio = np.ones((blocks_count, columns), np.float32)
+    for columns_chunk in _column_chunks(columns):
+        blocks = (weight[:, columns_chunk] * scale[:, None]).reshape(blocks_count, block, -1)
+        amax = block_amax(blocks.reshape(rows, -1), block)
+        best_error = np.full(amax.shape, np.inf, np.float32)
+        chosen = best_ratio[:, columns_chunk]
+        for ratio in CLIP_RATIOS:
+            difference = _rounding_error(blocks, _steps(amax, ratio))
+            error = np.einsum("kbn,kbn->kn", difference, np.matmul(gram, difference))  # [K/B, n]
+            better = error < best_error
+            best_error[better] = error[better]
+            chosen[better] = ratio
     return best_ratio

@@ -1,0 +1,73 @@
+"""AWQ's searches (calibration/awq.py) against their definitions written out the slow way: the scale search's error
+is the quantized product's distance from x·W, the clip search's per-block error is the sum over sample rows of the
+block's output error (the Gram-matrix form must choose the same ratios), and column chunks change nothing."""
+
+import numpy as np
+import pytest
+
+from tensorsmith.calibration import awq
+from tensorsmith.passes.int4 import dequantize_int4, quantize_int4
+
+BLOCK = 32
+
+
+def statistics(rows: int, channels: int, seed: int = 0) -> awq.ActivationStatistics:
+    """Activations with a few outlier channels, the case AWQ's scales are for."""
+    rng = np.random.default_rng(seed)
+    outliers = 1.0 + 8.0 * (rng.random(channels) < 0.05)
+    observed = awq.ActivationStatistics()
+    for _ in range(4):
+        observed.observe((rng.standard_normal((1, rows, channels)) * outliers).astype(np.float32))
+    return observed
+
+
+def weight(rows: int, columns: int, seed: int = 1) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((rows, columns)) * 0.05).astype(np.float32)
+
+
+def slow_clip(observed: awq.ActivationStatistics, w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Every ratio's error per block and column, summed over the sample rows one product at a time."""
+    x = observed.sample / scale
+    scaled = w * scale[:, None]
+    blocks = w.shape[0] // BLOCK
+    errors = []
+    for ratio in awq.CLIP_RATIOS:
+        q, step = quantize_int4(scaled, BLOCK, np.full((blocks, w.shape[1]), ratio, np.float32))
+        difference = (scaled - dequantize_int4(q, step, BLOCK)).reshape(blocks, BLOCK, -1)
+        per_row = np.stack([x[:, k * BLOCK : (k + 1) * BLOCK] @ difference[k] for k in range(blocks)], axis=1)
+        errors.append((per_row.astype(np.float64) ** 2).sum(axis=0))
+    return np.asarray(awq.CLIP_RATIOS, np.float32)[np.argmin(np.stack(errors), axis=0)]
+
+
+def test_clip_search_matches_the_per_row_error() -> None:
+    observed, w = statistics(64, 128), weight(128, 48)
+    scale = np.linspace(0.5, 2.0, 128, dtype=np.float32)
+    fast, slow = awq.search_clip(observed, w, scale, BLOCK), slow_clip(observed, w, scale)
+    assert fast.shape == (128 // BLOCK, 48)
+    assert np.mean(fast == slow) > 0.98  # float32 Gram against float64 rows: a near tie may fall either way
+    assert set(np.unique(fast)) <= set(np.float32(awq.CLIP_RATIOS))
+
+
+def test_scale_search_error_is_the_quantized_products_distance() -> None:
+    observed, w = statistics(64, 128), weight(128, 40)
+    scale, alpha, relative = awq.search_scale(observed, w, BLOCK)
+    x = observed.sample
+    q, step = quantize_int4(w * scale[:, None], BLOCK)
+    awq_error = np.mean(((x / scale) @ dequantize_int4(q, step, BLOCK) - x @ w) ** 2)
+    q, step = quantize_int4(w, BLOCK)
+    rtn_error = np.mean((x @ dequantize_int4(q, step, BLOCK) - x @ w) ** 2)
+    assert alpha in awq.ALPHAS
+    assert relative == pytest.approx(awq_error / rtn_error, rel=1e-3)
+    assert relative <= 1.0  # α = 0 is round-to-nearest: the search never does worse on its sample
+    assert alpha > 0.0  # outlier channels: some scaling wins
+
+
+def test_column_chunks_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    observed, w = statistics(64, 64), weight(64, 100)
+    whole_scale, whole_alpha, _ = awq.search_scale(observed, w, BLOCK)
+    whole_clip = awq.search_clip(observed, w, whole_scale, BLOCK)
+    monkeypatch.setattr(awq, "COLUMNS_PER_CHUNK", 16)  # 100 columns: six whole chunks and a partial one
+    chunked_scale, chunked_alpha, _ = awq.search_scale(observed, w, BLOCK)
+    assert chunked_alpha == whole_alpha
+    np.testing.assert_array_equal(chunked_scale, whole_scale)
+    np.testing.assert_array_equal(awq.search_clip(observed, w, whole_scale, BLOCK), whole_clip)
