@@ -29,6 +29,7 @@ from tensorsmith.compiler.engines.profiles import Profile, as_profiles
 from tensorsmith.compiler.engines.timing_cache import TimingCache
 from tensorsmith.compiler.targets import Builder, get_target
 from tensorsmith.core.errors import BuildError
+from tensorsmith.core.files import current_umask, replace_file
 from tensorsmith.runtime.manifest import sha256_of
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ HARDWARE_COMPATIBILITY = {
 
 @dataclass
 class BuiltEngine:
-    plan: bytes
+    plan: bytes  # empty where the plan went straight to a file (`plan_path`)
     builder: Builder
     builder_version: str
     compute_capability: str
@@ -60,6 +61,12 @@ class BuiltEngine:
     warnings: list[str] = field(default_factory=list)
     timing_cache: dict[str, int | str] = field(default_factory=dict)  # entries before/after, or why none
     cache: Literal["hit", "miss", "off"] = "off"  # the engine cache (compiler/engine_cache.py)
+    plan_path: Path | None = None  # where the plan was written, when build_engine was given a destination
+
+    @property
+    def size(self) -> int:
+        """The serialized plan's bytes, in memory or in its file."""
+        return self.plan_path.stat().st_size if self.plan_path is not None else len(self.plan)
 
 
 def import_builder(builder: Builder) -> ModuleType:
@@ -126,9 +133,13 @@ def build_engine(
     builder: Builder = "tensorrt-rtx",
     options: BuildConfig | None = None,
     onnx_sha256: str | None = None,
+    destination: Path | None = None,
 ) -> BuiltEngine:
     """Build a serialized engine for `target` (e.g. "sm_86") from the ONNX graph at `onnx_path`, or take it
-    from the engine cache when one is configured (`onnx_sha256`: the file's, if the caller has it already)."""
+    from the engine cache when one is configured (`onnx_sha256`: the file's, if the caller has it already).
+
+    With a `destination`, the plan goes there whole (a temporary sibling renamed into place) and never through
+    this process's memory: a 1B decoder's plans are 3 GB each, built side by side."""
     options = options or BuildConfig()
     profiles = as_profiles(profile)
     trt = import_builder(builder)
@@ -142,13 +153,16 @@ def build_engine(
     version = str(trt.__version__)
     engines = configured_cache(options.engine_cache_dir)
     if engines is None:
-        return _build_isolated(builder, onnx_path, target, profiles, options)
+        return _build_isolated(builder, onnx_path, target, profiles, options, destination)
     key = cache_key(onnx_sha256 or sha256_of(onnx_path), target, builder, version, profiles, options)
     cached = engines.get(key)
     if cached is not None:
         logger.info("engine cache hit for %s (%s): %s", target, onnx_path.name, key[:12])
+        if destination is not None:
+            replace_file(destination, cached)
         return BuiltEngine(
-            plan=cached,
+            plan=b"" if destination is not None else cached,
+            plan_path=destination,
             builder=builder,
             builder_version=version,
             compute_capability=target,
@@ -158,20 +172,35 @@ def build_engine(
             timing_cache={"status": "not needed: the engine came from the engine cache"},
             cache="hit",
         )
-    built = _build_isolated(builder, onnx_path, target, profiles, options)
-    engines.put(key, built.plan)
+    built = _build_isolated(builder, onnx_path, target, profiles, options, destination)
+    if built.plan_path is not None:
+        engines.put_file(key, built.plan_path)
+    else:
+        engines.put(key, built.plan)
     return dataclasses.replace(built, cache="miss")
 
 
 def _build_isolated(
-    builder: Builder, onnx_path: Path, target: str, profiles: list[Profile], options: BuildConfig
+    builder: Builder,
+    onnx_path: Path,
+    target: str,
+    profiles: list[Profile],
+    options: BuildConfig,
+    destination: Path | None = None,
 ) -> BuiltEngine:
-    """`_build` in a child process (compiler/engines/isolated.py): a crash in TensorRT fails this target only."""
-    with tempfile.TemporaryDirectory(prefix="tensorsmith-engine-") as scratch:
+    """`_build` in a child process (compiler/engines/isolated.py): a crash in TensorRT fails this target only.
+    The child writes the plan to a file: `destination`'s temporary sibling, renamed into place once it is whole,
+    or a scratch file read back when the caller wants the bytes."""
+    scratch_parent = destination.parent if destination is not None else None
+    with tempfile.TemporaryDirectory(prefix=".tensorsmith-engine-", dir=scratch_parent) as scratch:
         plan_path = Path(scratch) / "engine.plan"
         arguments = (builder, onnx_path, target, profiles, options, plan_path)
         built = run_isolated(_build_to_file, arguments, f"building {onnx_path.name} for {target}")
-        return dataclasses.replace(built, plan=plan_path.read_bytes())
+        if destination is None:
+            return dataclasses.replace(built, plan=plan_path.read_bytes())
+        os.chmod(plan_path, 0o666 & ~current_umask())
+        os.replace(plan_path, destination)
+        return dataclasses.replace(built, plan_path=destination)
 
 
 def _build_to_file(
@@ -180,14 +209,20 @@ def _build_to_file(
     """In the child: build, write the plan to `plan_path` (a pipe takes no large pickles), return the rest."""
     trt = import_builder(builder)
     with native_stdout_to_stderr():
-        built = _build(trt, onnx_path, target, profiles, builder, options)
-    plan_path.write_bytes(built.plan)
-    return dataclasses.replace(built, plan=b"")
+        return _build(trt, onnx_path, target, profiles, builder, options, plan_path)
 
 
 def _build(
-    trt: ModuleType, onnx_path: Path, target: str, profiles: list[Profile], builder: Builder, options: BuildConfig
+    trt: ModuleType,
+    onnx_path: Path,
+    target: str,
+    profiles: list[Profile],
+    builder: Builder,
+    options: BuildConfig,
+    plan_path: Path | None = None,
 ) -> BuiltEngine:
+    """The build itself; with `plan_path`, TensorRT's serialized plan is written there from its own buffer (no
+    bytes copy: a 3 GB plan would be held twice) and the record's `plan` is empty."""
     started = time.perf_counter()
     messages: list[tuple[Any, str]] = []
     trt_logger = _logger(trt, messages)
@@ -234,8 +269,11 @@ def _build(
             + ("; ".join(errors[-3:]) or "no error message"),
             hint="run with -vv for TensorRT's log",
         )
+    if plan_path is not None:
+        with plan_path.open("wb") as stream:
+            stream.write(memoryview(plan))
     return BuiltEngine(
-        plan=bytes(plan),
+        plan=b"" if plan_path is not None else bytes(plan),
         builder=builder,
         builder_version=str(trt.__version__),
         compute_capability=target,

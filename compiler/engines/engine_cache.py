@@ -24,6 +24,7 @@ from tensorsmith.compiler.engines.profiles import Profile
 logger = logging.getLogger(__name__)
 
 ENV_VARIABLE = "TENSORSMITH_ENGINE_CACHE"
+COPY_CHUNK = 16 << 20
 
 
 def cache_key(
@@ -56,6 +57,23 @@ class EngineCache:
             logger.warning("engine cache entry %s is damaged: rebuilding", path)
             return None
         return data
+
+    def put_file(self, key: str, plan_path: Path) -> None:
+        """put() from a plan's file, copied and hashed in chunks (a 1B decoder's plan is 3 GB)."""
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        with (
+            plan_path.open("rb") as source,
+            tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", delete=False) as stream,
+        ):
+            while chunk := source.read(COPY_CHUNK):
+                digest.update(chunk)
+                stream.write(chunk)
+        os.replace(stream.name, path.with_suffix(".engine"))
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", delete=False) as stream:
+            stream.write(digest.hexdigest().encode())
+        os.replace(stream.name, path.with_suffix(".sha256"))
 
     def put(self, key: str, plan: bytes) -> None:
         path = self.path(key)

@@ -155,12 +155,11 @@ def build_engine_record(
     profiles = decoder_profiles(inputs, dims, name) if decoder else [profile_for(inputs, dims, name)]
     # a static-cache decoder's variant is its generation graph already (compiler/variants/kv_cache.py)
     sliced = any(record.name == WRITE_INDICES for record in inputs)
-    with engine_graph(directory, variant, decoder and not sliced) as (source, sha256):
-        engine = build_engine(source, name, profiles, builder, options, onnx_sha256=sha256)
     engines = directory / ENGINES_DIR
     engines.mkdir(exist_ok=True)
     path = engines / f"{name}.engine"
-    replace_file(path, engine.plan)
+    with engine_graph(directory, variant, decoder and not sliced) as (source, sha256):
+        engine = build_engine(source, name, profiles, builder, options, onnx_sha256=sha256, destination=path)
     record = EngineRecord(
         path=str(path.relative_to(directory)),
         sha256=sha256_of(path),
@@ -179,11 +178,11 @@ def build_engine_record(
         "profile_names": engine.profile_names,
         "build_seconds": engine.seconds,
         "sha256": record.sha256,
-        "bytes": len(engine.plan),
+        "bytes": engine.size,
         "timing_cache": engine.timing_cache,
         "engine_cache": engine.cache,
         "warnings": engine.warnings,
     }
     replace_file(engines / f"{name}.json", (json.dumps(details, indent=2) + "\n").encode())
-    logger.info("built %s (%d bytes) in %.1f s", path.name, len(engine.plan), engine.seconds)
+    logger.info("built %s (%d bytes) in %.1f s", path.name, engine.size, engine.seconds)
     return TargetRecord(name=name, variant=variant.name, builder=builder, status="built", engine=record)

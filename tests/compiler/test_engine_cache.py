@@ -53,3 +53,27 @@ def test_a_damaged_entry_is_rebuilt_not_served(tmp_path: Path, damage: str) -> N
     victim.write_bytes(victim.read_bytes()[:-8])
     again = compile_with_cache(source, tmp_path / "b", tmp_path / "cache", "--target", "sm_86")
     assert caches(again) == {"sm_86": "miss"}
+
+
+def test_a_plan_built_to_its_destination_stays_out_of_memory(tmp_path: Path) -> None:
+    """The compile's builds write the plan straight into the artifact (a 1B decoder's is 3 GB): the record holds no
+    bytes, the file is whole where it was asked for, no scratch is left beside it, and the cache keeps a copy."""
+    from tensorsmith.compiler.engines.builder import build_engine
+    from tensorsmith.compiler.engines.profiles import Profile
+    from tensorsmith.compiler.settings import BuildConfig
+
+    source = small_mlp_onnx(tmp_path / "mlp.onnx", opset=17, batch=2)
+    profile = Profile({"x": ((2, 8), (2, 8), (2, 8))})
+    destination = tmp_path / "engines" / "sm_86.engine"
+    destination.parent.mkdir()
+    options = BuildConfig(engine_cache_dir=tmp_path / "cache")
+    built = build_engine(source, "sm_86", profile, options=options, destination=destination)
+    assert built.plan == b"" and built.plan_path == destination and built.cache == "miss"
+    assert built.size == destination.stat().st_size > 1000
+    assert [path.name for path in destination.parent.iterdir()] == ["sm_86.engine"]
+    (cached,) = (tmp_path / "cache").rglob("*.engine")
+    assert cached.read_bytes() == destination.read_bytes()
+    again = build_engine(source, "sm_86", profile, options=options, destination=tmp_path / "again.engine")
+    assert again.cache == "hit" and (tmp_path / "again.engine").read_bytes() == destination.read_bytes()
+    in_memory = build_engine(source, "sm_86", profile, options=options)
+    assert in_memory.plan == destination.read_bytes() and in_memory.plan_path is None
