@@ -18,7 +18,7 @@ from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.calibration.statistics import Statistics, TensorStatistics
 from tensorsmith.core.errors import CalibrationError
 from tensorsmith.core.progress import LogReporter, Reporter
-from tensorsmith.core.sessions import session_for, session_with_outputs
+from tensorsmith.core.sessions import recall_run, session_for, session_with_outputs
 from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,10 @@ class Observer:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not self.tensors:  # an empty output list would make ONNX Runtime return every output
             return {}
-        values = self.session.run(self.tensors, {k: v for k, v in feeds.items() if k in self.input_names})
+        feeds = {name: value for name, value in feeds.items() if name in self.input_names}
+        values = recall_run(self.session, feeds, self.tensors)  # the feeds' own iterator ran them already
+        if values is None:
+            values = self.session.run(self.tensors, feeds)
         return dict(zip(self.tensors, values, strict=True))
 
     def collect(

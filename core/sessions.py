@@ -97,6 +97,33 @@ def session_with_outputs(path: Path, outputs: Sequence[str], providers: Sequence
 _SESSIONS_OVER: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 
+# The last run a borrower made on an observer's session, by session: (its feeds, every output by name). A
+# decoder's calibration feeds run each prefill for its cache, and the observer would run the same feeds again for
+# its tensors: it takes this run instead (AWQ's statistics pass ran every calibration prefill twice).
+_LAST_RUN: dict[int, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+
+
+def run_remembered(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output of `session` on `feeds`, kept for one recall_run of the same feeds (the next one)."""
+    names = [output.name for output in session.get_outputs()]
+    outputs = dict(zip(names, session.run(None, feeds), strict=True))
+    _LAST_RUN[id(session)] = (feeds, outputs)
+    return outputs
+
+
+def recall_run(session: Any, feeds: dict[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray] | None:
+    """`names`' values from the run_remembered on `session` when it was given these very feeds (compared by
+    value: batching re-wraps them), else None; forgotten once asked."""
+    remembered = _LAST_RUN.pop(id(session), None)
+    if remembered is None:
+        return None
+    given, outputs = remembered
+    same = given.keys() == feeds.keys() and all(np.array_equal(given[name], feeds[name]) for name in given)
+    if not same or not all(name in outputs for name in names):
+        return None
+    return [outputs[name] for name in names]
+
+
 def session_over(path: Path) -> Any | None:
     """A session already open over the graph at `path` (session_with_outputs': every graph output among its
     outputs), or None. Borrow it for a run; do not keep it (it goes when its owner drops it)."""

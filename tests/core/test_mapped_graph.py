@@ -111,3 +111,24 @@ def test_a_session_over_a_graph_is_found_by_its_path_while_it_is_held(tmp_path: 
     del session
     gc.collect()
     assert session_over(path) is None
+
+
+def test_an_observer_takes_the_run_its_feeds_made_on_the_borrowed_session(tmp_path: Path) -> None:
+    """A decoder's calibration feeds run each prefill on the observer's session for its cache; the observer then
+    takes that run (equal feeds, re-wrapped by batching) instead of running the graph a second time."""
+    from tensorsmith.calibration import Observer
+    from tensorsmith.core.sessions import run_remembered, session_over
+
+    path = two_matmuls(tmp_path / "model.onnx")
+    observer = Observer(path, ["hidden"], providers=["CPUExecutionProvider"])
+    borrowed = session_over(path)
+    remembered = run_remembered(borrowed, FEEDS)
+    assert set(remembered) == {"y", "hidden"}
+    rewrapped = {"x": FEEDS["x"][0:2]}  # what CalibrationData.batches yields: a new dict, a view
+    assert observer.run(rewrapped)["hidden"] is remembered["hidden"]
+    again = observer.run(rewrapped)  # forgotten once taken: this one runs
+    assert again["hidden"] is not remembered["hidden"]
+    np.testing.assert_array_equal(again["hidden"], remembered["hidden"])
+    run_remembered(borrowed, FEEDS)
+    other = {"x": FEEDS["x"] + 1.0}  # other values: never the remembered run
+    np.testing.assert_allclose(observer.run(other)["hidden"], other["x"] @ FIRST, rtol=1e-5, atol=1e-5)

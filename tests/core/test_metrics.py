@@ -1,0 +1,37 @@
+"""Variant accuracy figures computed a few samples at a time (core/metrics.py): the same figures as over the whole
+arrays at once, for outputs of every rank, empty ones included."""
+
+import numpy as np
+import pytest
+
+from tensorsmith.core import metrics
+
+RNG = np.random.default_rng(0)
+REFERENCE = [RNG.standard_normal((9, 16, 50)).astype(np.float32), RNG.standard_normal(5).astype(np.float32),
+             np.full((), 2.0, np.float32), np.zeros((2, 0, 4), np.float32)]  # fmt: skip
+ACTUAL = [r + 0.01 * RNG.standard_normal(r.shape).astype(np.float32) for r in REFERENCE]
+
+
+def whole_cosines(reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    a, b = (np.asarray(x, np.float64).reshape(len(x), -1) for x in (reference, actual))
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.parametrize("chunk", [1, 700, 1 << 22])  # a sample at a time (each is 800), several, all at once
+def test_figures_do_not_depend_on_the_chunk(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    monkeypatch.setattr(metrics, "CHUNK_ELEMENTS", chunk)
+    figures = metrics.accuracy(REFERENCE, ACTUAL)
+    cosines = whole_cosines(REFERENCE[0], ACTUAL[0])
+    np.testing.assert_allclose(metrics.sample_cosines(REFERENCE[0], ACTUAL[0]), cosines, rtol=1e-12)
+    # the other outputs' samples are single values or empty: cosine 1, so the first output is the worst
+    assert figures["cosine"] == pytest.approx(cosines.mean(), rel=1e-12)
+    assert figures["min-cosine"] == pytest.approx(cosines.min(), rel=1e-12)
+    big = np.asarray(REFERENCE[0], np.float64)
+    noise = np.asarray(ACTUAL[0], np.float64) - big
+    assert metrics.relative_error(REFERENCE[0], ACTUAL[0]) == pytest.approx(np.abs(noise).max() / np.abs(big).max())
+    assert metrics.METRICS["max-abs"][0](REFERENCE, ACTUAL) == pytest.approx(
+        max(float(np.abs(np.asarray(a, np.float64) - r).max()) for r, a in zip(REFERENCE[:3], ACTUAL[:3], strict=True))
+    )
+    assert figures["sqnr-db"] == pytest.approx(min(
+        10 * np.log10(np.sum(np.asarray(r, np.float64) ** 2) / np.sum((np.asarray(a, np.float64) - r) ** 2))
+        for r, a in zip(REFERENCE[:3], ACTUAL[:3], strict=True)))  # fmt: skip
