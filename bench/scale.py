@@ -13,7 +13,10 @@ Sides: `tensorsmith compile DIR --target cpu --target sm_86 --target sm_120` (fp
 variant) and the same with `--precision int4 --calibration heldout.txt` (AWQ); `--target sm_86 --precision int4
 --int4-algorithm rtn` (the 3B shape's row: no calibration pass); GenAI's `-p fp32 -e cpu`,
 `-p int4 -e cpu` and `-p fp16 -e cuda` (the builder writes the CUDA model on a machine without a GPU; it builds
-no engine). A side that fails or runs out of memory is reported with its exit status, not left out.
+no engine); Model Optimizer's ONNX INT4 (`awq_lite`, block 128; `bash bench/modelopt-site.sh` installs it) of
+the fp32 model.onnx that the `tensorsmith fp16` side wrote (Model Optimizer starts from ONNX, not a checkpoint),
+calibrated on 16 windows of the same text. A side that fails or runs out of memory is reported with its exit
+status, not left out.
 """
 
 from __future__ import annotations
@@ -92,6 +95,10 @@ def _sides(checkpoint: Path, work: Path) -> dict[str, list[str]]:
         "tensorsmith int4 RTN (sm_86)": [tensorsmith, "compile", str(checkpoint), "--target", "sm_86", "--json",
                                          "-o", str(work / "ts-int4-rtn"), "--precision", "int4",
                                          "--int4-algorithm", "rtn"],
+        # Model Optimizer's ONNX PTQ starts from an ONNX graph: tensorsmith fp16's fp32 model.onnx (that side first)
+        "Model Optimizer int4 awq_lite (from model.onnx)": [python, "-m", "bench.scale", "--modelopt",
+                                                            str(checkpoint), str(work / "ts-fp16"),
+                                                            "-o", str(work / "modelopt-int4")],
         "GenAI -p fp32 -e cpu": [*builder, "-o", str(work / "genai-fp32"), "-p", "fp32", "-e", "cpu"],
         "GenAI -p int4 -e cpu": [*builder, "-o", str(work / "genai-int4"), "-p", "int4", "-e", "cpu"],
         "GenAI -p fp16 -e cuda": [*builder, "-o", str(work / "genai-fp16"), "-p", "fp16", "-e", "cuda"],
@@ -150,7 +157,7 @@ def measure(shape: str, decode: bool, only: list[str] | None = None) -> dict[str
                 figures["engines_gb"] = round(_bytes(out, "engines/*") / 1e9, 3)
                 if side.startswith("tensorsmith"):
                     figures.update(_compile_figures(out))
-                if decode and "cuda" not in side:
+                if decode and "cuda" not in side and not side.startswith("Model Optimizer"):
                     kind = "tensorsmith" if side.startswith("tensorsmith") else "genai"
                     log = work / f"{out.name}-decode.json"
                     run = _process([sys.executable, "-m", "bench.scale", "--decode", kind, str(out), str(log)],
@@ -173,7 +180,29 @@ def _compile_figures(out: Path) -> dict[str, Any]:
     return figures
 
 
+def _modelopt_side(checkpoint: Path, fp32_artifact: Path, out: Path) -> None:
+    """In its own process: Model Optimizer's ONNX INT4 (awq_lite, block 128) of the fp32 graph tensorsmith wrote,
+    calibrated on the same text's windows (bench/modelopt-site.sh installs it; bench/int4.py's call)."""
+    import numpy as np
+
+    from bench.int4 import quantize
+
+    manifest = json.loads((fp32_artifact / "manifest.json").read_text())
+    layout = {key: manifest["generation"][key] for key in ("layers", "kv_heads", "head_dim")}
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(TEXT.read_text(encoding="utf-8")).ids
+    windows = np.array(ids[: 16 * 128], np.int64).reshape(16, 128)  # what tensorsmith's AWQ sees, 16 windows
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "calibration.npz", input_ids=windows)
+    quantize("modelopt:awq_lite", str(fp32_artifact / "model.onnx"), str(out / "model.onnx"),
+             str(out / "calibration.npz"), json.dumps(layout))  # fmt: skip
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--modelopt"]:
+        _modelopt_side(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[5]))
+        return
     if sys.argv[1:2] == ["--decode"]:
         kind, path, log = sys.argv[2:5]
         Path(log).write_text(json.dumps(_decode_side(kind, path)))

@@ -97,29 +97,29 @@ def session_with_outputs(path: Path, outputs: Sequence[str], providers: Sequence
 _SESSIONS_OVER: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 
-# The last run a borrower made on an observer's session, by session: (its feeds, every output by name). A
+# The last run a borrower made on an observer's session: (the session, its feeds, every output by name). A
 # decoder's calibration feeds run each prefill for its cache, and the observer would run the same feeds again for
 # its tensors: it takes this run instead (AWQ's statistics pass ran every calibration prefill twice).
-_LAST_RUN: dict[int, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+_LAST_RUN: list[tuple[weakref.ref[Any], dict[str, np.ndarray], dict[str, np.ndarray]]] = []
 
 
 def run_remembered(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every output of `session` on `feeds`, kept for one recall_run of the same feeds (the next one)."""
     names = [output.name for output in session.get_outputs()]
     outputs = dict(zip(names, session.run(None, feeds), strict=True))
-    _LAST_RUN[id(session)] = (feeds, outputs)
+    _LAST_RUN[:] = [(weakref.ref(session), feeds, outputs)]
     return outputs
 
 
 def recall_run(session: Any, feeds: dict[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray] | None:
-    """`names`' values from the run_remembered on `session` when it was given these very feeds (compared by
-    value: batching re-wraps them), else None; forgotten once asked."""
-    remembered = _LAST_RUN.pop(id(session), None)
-    if remembered is None:
+    """`names`' values from the run_remembered on this very `session` with these feeds (compared by value:
+    batching re-wraps them), else None; forgotten once asked."""
+    if not _LAST_RUN:
         return None
-    given, outputs = remembered
-    same = given.keys() == feeds.keys() and all(np.array_equal(given[name], feeds[name]) for name in given)
-    if not same or not all(name in outputs for name in names):
+    (owner, given, outputs), _LAST_RUN[:] = _LAST_RUN[0], []
+    if owner() is not session or given.keys() != feeds.keys() or not all(name in outputs for name in names):
+        return None
+    if not all(np.array_equal(given[name], feeds[name]) for name in given):
         return None
     return [outputs[name] for name in names]
 

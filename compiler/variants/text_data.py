@@ -118,17 +118,22 @@ class DecoderFeeds:
         # an observer's session over the same graph (AWQ's, calibration's) computes the cache as well: borrowed
         # for this pass rather than a second fp32 session beside it, and its run of each prefill is the one the
         # observer takes (run_remembered), so that every prefill runs once
-        session = session_over(self.reference)
+        session = borrowed = session_over(self.reference)
         if session is None:
             if self._session is None:
                 self._session = cpu_session(self.reference)
             session = self._session
+        names = [output.name for output in session.get_outputs()]
         length = self.windows.shape[1]
         for start in range(0, len(self.windows), self.batch_size):
             tokens = self.windows[start : start + self.batch_size]
             prefill = prefill_feeds(tokens, self.inputs)
-            outputs = run_remembered(session, prefill)
-            yield prefill
+            if borrowed is not None:
+                outputs = run_remembered(borrowed, prefill)
+                yield prefill
+            else:
+                yield prefill
+                outputs = dict(zip(names, session.run(None, prefill), strict=True))
             for past in sorted({max(1, min(length - 1, round(point * length))) for point in DECODE_POINTS}):
                 step = {"input_ids": tokens[:, past : past + 1], "attention_mask": np.ones((len(tokens), past + 1),
                         np.int64), "position_ids": np.full((len(tokens), 1), past, np.int64)}  # fmt: skip
