@@ -182,21 +182,33 @@ def _compile_figures(out: Path) -> dict[str, Any]:
 
 def _modelopt_side(checkpoint: Path, fp32_artifact: Path, out: Path) -> None:
     """In its own process: Model Optimizer's ONNX INT4 (awq_lite, block 128) of the fp32 graph tensorsmith wrote,
-    calibrated on the same text's windows (bench/modelopt-site.sh installs it; bench/int4.py's call)."""
+    calibrated on 16 windows of the same text (bench/modelopt-site.sh installs it). The artifact's model.onnx is
+    the static-cache generation graph: its feeds are a prefill into an empty cache of a window's length."""
     import numpy as np
-
-    from bench.int4 import quantize
-
-    manifest = json.loads((fp32_artifact / "manifest.json").read_text())
-    layout = {key: manifest["generation"][key] for key in ("layers", "kv_heads", "head_dim")}
+    import onnx
     from tokenizers import Tokenizer
 
+    from bench.int4 import MODELOPT_SITE
+
+    sys.path.append(str(MODELOPT_SITE))  # after .venv's: its onnx and onnxruntime are the ones used
+    from modelopt.onnx.quantization import quantize as modelopt_quantize
+
     ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(TEXT.read_text(encoding="utf-8")).ids
-    windows = np.array(ids[: 16 * 128], np.int64).reshape(16, 128)  # what tensorsmith's AWQ sees, 16 windows
+    rows, length = 16, 128
+    tokens = np.array(ids[: rows * length], np.int64).reshape(rows, length)
+    graph = onnx.load(str(fp32_artifact / "model.onnx"), load_external_data=False).graph
+    feeds: dict[str, np.ndarray] = {"input_ids": tokens, "attention_mask": np.ones_like(tokens),
+                                    "position_ids": np.broadcast_to(np.arange(length), tokens.shape).copy(),
+                                    "write_indices": np.zeros(rows, np.int64)}  # fmt: skip
+    for value in graph.input:
+        if value.name.startswith("past_key_values."):
+            dims = [dim.dim_value for dim in value.type.tensor_type.shape.dim]
+            feeds[value.name] = np.zeros((rows, dims[1], length, dims[3]), np.float32)
+    feeds = {value.name: feeds[value.name] for value in graph.input}
     out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / "calibration.npz", input_ids=windows)
-    quantize("modelopt:awq_lite", str(fp32_artifact / "model.onnx"), str(out / "model.onnx"),
-             str(out / "calibration.npz"), json.dumps(layout))  # fmt: skip
+    modelopt_quantize(str(fp32_artifact / "model.onnx"), quantize_mode="int4", calibration_method="awq_lite",
+                      calibration_data=feeds, calibration_eps=["cpu"], output_path=str(out / "model.onnx"),
+                      block_size=128, log_level="WARNING")  # fmt: skip
 
 
 def main() -> None:
