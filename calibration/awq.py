@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tensorsmith.passes.int4 import AMAX_LEVEL, INT4_MAX, INT4_MIN, block_amax
+from tensorsmith.passes.int4 import INT4_MAX, INT4_MIN, block_amax, block_step
 
 ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))  # Model Optimizer awq_lite's grid (alpha_step 0.1)
 CLIP_RATIOS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 … 0.5
@@ -83,8 +83,7 @@ def _rounding_error(blocks: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 def _steps(amax: np.ndarray, ratio: float = 1.0) -> np.ndarray:
     """quantize_int4's step per block and column, [K/B, 1, n], from the block amax [K/B, n]."""
-    clipped = amax * np.float32(ratio)
-    return np.where(clipped > 0, clipped / np.float32(AMAX_LEVEL), np.float32(1.0))[:, None, :]
+    return block_step(amax * np.float32(ratio))[:, None, :]
 
 
 def search_scale(statistics: ActivationStatistics, weight: np.ndarray, block: int) -> tuple[np.ndarray, float, float]:

@@ -48,11 +48,15 @@ def block_amax(weight: np.ndarray, block: int) -> np.ndarray:
     return np.abs(weight.reshape(rows // block, block, columns)).max(axis=1)
 
 
+def block_step(amax: np.ndarray) -> np.ndarray:
+    """The quantization step of each block from its (clipped) amax: amax/7.5, 1 for an all-zero block."""
+    return np.where(amax > 0, amax / AMAX_LEVEL, 1.0).astype(np.float32)
+
+
 def quantize_int4(weight: np.ndarray, block: int, clip: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(q int8 in [-8, 7] [K, N], scale float32 [K/B, N]) of `weight` [K, N]; `clip` [K/B, N] scales the amax."""
     rows, columns = weight.shape
-    amax = block_amax(weight, block) * (1.0 if clip is None else clip)
-    scale = np.where(amax > 0, amax / AMAX_LEVEL, 1.0).astype(np.float32)
+    scale = block_step(block_amax(weight, block) * (1.0 if clip is None else clip))
     blocks = weight.reshape(rows // block, block, columns) / scale[:, None, :]
     q = np.clip(np.round(blocks), INT4_MIN, INT4_MAX).astype(np.int8)
     return q.reshape(rows, columns), scale
