@@ -22,7 +22,7 @@ import onnxruntime as ort
 
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.int4 import build_int4_variant, plan_int4
-from tensorsmith.compiler.variants.quantized import Evaluation
+from tensorsmith.compiler.variants.measure import Evaluation
 from tensorsmith.compiler.variants.rewrite import rewritten
 from tensorsmith.compiler.variants.weight_mix import recipe_levels
 from tensorsmith.core.precisions import FP32, INT4, Backend
@@ -71,7 +71,7 @@ def measure(art: Path, work: Path) -> None:
     for name, assignment in (("with W8A8 layers", levels), ("weight-only (recipe_levels)", recipe_levels(cpu, levels))):
         folder = work / str(len(paths))
         folder.mkdir()
-        record, _, _ = build_int4_variant(model, cpu, plan, evaluation, folder, assignment, True, {"int8": scales})
+        record, _ = build_int4_variant(model, cpu, plan, evaluation, folder, assignment, True, {"int8": scales})
         paths[name] = folder / record.path
     sessions = {k: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for k, p in paths.items()}
     times: dict[str, list[float]] = {k: [] for k in sessions}

@@ -40,22 +40,18 @@ def _per_sample(array: np.ndarray) -> np.ndarray:
     return array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)
 
 
+def sample_cosines(reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """The cosine between each sample's (axis 0) flattened outputs."""
+    running = RunningAccuracy(1)
+    running.add([reference], [actual])
+    return running.cosines(0)
+
+
 def relative_error(reference: np.ndarray, actual: np.ndarray) -> float:
     """max |actual - reference| / max |reference|: the error relative to the output's scale."""
-    scale = difference = 0.0
-    for r, a in _sample_chunks(reference, actual):
-        if r.size:
-            scale = max(scale, float(np.max(np.abs(r))))
-            difference = max(difference, float(np.max(np.abs(a - r))))
-    return difference / scale if scale > 0 else difference
-
-
-def sample_cosines(reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
-    chunks = []
-    for a, b in _sample_chunks(reference, actual):
-        norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-        chunks.append(np.where(norms > 0, np.einsum("ij,ij->i", a, b) / np.where(norms > 0, norms, 1.0), 1.0))
-    return np.concatenate(chunks) if chunks else np.ones(0)
+    running = RunningAccuracy(1)
+    running.add([reference], [actual])
+    return running.figures()["max_relative_error"]
 
 
 def mean_cosine(reference: np.ndarray, actual: np.ndarray) -> float:
@@ -63,51 +59,78 @@ def mean_cosine(reference: np.ndarray, actual: np.ndarray) -> float:
     return float(np.mean(sample_cosines(reference, actual)))
 
 
-def _cosine(reference: Outputs, actual: Outputs) -> float:
-    return min(mean_cosine(r, a) for r, a in zip(reference, actual, strict=True))
+def _figure(name: str) -> Callable[[Outputs, Outputs], float]:
+    def measure(reference: Outputs, actual: Outputs) -> float:
+        running = RunningAccuracy(len(reference))
+        running.add(reference, actual)
+        return running.figure(name)
 
-
-def _min_cosine(reference: Outputs, actual: Outputs) -> float:
-    return min(float(np.min(sample_cosines(r, a))) for r, a in zip(reference, actual, strict=True))
-
-
-def _max_abs(reference: Outputs, actual: Outputs) -> float:
-    return max(
-        max((float(np.max(np.abs(a - r))) for r, a in _sample_chunks(ref, act) if r.size), default=0.0)
-        for ref, act in zip(reference, actual, strict=True)
-    )
-
-
-def _sqnr_db(reference: Outputs, actual: Outputs) -> float:
-    worst = np.inf
-    for ref, act in zip(reference, actual, strict=True):
-        signal = noise = 0.0
-        for r, a in _sample_chunks(ref, act):
-            signal += float(np.sum(r**2))
-            noise += float(np.sum((a - r) ** 2))
-        worst = min(worst, np.inf if noise == 0 else 10 * np.log10(signal / noise))
-    return float(worst)
+    return measure
 
 
 Metric = Callable[[Outputs, Outputs], float]
 METRICS: dict[str, tuple[Metric, bool]] = {  # name → (function, higher is better)
-    "cosine": (_cosine, True),
-    "min-cosine": (_min_cosine, True),
-    "max-abs": (_max_abs, False),
-    "sqnr-db": (_sqnr_db, True),
+    "cosine": (_figure("cosine"), True),
+    "min-cosine": (_figure("min-cosine"), True),
+    "max-abs": (_figure("max-abs"), False),
+    "sqnr-db": (_figure("sqnr-db"), True),
 }
 LANGUAGE_METRICS = {"perplexity-ratio": False, "next-token-agreement": True, "perplexity": False}  # higher better?
 
 
 def accuracy(reference: Outputs, actual: Outputs) -> dict[str, float]:
     """The figures recorded for every variant: cosine, min-cosine, sqnr-db and max_relative_error."""
-    cosines = [sample_cosines(r, a) for r, a in zip(reference, actual, strict=True)]  # once for both figures
-    return {
-        "cosine": min(float(np.mean(c)) for c in cosines),
-        "min-cosine": min(float(np.min(c)) for c in cosines),
-        "sqnr-db": _sqnr_db(reference, actual),
-        "max_relative_error": max(relative_error(r, a) for r, a in zip(reference, actual, strict=True)),
-    }
+    running = RunningAccuracy(len(reference))
+    running.add(reference, actual)
+    return running.figures()
+
+
+class RunningAccuracy:
+    """accuracy()'s figures (and max-abs) from outputs given a few samples at a time: a decoder's evaluation
+    outputs are its logits at every position, and a variant's need never be held whole beside the reference's."""
+
+    def __init__(self, count: int) -> None:
+        self._cosines: list[list[np.ndarray]] = [[] for _ in range(count)]
+        self._signal, self._noise = [0.0] * count, [0.0] * count
+        self._scale, self._difference = [0.0] * count, [0.0] * count
+
+    def add(self, reference: Outputs, actual: Outputs) -> None:
+        """The next samples (axis 0) of every output, in order."""
+        for index, (ref, act) in enumerate(zip(reference, actual, strict=True)):
+            for r, a in _sample_chunks(ref, act):
+                norms = np.linalg.norm(r, axis=1) * np.linalg.norm(a, axis=1)
+                cosines = np.einsum("ij,ij->i", r, a) / np.where(norms > 0, norms, 1.0)
+                self._cosines[index].append(np.where(norms > 0, cosines, 1.0))
+                if r.size:
+                    error = np.abs(a - r)
+                    self._signal[index] += float(np.sum(r**2))
+                    self._noise[index] += float(np.sum(error**2))
+                    self._scale[index] = max(self._scale[index], float(np.max(np.abs(r))))
+                    self._difference[index] = max(self._difference[index], float(np.max(error)))
+
+    def cosines(self, index: int) -> np.ndarray:
+        """Output `index`'s cosine per sample so far."""
+        chunks = self._cosines[index]
+        return np.concatenate(chunks) if chunks else np.ones(0)
+
+    def figures(self) -> dict[str, float]:
+        """What a variant record's accuracy holds: cosine, min-cosine, sqnr-db and max_relative_error, each the
+        worst output's."""
+        cosines = [self.cosines(index) if self._cosines[index] else np.ones(1) for index in range(len(self._cosines))]
+        sqnr = [np.inf if noise == 0 else 10 * np.log10(signal / noise)
+                for signal, noise in zip(self._signal, self._noise, strict=True)]  # fmt: skip
+        relative = [difference / scale if scale > 0 else difference
+                    for scale, difference in zip(self._scale, self._difference, strict=True)]  # fmt: skip
+        return {
+            "cosine": min(float(np.mean(c)) for c in cosines),
+            "min-cosine": min(float(np.min(c)) for c in cosines),
+            "sqnr-db": float(min(sqnr)),
+            "max_relative_error": max(relative),
+        }
+
+    def figure(self, name: str) -> float:
+        """One of METRICS' figures (max-abs: the largest absolute difference of any output)."""
+        return max(self._difference, default=0.0) if name == "max-abs" else self.figures()[name]
 
 
 _BUDGET = re.compile(r"^\s*([A-Za-z0-9_.\-:]+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")

@@ -6,11 +6,12 @@ user's business); onnxruntime is imported inside the functions, so importing thi
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import tempfile
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,24 +37,71 @@ def quiet_onnxruntime() -> Any:
     return onnxruntime
 
 
-def run_onnx(path: Path | onnx.ModelProto, feeds: dict[str, np.ndarray], origin: str | None = None) -> list[np.ndarray]:
+def run_onnx(
+    path: Path | onnx.ModelProto, feeds: dict[str, np.ndarray], origin: str | None = None, in_rows: bool = False
+) -> list[np.ndarray]:
     """Outputs of the ONNX file at `path` (or of an in-memory graph) on ONNX Runtime's CPU provider, in graph
-    order. An error names `origin` (what the file was made from), else the path."""
+    order. `in_rows`: run a few rows at a time (run_in_rows) and join them, for outputs whose row is large (a
+    decoder's logits at every position). An error names `origin` (what the file was made from), else the path."""
+    with onnx_errors(path, origin):
+        session = open_session(path)
+        if in_rows:
+            parts = list(run_in_rows(session, feeds))
+            return [np.concatenate(outputs) for outputs in zip(*parts, strict=True)]
+        return list(session.run(None, session_feeds(session, feeds)))
+
+
+def open_session(path: Path | onnx.ModelProto) -> Any:
+    """A quiet ONNX Runtime CPU session over the file at `path`, or over an in-memory graph."""
+    if isinstance(path, onnx.ModelProto):
+        return session_for(path)
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@contextlib.contextmanager
+def onnx_errors(path: Path | onnx.ModelProto, origin: str | None = None) -> Iterator[None]:
+    """ONNX Runtime's errors opening or running `path` as one ExportError naming `origin`, else the path."""
     try:
-        if isinstance(path, onnx.ModelProto):
-            session = session_for(path)
-        else:
-            session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        names = {value.name for value in session.get_inputs()}
-        return list(session.run(None, {name: array for name, array in feeds.items() if name in names}))
+        yield
     except Exception as err:  # onnxruntime's own exception types (Fail, InvalidGraph, NotImplemented, ...)
+        if isinstance(err, ExportError):
+            raise
         raise ExportError(
-            f"ONNX Runtime cannot run {origin or path}: {onnxruntime_reason(err)}",
+            f"ONNX Runtime cannot run {origin or ('a graph' if isinstance(path, onnx.ModelProto) else path)}: "
+            f"{onnxruntime_reason(err)}",
             hint="every op must be one ONNX Runtime implements; `tensorsmith inspect FILE` lists them",
         ) from err
+
+
+def session_feeds(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The feeds `session` takes (an evaluation's may hold inputs only some graphs have)."""
+    names = {value.name for value in session.get_inputs()}
+    return {name: array for name, array in feeds.items() if name in names}
+
+
+# Output bytes one run of a few rows of an evaluation may make: a decoder's evaluation outputs are its logits at
+# every position (21 windows of 128 tokens at SmolLM-135M's vocabulary: 528 MB), which a run of all rows at once
+# holds in ONNX Runtime's buffers and again as the returned arrays.
+RUN_BYTES = 64 << 20
+
+
+def run_in_rows(session: Any, feeds: dict[str, np.ndarray], row_bytes: int | None = None) -> Iterator[list[np.ndarray]]:
+    """`session`'s outputs on `feeds` a few rows (axis 0) at a time: about RUN_BYTES of output a run, for outputs of
+    `row_bytes` a row (None: as the first row, run alone, makes). Feeds whose axis 0 is not the rows' go whole to
+    every run."""
+    feeds = session_feeds(session, feeds)
+    rows = max((len(array) for array in feeds.values() if array.ndim), default=1)
+    start = 0
+    while start < rows:
+        part = slice(start, start + (1 if row_bytes is None else max(1, RUN_BYTES // max(1, row_bytes))))
+        outputs = list(session.run(None, {name: array[part] if array.ndim and len(array) == rows else array
+                                          for name, array in feeds.items()}))  # fmt: skip
+        row_bytes = row_bytes or sum(output.nbytes for output in outputs)
+        start = part.stop
+        yield outputs
 
 
 def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> Any:

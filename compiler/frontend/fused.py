@@ -20,7 +20,7 @@ from tensorsmith.compiler.frontend.verify import compare_outputs
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
-from tensorsmith.core.mapped_graph import load_mapped, save_mapped
+from tensorsmith.core.mapped_graph import mapped, save_mapped
 from tensorsmith.core.module_paths import module_paths
 from tensorsmith.core.precisions import FP32
 from tensorsmith.core.progress import Reporter
@@ -75,9 +75,9 @@ def graph_passes(config: CompileConfig) -> list[GraphPass]:
 def fuse(path: Path, config: CompileConfig, module_paths: dict[str, str]) -> tuple[onnx.ModelProto, list[PassReport]]:
     """The graph passes after canonicalize, on onnx-graphsurgeon's IR over the graph saved at `path` (its weights
     memory-mapped), saved there again with the nodes' module paths; its structure, without the weights."""
-    graph, _ = load_mapped(path)
-    reports = run_passes(graph, graph_passes(config))
-    return save_mapped(graph, path, module_paths), reports
+    with mapped(path) as (graph, _):
+        reports = run_passes(graph, graph_passes(config))
+        return save_mapped(graph, path, module_paths), reports
 
 
 def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGraph:

@@ -14,8 +14,9 @@ from tensorsmith.compiler.variants.calibrated import calibrate_variants, collect
 from tensorsmith.compiler.variants.cpu_choice import choose_cpu_variant
 from tensorsmith.compiler.variants.cpu_dynamic import dynamic_source
 from tensorsmith.compiler.variants.float_builder import reference_variant
+from tensorsmith.compiler.variants.measure import Evaluation, with_text_metrics
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
-from tensorsmith.compiler.variants.quantized import Evaluation, build_quantized, search_layers, with_text_metrics
+from tensorsmith.compiler.variants.quantized import build_quantized, search_layers
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.precisions import INT8, Family, precision
 from tensorsmith.core.sessions import run_onnx
@@ -49,7 +50,7 @@ def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
     one_sample = {name: array[:1] for name, array in split.evaluation.items()}
     shapes = activation_shapes(Observer(model, tensors_to_observe(model)).run(one_sample))
     layers = list_layers(model, shapes, config.overrides)
-    reference_outputs = run_onnx(fused.path, split.evaluation)
+    reference_outputs = run_onnx(fused.path, split.evaluation, in_rows=True)
     evaluation = Evaluation(split.evaluation, reference_outputs, budget, split.evaluated_on, split.tokens, split.timing)
 
     reference = with_text_metrics(reference_variant(fused), evaluation, reference_outputs)

@@ -14,11 +14,12 @@ import onnx
 
 from tensorsmith.calibration.layers import Layer
 from tensorsmith.compiler.variants.cpu_dynamic import build_dynamic_variant
+from tensorsmith.compiler.variants.measure import Evaluation, measure_session, measure_variant
 from tensorsmith.compiler.variants.precision_plan import CpuChoice, SessionChoice
-from tensorsmith.compiler.variants.quantized import Evaluation, flops_fraction, with_text_metrics
+from tensorsmith.compiler.variants.quantized import flops_fraction
 from tensorsmith.core.ir import save_onnx
-from tensorsmith.core.metrics import Budget, accuracy
-from tensorsmith.core.sessions import cpu_session, latency_ms, run_onnx
+from tensorsmith.core.metrics import Budget
+from tensorsmith.core.sessions import cpu_session, latency_ms
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord, external_data_path
 
@@ -105,8 +106,8 @@ def choose_cpu_variant(
             }
         )
         if evaluation.tokens is not None:  # a decoder's: perplexity too, as every variant of it has
-            outputs = run_onnx(directory / candidate.path, evaluation.feeds)
-            candidate = with_text_metrics(candidate, evaluation, outputs)
+            figures = measure_variant(directory / candidate.path, evaluation)
+            candidate = candidate.model_copy(update={"accuracy": {**candidate.accuracy, **figures}})
         sessions = {record.name: cpu_session(directory / record.path) for record in (static, candidate)}
         latency = latency_ms(sessions, batch)
         del sessions
@@ -140,9 +141,8 @@ def choose_accuracy_level(
     faster (by MIN_GAIN) and the budget still holds (without one: the metric moves by at most
     ACCURACY_TOLERANCE), else fp32 activations. The record's accuracy is the chosen level's.
 
-    Each level's outputs on the evaluation feeds are reduced to its figures and dropped before the next level runs
-    (a decoder's are its logits at every position: two levels' at once put 1.3 GB on SmolLM-135M's peak); the
-    default level's figures are the record's own where they hold the metric (build_int4_variant measured them)."""
+    Each level is measured a few rows at a time (measure.py); the default level's figures are the record's own
+    where they hold the metric (build_int4_variant measured them)."""
     path = directory / record.path
     timed = evaluation.timing if evaluation.timing is not None else evaluation.feeds
     batch = {name: array[:TIMING_BATCH] for name, array in timed.items()}
@@ -153,9 +153,7 @@ def choose_accuracy_level(
         if level == DEFAULT_ACCURACY_LEVEL and _metric_name(evaluation) in record.accuracy:
             figures[level] = dict(record.accuracy)
             continue
-        outputs = list(session.run(None, evaluation.feeds))
-        figures[level] = _figures(evaluation, outputs)
-        del outputs
+        figures[level] = measure_session(session, evaluation)
     del sessions
     metric = {level: figures[level][_metric_name(evaluation)] for level in ACCURACY_LEVELS}
     fast, exact = "4", "1"
@@ -181,15 +179,3 @@ def _metric_name(evaluation: Evaluation) -> str:
     if evaluation.budget is not None:
         return evaluation.budget.metric
     return "perplexity-ratio" if evaluation.tokens is not None else "cosine"
-
-
-def _figures(evaluation: Evaluation, outputs: list[np.ndarray]) -> dict[str, float]:
-    """What a variant record's accuracy holds (with the text metrics of a decoder's), and the budget's metric."""
-    figures = accuracy(evaluation.reference, outputs)
-    if evaluation.tokens is not None:
-        from tensorsmith.core.language import language_model_metrics
-
-        figures |= language_model_metrics(evaluation.tokens, evaluation.reference[0], outputs[0])
-    if evaluation.budget is not None and evaluation.budget.metric not in figures:
-        figures[evaluation.budget.metric] = evaluation.budget.measure(evaluation.reference, outputs)
-    return figures

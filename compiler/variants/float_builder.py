@@ -20,6 +20,7 @@ import onnx
 from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
 from tensorsmith.compiler.variants.language import text_evaluation, with_language_metrics
+from tensorsmith.compiler.variants.measure import token_figures
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import rewrite_file, rewritten, variant_path
 from tensorsmith.core.ir import load_onnx
@@ -111,8 +112,9 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
     fused, config, directory, reporter = job.fused, job.config, job.directory, job.reporter
     reference = reference_variant(fused)
     text = text_evaluation(config, fused.inputs, fused.path)  # a decoder's held-out text, if it has one
-    if text is not None:
-        reference = with_language_metrics(reference, fused.path, directory, text)
+    expected = token_figures(fused.path, text.feeds, text.tokens) if text is not None else None
+    if text is not None and expected is not None:
+        reference = with_language_metrics(reference, text, expected, expected)
     records: list[VariantRecord] = []
     reports: list[PassReport] = []
     by_target: dict[str, VariantRecord] = {}
@@ -126,8 +128,10 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
             report = name_modules(built.report, fused.path)
             log_kept_for_range(report)
             record = built.record
-            if text is not None:
-                record = with_language_metrics(record, fused.path, directory, text, built.measured_on)
+            if text is not None and expected is not None:
+                measured_on = built.measured_on if built.measured_on is not None else directory / record.path
+                record = with_language_metrics(record, text, expected, token_figures(measured_on, text.feeds,
+                                                                                     text.tokens))  # fmt: skip
             records.append(record)
             reports.append(report)
         by_target.update(dict.fromkeys(targets, record))

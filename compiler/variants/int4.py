@@ -6,8 +6,9 @@ Runtime), each measured against the fp32 graph, as a language model where the mo
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,18 +19,16 @@ import onnx_graphsurgeon as gs
 from tensorsmith.calibration import CalibrationData, Observer
 from tensorsmith.calibration.awq import collect_statistics, search_clip, search_scale
 from tensorsmith.compiler.targets import Recipe
+from tensorsmith.compiler.variants.measure import Evaluation, measure_variant
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
-from tensorsmith.compiler.variants.quantized import Evaluation, with_text_metrics
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import rewrite, rewrite_file, rewritten, variant_path
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import load_onnx
-from tensorsmith.core.mapped_graph import load_mapped, values_unkept
-from tensorsmith.core.metrics import accuracy
+from tensorsmith.core.mapped_graph import load_mapped, values_unkept, weights_released
 from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT, NVFP4, float_precisions
 from tensorsmith.core.progress import Reporter
-from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import GraphPass, PassReport
 from tensorsmith.passes.int4 import SMALLER_BLOCKS, Int4Weight, WeightOnlyInt4, WeightOnlyInt8, layer_block
 from tensorsmith.passes.matching import constant_value
@@ -65,11 +64,13 @@ class WeightMatMuls:
 GraphSource = onnx.ModelProto | Path  # a graph in memory, or saved (its weights then memory-mapped when read)
 
 
-def source_graph(source: GraphSource) -> tuple[gs.Graph, onnx.ModelProto]:
-    """onnx-graphsurgeon's graph of `source` and the proto whose node metadata (module paths) it was read from."""
-    if isinstance(source, Path):
-        return load_mapped(source)
-    return gs.import_onnx(source), source
+@contextlib.contextmanager
+def source_graph(source: GraphSource) -> Iterator[tuple[gs.Graph, onnx.ModelProto]]:
+    """onnx-graphsurgeon's graph of `source` and the proto whose node metadata (module paths) it was read from,
+    the values read from it let go after the block (mapped_graph.weights_released)."""
+    graph, structure = load_mapped(source) if isinstance(source, Path) else (gs.import_onnx(source), source)
+    with weights_released(graph):
+        yield graph, structure
 
 
 def weight_array(weight: gs.Constant) -> np.ndarray:
@@ -81,8 +82,11 @@ def weight_array(weight: gs.Constant) -> np.ndarray:
 def weight_matmuls(source: GraphSource, block: int) -> WeightMatMuls:
     """The MatMuls with a constant 2-D float weight, and which of them INT4 can take (in `block`, or the largest
     smaller block that divides their K)."""
-    graph, structure = source_graph(source)
-    modules = module_paths_recorded(structure)  # the fused graph carries them (frontend/fused.py)
+    with source_graph(source) as (graph, structure):
+        return _weight_matmuls(graph, module_paths_recorded(structure), block)  # module paths: frontend/fused.py
+
+
+def _weight_matmuls(graph: gs.Graph, modules: dict[str, str], block: int) -> WeightMatMuls:
     chosen, skipped, layers, blocks = {}, {}, {}, {}
     for node in graph.nodes:
         if node.op != "MatMul" or constant_value(node.inputs[0]) is not None:
@@ -151,10 +155,11 @@ def tied_projection_names(source: GraphSource) -> set[str]:
     """The output projections QuantizeEmbeddings(int4=True) makes read its INT4 table (tables it stores in INT4)."""
     from tensorsmith.passes.embeddings import MIN_ROWS, row_block, tied_projections
 
-    graph, _ = source_graph(source)
-    tables = [node.inputs[0] for node in graph.nodes if node.op == "Gather" and isinstance(node.inputs[0], gs.Constant)]
-    return {node.name for table in tables if table.values.ndim == 2 and table.values.shape[0] >= MIN_ROWS
-            and row_block(table.values.shape[1]) for node in tied_projections(graph, table.values)}  # fmt: skip
+    with source_graph(source) as (graph, _):
+        tables = [node.inputs[0] for node in graph.nodes
+                  if node.op == "Gather" and isinstance(node.inputs[0], gs.Constant)]  # fmt: skip
+        return {node.name for table in tables if table.values.ndim == 2 and table.values.shape[0] >= MIN_ROWS
+                and row_block(table.values.shape[1]) for node in tied_projections(graph, table.values)}  # fmt: skip
 
 
 def build_int4_variant(
@@ -166,11 +171,11 @@ def build_int4_variant(
     assignment: Mapping[str, str] | None = None,
     tables: bool = True,
     scales: Mapping[str, Mapping[str, float]] | None = None,
-) -> tuple[VariantRecord, list[PassReport], list[np.ndarray]]:
+) -> tuple[VariantRecord, list[PassReport]]:
     """Write and measure the int4 variant of `recipe` (fp16 or fp32 float regions): every layer of the plan in INT4,
     or as `assignment` says per layer (int4, int8-weight, int8 or fp8 with the activation `scales` of that
-    precision, fp16); vocabulary tables quantized when `tables`. Returns the record, the passes' reports and the
-    variant's outputs on the evaluation feeds."""
+    precision, fp16); vocabulary tables quantized when `tables`. Returns the record (its accuracy
+    measure_variant's figures) and the passes' reports."""
     from tensorsmith.passes.embeddings import QuantizeEmbeddings
     from tensorsmith.passes.fp16 import ConvertToFp16
     from tensorsmith.passes.nvfp4 import SimulatedNvfp4, WeightOnlyNvfp4
@@ -207,15 +212,14 @@ def build_int4_variant(
     if nvfp4:  # ONNX Runtime has no FLOAT4E2M1 DequantizeLinear: measured on the same weights held in fp32
         simulated = [SimulatedNvfp4(nvfp4) if isinstance(p, WeightOnlyNvfp4) else p for p in passes]
         whole = load_onnx(model) if isinstance(model, Path) else model
-        outputs = run_onnx(rewritten(whole, simulated)[0], evaluation.feeds)
+        figures = measure_variant(rewritten(whole, simulated)[0], evaluation)
     else:
-        outputs = run_onnx(path, evaluation.feeds)
+        figures = measure_variant(path, evaluation)
     assert recipe.quantized is not None
     stored = sorted({recipe.quantized.name, *levels.values()} - {FP16.name}, reverse=True)
-    record = variant_record(directory, path, name, [*stored, recipe.floats.name],
-                            accuracy(evaluation.reference, outputs), evaluation.described)  # fmt: skip
+    record = variant_record(directory, path, name, [*stored, recipe.floats.name], figures, evaluation.described)
     logger.info("%s variant (%s, block %d): %s", name, plan.algorithm, plan.block, record.accuracy)
-    return with_text_metrics(record, evaluation, outputs), reports, outputs
+    return record, reports
 
 
 def tables_policy(recipe: Recipe, tables: bool) -> str:

@@ -29,7 +29,7 @@ from tensorsmith.compiler.targets import get_target
 from tensorsmith.compiler.variants.kv_fp8 import FP8_CACHE, cache_scales, check_cache_precision, with_fp8_perplexity
 from tensorsmith.compiler.variants.language import text_evaluation
 from tensorsmith.core.errors import ConfigError, PassError
-from tensorsmith.core.mapped_graph import load_mapped, save_mapped
+from tensorsmith.core.mapped_graph import mapped, save_mapped
 from tensorsmith.core.precisions import FP32
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport, run_passes
@@ -141,15 +141,15 @@ def _wanted(config: CompileConfig) -> str | None:
 def _rewrite(path: Path, windows: list[int | None], capacity: int | None, fp8_scales: dict[str, float]
              ) -> list[PassReport]:  # fmt: skip
     """The static cache's reports (and the fp8 cache's, given its scales)."""
-    graph, _ = load_mapped(path)
-    logits = next(tensor for tensor in graph.outputs if tensor.name == "logits")
-    batch, _, vocabulary = logits.shape
-    quantized = [QuantizedCache(fp8_scales)] if fp8_scales else []
-    reports = run_passes(graph, [StaticCache(windows, capacity), *quantized, LastPositionLogits()])
-    logits.shape = [batch, 1, vocabulary]  # the last position's: an output's shape is written, not inferred
-    graph.opset = max(graph.opset, STATIC_CACHE_OPSET)
-    for opset in graph.import_domains or []:  # onnx-graphsurgeon exports the imports it read
-        if opset.domain in ("", "ai.onnx"):
-            opset.version = max(opset.version, STATIC_CACHE_OPSET)
-    save_mapped(graph, path)
+    with mapped(path) as (graph, _):
+        logits = next(tensor for tensor in graph.outputs if tensor.name == "logits")
+        batch, _, vocabulary = logits.shape
+        quantized = [QuantizedCache(fp8_scales)] if fp8_scales else []
+        reports = run_passes(graph, [StaticCache(windows, capacity), *quantized, LastPositionLogits()])
+        logits.shape = [batch, 1, vocabulary]  # the last position's: an output's shape is written, not inferred
+        graph.opset = max(graph.opset, STATIC_CACHE_OPSET)
+        for opset in graph.import_domains or []:  # onnx-graphsurgeon exports the imports it read
+            if opset.domain in ("", "ai.onnx"):
+                opset.version = max(opset.version, STATIC_CACHE_OPSET)
+        save_mapped(graph, path)
     return reports[:-1]

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.variants.text_data import (
@@ -17,8 +16,7 @@ from tensorsmith.compiler.variants.text_data import (
     token_windows,
     window_length,
 )
-from tensorsmith.core.language import language_model_metrics
-from tensorsmith.core.sessions import run_onnx
+from tensorsmith.core.language import TokenFigures
 from tensorsmith.runtime.manifest import TensorRecord, VariantRecord
 
 
@@ -42,16 +40,10 @@ def text_evaluation(config: CompileConfig, inputs: list[TensorRecord], reference
 
 
 def with_language_metrics(
-    record: VariantRecord,
-    reference: Path,
-    directory: Path,
-    evaluation: TextEvaluation,
-    measured_on: onnx.ModelProto | None = None,
+    record: VariantRecord, evaluation: TextEvaluation, reference: TokenFigures, actual: TokenFigures
 ) -> VariantRecord:
-    """`record` with perplexity, perplexity-ratio and next-token-agreement on the evaluation text added, measured
-    on its file or on `measured_on` (a graph with its values in fp32, where ONNX Runtime cannot run the file)."""
-    expected = run_onnx(reference, evaluation.feeds)[0]
-    actual = run_onnx(measured_on if measured_on is not None else directory / record.path, evaluation.feeds)[0]
-    measured = language_model_metrics(evaluation.tokens, expected, actual)
+    """`record` with perplexity, perplexity-ratio and next-token-agreement on the evaluation text added: its
+    `actual` figures against the fp32 graph's `reference` (each measure.token_figures)."""
     where = f"{record.evaluated_on}; language-model metrics on {evaluation.described}"
-    return record.model_copy(update={"accuracy": {**record.accuracy, **measured}, "evaluated_on": where})
+    accuracy = {**record.accuracy, **actual.metrics(reference)}
+    return record.model_copy(update={"accuracy": accuracy, "evaluated_on": where})

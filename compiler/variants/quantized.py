@@ -7,21 +7,18 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import onnx
 
-from tensorsmith.calibration.data import Feeds
 from tensorsmith.calibration.layers import Layer
 from tensorsmith.calibration.search import PrecisionSearch
 from tensorsmith.compiler.targets import Recipe
+from tensorsmith.compiler.variants.measure import Evaluation, measure_variant
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import variant_path, write_quantized
 from tensorsmith.core.budget_search import give_back_until_met, quantized_fraction
-from tensorsmith.core.language import language_model_metrics
-from tensorsmith.core.metrics import Budget, accuracy
+from tensorsmith.core.metrics import Budget
 from tensorsmith.core.progress import Reporter
-from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.quantize import Precision
 from tensorsmith.runtime.manifest import VariantRecord
@@ -37,26 +34,6 @@ class Search:
     chosen: list[str]
     sensitivity: dict[str, float] = field(default_factory=dict)
     evaluations: int = 0
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """What a variant is measured on: held-out feeds, fp32's outputs on them, and the budget (if any)."""
-
-    feeds: Feeds
-    reference: list[np.ndarray]
-    budget: Budget | None
-    described: str  # the data, in words (precision.json, the manifest)
-    tokens: np.ndarray | None = None  # a decoder's evaluation windows: language-model metrics too
-    timing: Feeds | None = None  # what the cpu recipe is timed on, if not `feeds` (a decoder's: a decode step)
-
-
-def with_text_metrics(record: VariantRecord, evaluation: Evaluation, outputs: list[np.ndarray]) -> VariantRecord:
-    """`record` with perplexity, perplexity-ratio and next-token-agreement of `outputs` where the evaluation is text."""
-    if evaluation.tokens is None:
-        return record
-    measured = language_model_metrics(evaluation.tokens, evaluation.reference[0], outputs[0])
-    return record.model_copy(update={"accuracy": {**record.accuracy, **measured}, "evaluated_on": evaluation.described})
 
 
 @dataclass(frozen=True)
@@ -110,31 +87,30 @@ def build_quantized(
     reporter.stage(f"{name}: building and verifying the variant")
     verifications = 0
 
-    def write_and_measure(nodes: list[str], embeddings: bool) -> tuple[PassReport, list[np.ndarray], float | None]:
+    def write_and_measure(nodes: list[str], embeddings: bool) -> tuple[PassReport, dict[str, float], float | None]:
         nonlocal verifications
         verifications += 1
         report = write_quantized(model, precision, scales, [*pinned, *nodes], recipe, path, embeddings)
-        outputs = run_onnx(path, evaluation.feeds)
-        return report, outputs, budget.measure(evaluation.reference, outputs) if budget is not None else None
+        figures = measure_variant(path, evaluation)
+        return report, figures, figures[budget.metric] if budget is not None else None
 
     # Under a budget the plan may store vocabulary tables in int8 too, if the verified variant still meets it;
     # without one, the policy keeps embeddings in higher precision.
     chosen, embeddings = search.chosen, budget is not None
-    report, outputs, achieved = write_and_measure(chosen, embeddings)
+    report, figures, achieved = write_and_measure(chosen, embeddings)
     if budget is not None and achieved is not None and not budget.met(achieved):
         embeddings = False
-        report, outputs, achieved = write_and_measure(chosen, embeddings)
+        report, figures, achieved = write_and_measure(chosen, embeddings)
     retries = 0
     if budget is not None and achieved is not None and not budget.met(achieved):
         # The switched graph's estimate was optimistic: give back the costliest layers and verify again.
         def holds(count: int) -> bool:
-            nonlocal report, outputs, achieved
-            report, outputs, achieved = write_and_measure(search.order[:count], embeddings)
+            nonlocal report, figures, achieved
+            report, figures, achieved = write_and_measure(search.order[:count], embeddings)
             return achieved is not None and budget.met(achieved)
 
         given = give_back_until_met(len(chosen), holds)
         chosen, retries = search.order[: given.chosen] if given.tries else chosen, given.tries
-    measured = accuracy(evaluation.reference, outputs)
 
     quantized = set(pinned) | set(chosen)
     fraction = flops_fraction(layers, quantized)
@@ -149,10 +125,10 @@ def build_quantized(
         verify_retries=retries,
         layers=_layer_choices(layers, quantized, recipe, search, budget),
     )
-    logger.info("%s variant: %s, %.0f%% of FLOPs quantized", name, measured, 100 * fraction)
+    logger.info("%s variant: %s, %.0f%% of FLOPs quantized", name, figures, 100 * fraction)
     record = variant_record(directory, path, name, [precision, recipe.floats.name],
-                            {**measured, "quantized_flops_fraction": fraction}, evaluation.described)  # fmt: skip
-    return QuantizedVariant(with_text_metrics(record, evaluation, outputs), report, plan)
+                            {**figures, "quantized_flops_fraction": fraction}, evaluation.described)  # fmt: skip
+    return QuantizedVariant(record, report, plan)
 
 
 def _embeddings_policy(embeddings: bool, budget: Budget | None) -> str:

@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.core.ir import save_onnx
-from tensorsmith.core.mapped_graph import load_mapped, save_mapped
+from tensorsmith.core.mapped_graph import mapped, save_mapped
 from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
 from tensorsmith.core.precisions import FP16
 from tensorsmith.passes import GraphPass, PassReport, run_passes
@@ -48,9 +48,9 @@ def rewrite(model: onnx.ModelProto, passes: list[GraphPass], path: Path) -> list
 def rewrite_file(source: Path, passes: list[GraphPass], path: Path) -> list[PassReport]:
     """Run `passes` on the graph saved at `source`, its weights memory-mapped (core/mapped_graph.py), and save the
     result at `path` (which may be `source`): no weight is copied that no pass changes."""
-    graph, _ = load_mapped(source)
-    reports = run_passes(graph, passes)
-    save_mapped(graph, path)
+    with mapped(source) as (graph, _):
+        reports = run_passes(graph, passes)
+        save_mapped(graph, path)
     return reports
 
 

@@ -32,8 +32,8 @@ from tensorsmith.compiler.targets import Recipe, get_target
 from tensorsmith.compiler.variants.calibrated import collect_statistics, write_table
 from tensorsmith.compiler.variants.int4 import GraphSource, Int4Plan, build_int4_variant, tables_policy
 from tensorsmith.compiler.variants.layer_options import layer_options
+from tensorsmith.compiler.variants.measure import Evaluation
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
-from tensorsmith.compiler.variants.quantized import Evaluation
 from tensorsmith.core.budget_search import give_back_until_met, quantized_fraction
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import load_onnx
@@ -168,9 +168,9 @@ def build_mixed_variant(
 
     def attempt(chosen: int, tables: bool) -> tuple[VariantRecord, list[PassReport]]:
         assignment = recipe_levels(recipe, search.assignment_at(chosen))
-        record, reports, outputs = build_int4_variant(model, recipe, plan, evaluation, directory, assignment, tables,
-                                                      levels.scales)  # fmt: skip
-        achieved = budget.measure(evaluation.reference, outputs)
+        record, reports = build_int4_variant(model, recipe, plan, evaluation, directory, assignment, tables,
+                                             levels.scales)  # fmt: skip
+        achieved = record.accuracy[budget.metric]
         tried.append(((directory / record.path).stat().st_size, budget.met(achieved), achieved, chosen, tables))
         return record, reports
 

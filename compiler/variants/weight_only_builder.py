@@ -20,8 +20,8 @@ from tensorsmith.compiler.variants.cpu_choice import choose_accuracy_level
 from tensorsmith.compiler.variants.data import READ_BATCH, SplitData, concatenated
 from tensorsmith.compiler.variants.int4 import build_int4_variant, int4_recipe_plan, plan_int4
 from tensorsmith.compiler.variants.language import text_evaluation
+from tensorsmith.compiler.variants.measure import Evaluation
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
-from tensorsmith.compiler.variants.quantized import Evaluation
 from tensorsmith.compiler.variants.rewrite import rewrite_file
 from tensorsmith.compiler.variants.weight_mix import (
     build_mixed_variant,
@@ -67,8 +67,8 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
             assert recipe.quantized is not None
             chosen = dict.fromkeys(int4_plan.weights, recipe.quantized.name)
             assignment = recipe_levels(recipe, chosen | {n: lv for n, (lv, _) in levels.pinned.items()})
-            record, passes, _ = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
-                                                   scales=levels.scales)  # fmt: skip
+            record, passes = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
+                                                scales=levels.scales)  # fmt: skip
             pinned = {n: (assignment[n], reason) for n, (_, reason) in levels.pinned.items()}
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
         else:
@@ -105,7 +105,7 @@ def _evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | Non
 
     def measured_on(feeds: Feeds, described: str, tokens: np.ndarray | None = None, timing: Feeds | None = None
                     ) -> Evaluation:  # fmt: skip
-        return Evaluation(feeds, run_onnx(fused.path, feeds), None, described, tokens, timing)
+        return Evaluation(feeds, run_onnx(fused.path, feeds, in_rows=True), None, described, tokens, timing)
 
     if split is not None:
         return measured_on(split.evaluation, split.evaluated_on, split.tokens, split.timing)

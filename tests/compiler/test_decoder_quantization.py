@@ -109,7 +109,7 @@ def test_every_weight_level_in_one_variant_runs_and_builds_for_ada(fp32_tinylm: 
     from tensorsmith.compiler.engines.profiles import decoder_profiles
     from tensorsmith.compiler.targets import Recipe
     from tensorsmith.compiler.variants.int4 import build_int4_variant, plan_int4
-    from tensorsmith.compiler.variants.quantized import Evaluation
+    from tensorsmith.compiler.variants.measure import Evaluation
     from tensorsmith.compiler.variants.rewrite import rewritten
     from tensorsmith.compiler.variants.text_data import prefill_feeds
     from tensorsmith.core.precisions import FP16, INT4
@@ -128,8 +128,8 @@ def test_every_weight_level_in_one_variant_runs_and_builds_for_ada(fp32_tinylm: 
     scales = {"int8": {name: value / 127 for name, value in amax.items()},
               "fp8": {name: value / 448 for name, value in amax.items()}}  # fmt: skip
     evaluation = Evaluation(feeds, run_onnx(fp32_tinylm / "model.onnx", feeds), None, "four windows")
-    record, _, _ = build_int4_variant(model, Recipe(INT4, FP16), plan, evaluation, tmp_path, assignment,
-                                      scales=scales)  # fmt: skip
+    record, _ = build_int4_variant(model, Recipe(INT4, FP16), plan, evaluation, tmp_path, assignment,
+                                   scales=scales)  # fmt: skip
     assert record.precisions == ["int8-weight", "int8", "int4", "fp8", "fp16"]
     assert record.accuracy["cosine"] > 0.99, record.accuracy
     variant = onnx.load(tmp_path / record.path)

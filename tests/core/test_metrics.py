@@ -35,3 +35,29 @@ def test_figures_do_not_depend_on_the_chunk(monkeypatch: pytest.MonkeyPatch, chu
     assert figures["sqnr-db"] == pytest.approx(min(
         10 * np.log10(np.sum(np.asarray(r, np.float64) ** 2) / np.sum((np.asarray(a, np.float64) - r) ** 2))
         for r, a in zip(REFERENCE[:3], ACTUAL[:3], strict=True)))  # fmt: skip
+
+
+def test_running_figures_over_rows_are_the_whole_arrays_figures() -> None:
+    """A variant measured a few rows at a time (compiler/variants/measure.py) records what one run of all would."""
+    reference, actual = REFERENCE[:1], ACTUAL[:1]  # rows on axis 0
+    running = metrics.RunningAccuracy(1)
+    for start, stop in ((0, 2), (2, 3), (3, 9)):
+        running.add([reference[0][start:stop]], [actual[0][start:stop]])
+    whole = metrics.accuracy(reference, actual)
+    assert running.figures() == pytest.approx(whole, rel=1e-12)
+    assert running.figure("max-abs") == pytest.approx(metrics.METRICS["max-abs"][0](reference, actual), rel=1e-12)
+
+
+def test_token_figures_over_rows_are_the_whole_logits_figures() -> None:
+    from tensorsmith.core.language import TokenFigures, language_model_metrics
+
+    tokens = RNG.integers(0, 50, (5, 16))
+    reference_logits = RNG.standard_normal((5, 16, 50)).astype(np.float32)
+    logits = reference_logits + 0.5 * RNG.standard_normal(reference_logits.shape).astype(np.float32)
+    reference, actual = TokenFigures(tokens), TokenFigures(tokens)
+    for start, stop in ((0, 1), (1, 4), (4, 5)):
+        reference.add(reference_logits[start:stop])
+        actual.add(logits[start:stop])
+    whole = language_model_metrics(tokens, reference_logits, logits)
+    assert actual.metrics(reference) == pytest.approx(whole, rel=1e-12)
+    assert 0 < whole["next-token-agreement"] < 1 and whole["perplexity-ratio"] != 1.0
