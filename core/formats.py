@@ -14,4 +14,9 @@ FP8_E4M3_MAX = 448.0  # the largest finite float8 E4M3FN value
 def per_channel_amax(weights: np.ndarray, axis: int) -> np.ndarray:
     """max |w| over every axis but `axis` (the output channels): one value per channel."""
     reduce = tuple(a for a in range(weights.ndim) if a != axis % weights.ndim)
-    return np.max(np.abs(weights), axis=reduce)
+    return absolute_max(weights, reduce)
+
+
+def absolute_max(values: np.ndarray, axis: int | tuple[int, ...]) -> np.ndarray:
+    """max |x| along `axis`, without |x| in memory: a vocabulary table's absolute values were its size again."""
+    return np.maximum(np.max(values, axis=axis), -np.min(values, axis=axis))

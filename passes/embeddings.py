@@ -23,6 +23,7 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.core.precisions import INT8
 from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.matching import constant_value
 from tensorsmith.passes.quantize import quantize_weights
 
 MIN_ROWS = 1024
@@ -40,9 +41,10 @@ class QuantizeEmbeddings:
         quantized, saved, tied = [], 0, 0
         for node in [node for node in graph.nodes if node.op == "Gather"]:
             table = node.inputs[0]
-            if not (isinstance(table, gs.Constant) and table.values.ndim == 2 and node.attrs.get("axis", 0) == 0):
+            if not (isinstance(table, gs.Constant) and len(table.shape) == 2 and node.attrs.get("axis", 0) == 0):
                 continue
-            values = table.values
+            values = constant_value(table)
+            assert values is not None
             if values.dtype not in (np.float32, np.float16) or values.shape[0] < self.min_rows:
                 continue
             codes, scales = quantize_weights(values, axis=0, precision=INT8.name)
@@ -99,10 +101,10 @@ def tied_projections(graph: gs.Graph, table: np.ndarray) -> list[gs.Node]:
     (`tie_word_embeddings`), which exporters store as a second copy."""
     found = []
     for node in graph.nodes:
-        if node.op == "MatMul" and isinstance(node.inputs[1], gs.Constant):
-            weight = node.inputs[1].values
-            if weight.shape == table.shape[::-1] and np.array_equal(weight, table.T):
-                found.append(node)
+        weight = node.inputs[1] if node.op == "MatMul" else None
+        shaped = isinstance(weight, gs.Constant) and tuple(weight.shape) == table.shape[::-1]
+        if shaped and np.array_equal(constant_value(weight), table.T):  # read only where the shape fits
+            found.append(node)
     return found
 
 
@@ -117,7 +119,7 @@ def _int4_table(graph: gs.Graph, name: str, values: np.ndarray, block: int) -> t
     for sm_86, checked); returns its output and the bytes stored."""
     from tensorsmith.passes.int4 import int4_constant, quantize_int4
 
-    q, scale = quantize_int4(values.astype(np.float32).T, block)  # blocks along a row: the transposed K axis
+    q, scale = quantize_int4(np.asarray(values, np.float32).T, block)  # blocks along a row: the transposed K axis
     prefix = f"{name}/int4"
     outputs = graph.layer(
         op="DequantizeLinear",

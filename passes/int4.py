@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from tensorsmith.core.formats import absolute_max
 from tensorsmith.core.precisions import INT4, INT8
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.matching import constant_value
@@ -45,7 +46,7 @@ def layer_block(rows: int, block: int) -> int | None:
 def block_amax(weight: np.ndarray, block: int) -> np.ndarray:
     """max |w| per block of `block` rows and column: [K/B, N]."""
     rows, columns = weight.shape
-    return np.abs(weight.reshape(rows // block, block, columns)).max(axis=1)
+    return absolute_max(weight.reshape(rows // block, block, columns), axis=1)
 
 
 def block_step(amax: np.ndarray) -> np.ndarray:
@@ -57,8 +58,9 @@ def quantize_int4(weight: np.ndarray, block: int, clip: np.ndarray | None = None
     """(q int8 in [-8, 7] [K, N], scale float32 [K/B, N]) of `weight` [K, N]; `clip` [K/B, N] scales the amax."""
     rows, columns = weight.shape
     scale = block_step(block_amax(weight, block) * (1.0 if clip is None else clip))
-    blocks = weight.reshape(rows // block, block, columns) / scale[:, None, :]
-    q = np.clip(np.round(blocks), INT4_MIN, INT4_MAX).astype(np.int8)
+    blocks = weight.reshape(rows // block, block, columns) / scale[:, None, :]  # the one full-size float copy
+    np.round(blocks, out=blocks)
+    q = np.clip(blocks, INT4_MIN, INT4_MAX, out=blocks).astype(np.int8)
     return q.reshape(rows, columns), scale
 
 
@@ -107,7 +109,7 @@ class WeightOnlyInt4:
             if weight is None or weight.ndim != 2 or weight.shape[0] % block:
                 skipped[name] = f"weight {None if weight is None else list(weight.shape)}: not [K, N], K % {block}"
                 continue
-            weight = weight.astype(np.float32)
+            weight = np.asarray(weight, dtype=np.float32)  # mapped, read for this layer only
             if plan.input_scale is not None:
                 weight = weight * plan.input_scale[:, None]
             q, scale = quantize_int4(weight, block, plan.clip)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from tensorsmith.core.mapped_graph import MappedValues
+
 Ops = str | tuple[str, ...]
 DEFAULT_RELATIVE_TOLERANCE = 1e-3  # fp16 stores √2 as 1.4141, 1.5e-4 away
 
@@ -30,9 +32,11 @@ def _ops(ops: Ops) -> tuple[str, ...]:
 
 
 def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
-    """The value of an initializer or of a Constant node's output; None for a computed tensor."""
+    """The value of an initializer or of a Constant node's output; None for a computed tensor. A weight still in
+    its file (core/mapped_graph.py) is read for this use only, not kept loaded by the graph: a pass that reads every
+    weight (INT4's, the vocabulary tables') would otherwise hold them all, the model's size again."""
     if isinstance(tensor, gs.Constant):
-        return np.asarray(tensor.values)
+        return tensor._values.load() if isinstance(tensor._values, MappedValues) else np.asarray(tensor.values)
     if len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant":
         value = tensor.inputs[0].attrs.get("value")
         if isinstance(value, gs.Constant):

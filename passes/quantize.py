@@ -66,14 +66,16 @@ def _fp8_dtype() -> np.dtype:
 def quantize_weights(weights: np.ndarray, axis: int, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
     """(quantized weights, per-channel scales): int8 in [-127, 127], or float8e4m3fn saturating at ±448."""
     limit = INT8_MAX if precision == INT8.name else FP8_E4M3_MAX
-    amax = per_channel_amax(weights.astype(np.float32), axis)
+    weights = np.asarray(weights, dtype=np.float32)  # no copy of fp32 weights: one scaled copy, rounded in place
+    amax = per_channel_amax(weights, axis)
     scales = np.where(amax > 0, amax / limit, 1.0).astype(np.float32)  # an all-zero channel: any positive scale
     shape = [1] * weights.ndim
     shape[axis % weights.ndim] = -1
-    scaled = weights.astype(np.float32) / scales.reshape(shape)
+    scaled = weights / scales.reshape(shape)
     if precision == INT8.name:
-        return np.clip(np.rint(scaled), -limit, limit).astype(np.int8), scales
-    return np.clip(scaled, -limit, limit).astype(_fp8_dtype()), scales
+        np.rint(scaled, out=scaled)
+        return np.clip(scaled, -limit, limit, out=scaled).astype(np.int8), scales
+    return np.clip(scaled, -limit, limit, out=scaled).astype(_fp8_dtype()), scales
 
 
 def _zero(precision: Precision, shape: tuple[int, ...] = ()) -> np.ndarray:

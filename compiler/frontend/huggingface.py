@@ -195,6 +195,19 @@ def _dtype_argument(transformers: Any) -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
+def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
+    """The checkpoint's tensors as safetensors slices that transformers reads one at a time, with pread: its own
+    loader maps the files, and every mapped page it has read stays resident until the last tensor is loaded (at
+    the Llama-3.2-1B shape, the 2.5 GB bf16 file on top of the 4.9 GB fp32 module)."""
+    from safetensors import safe_open
+
+    slices: dict[str, Any] = {}
+    for path in model.weights():
+        opened = safe_open(str(path), framework="pt", device="cpu", backend="pread")
+        slices.update((name, opened.get_slice(name)) for name in opened.keys())  # noqa: SIM118 (not iterable)
+    return slices
+
+
 def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
     """The model, loaded from the directory's safetensors only, in float32 whatever dtype the weights were saved
     in (transformers' default, the config's dtype, would make a bfloat16 checkpoint a bfloat16 module: fp32 inputs
@@ -205,9 +218,11 @@ def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
     # Mixtral-style experts: transformers' default grouped_mm kernel has no ONNX export; batched_mm gathers each
     # token's top-k experts' weights and exports to standard ops.
     experts = {"experts_implementation": "batched_mm"} if "num_local_experts" in model.config else {}
-    float32 = {_dtype_argument(_transformers()): torch.float32}
+    transformers = _transformers()
+    float32 = {_dtype_argument(transformers): torch.float32}
     try:
-        loaded = _model_class(model).from_pretrained(str(model.directory), local_files_only=True, use_safetensors=True,
+        config = transformers.AutoConfig.from_pretrained(str(model.directory), local_files_only=True)
+        loaded = _model_class(model).from_pretrained(None, config=config, state_dict=_read_as_needed(model),
                                                      attn_implementation="eager", **float32, **experts)  # fmt: skip
     except Exception as err:  # transformers raises OSError, ValueError, RuntimeError for a broken directory
         raise ExportError(f"transformers could not load {model.directory}: {str(err).strip().splitlines()[0]}") from err

@@ -156,10 +156,10 @@ def tied_projection_names(source: GraphSource) -> set[str]:
     from tensorsmith.passes.embeddings import MIN_ROWS, row_block, tied_projections
 
     with source_graph(source) as (graph, _):
-        tables = [node.inputs[0] for node in graph.nodes
-                  if node.op == "Gather" and isinstance(node.inputs[0], gs.Constant)]  # fmt: skip
-        return {node.name for table in tables if table.values.ndim == 2 and table.values.shape[0] >= MIN_ROWS
-                and row_block(table.values.shape[1]) for node in tied_projections(graph, table.values)}  # fmt: skip
+        tables = [node.inputs[0] for node in graph.nodes if node.op == "Gather" and isinstance(node.inputs[0],
+                  gs.Constant) and len(node.inputs[0].shape) == 2 and node.inputs[0].shape[0] >= MIN_ROWS
+                  and row_block(node.inputs[0].shape[1])]  # fmt: skip
+        return {node.name for table in tables for node in tied_projections(graph, weight_array(table))}
 
 
 def build_int4_variant(

@@ -175,3 +175,14 @@ def test_a_rewrite_lets_go_of_every_weight_it_read(monkeypatch: pytest.MonkeyPat
         gc.enable()
     np.testing.assert_allclose(outputs(tmp_path / "rewritten.onnx"), FEEDS["x"] @ (2 * FIRST) @ SECOND + BIAS,
                                rtol=1e-4, atol=1e-4)  # fmt: skip
+
+
+def test_a_pass_reads_a_mapped_weight_without_keeping_it(tmp_path: Path) -> None:
+    """passes.matching.constant_value maps a weight for its caller and leaves the graph's constant unread: a pass
+    that reads every weight (INT4's) would otherwise hold all of them until the rewrite ends."""
+    from tensorsmith.passes.matching import constant_value
+
+    graph, _ = load_mapped(two_matmuls(tmp_path / "model.onnx"))
+    first = graph.tensors()["first"]
+    np.testing.assert_array_equal(constant_value(first), FIRST)
+    assert isinstance(first._values, MappedValues)
