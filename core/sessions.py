@@ -46,8 +46,9 @@ def run_onnx(
     with onnx_errors(path, origin):
         session = open_session(path)
         if in_rows:
-            parts = list(run_in_rows(session, feeds))
-            return [np.concatenate(outputs) for outputs in zip(*parts, strict=True)]
+            with contextlib.suppress(NotByRow):
+                parts = [outputs for _, outputs in run_in_rows(session, feeds)]
+                return [np.concatenate(outputs) for outputs in zip(*parts, strict=True)]
         return list(session.run(None, session_feeds(session, feeds)))
 
 
@@ -88,20 +89,28 @@ def session_feeds(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.nd
 RUN_BYTES = 64 << 20
 
 
-def run_in_rows(session: Any, feeds: dict[str, np.ndarray], row_bytes: int | None = None) -> Iterator[list[np.ndarray]]:
-    """`session`'s outputs on `feeds` a few rows (axis 0) at a time: about RUN_BYTES of output a run, for outputs of
-    `row_bytes` a row (None: as the first row, run alone, makes). Feeds whose axis 0 is not the rows' go whole to
-    every run."""
+class NotByRow(Exception):
+    """An output whose axis 0 is not the feeds' rows: the feeds must run whole."""
+
+
+def run_in_rows(
+    session: Any, feeds: dict[str, np.ndarray], row_bytes: int | None = None
+) -> Iterator[tuple[slice, list[np.ndarray]]]:
+    """`session`'s outputs on `feeds` a few rows (axis 0) at a time, with the rows each run covers: about RUN_BYTES
+    of output a run, for outputs of `row_bytes` a row (None: as the first row, run alone, makes). Feeds whose axis
+    0 is not the rows' go whole to every run; an output that is not by row raises NotByRow."""
     feeds = session_feeds(session, feeds)
     rows = max((len(array) for array in feeds.values() if array.ndim), default=1)
     start = 0
     while start < rows:
-        part = slice(start, start + (1 if row_bytes is None else max(1, RUN_BYTES // max(1, row_bytes))))
+        part = slice(start, min(rows, start + (1 if row_bytes is None else max(1, RUN_BYTES // max(1, row_bytes)))))
         outputs = list(session.run(None, {name: array[part] if array.ndim and len(array) == rows else array
                                           for name, array in feeds.items()}))  # fmt: skip
+        if any(output.ndim == 0 or len(output) != part.stop - part.start for output in outputs):
+            raise NotByRow(f"an output of {len(outputs)} does not have the {part.stop - part.start} rows it was fed")
         row_bytes = row_bytes or sum(output.nbytes for output in outputs)
         start = part.stop
-        yield outputs
+        yield part, outputs
 
 
 def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> Any:

@@ -19,7 +19,7 @@ import onnx
 from tensorsmith.calibration.data import Feeds
 from tensorsmith.core.language import TokenFigures, language_model_metrics, reference_figures
 from tensorsmith.core.metrics import METRICS, Budget, RunningAccuracy, accuracy
-from tensorsmith.core.sessions import onnx_errors, open_session, run_in_rows, session_feeds
+from tensorsmith.core.sessions import NotByRow, onnx_errors, open_session, run_in_rows, session_feeds
 from tensorsmith.runtime.manifest import VariantRecord
 
 Figures = dict[str, float]
@@ -62,16 +62,16 @@ def measure_session(session: Any, evaluation: Evaluation) -> Figures:
     custom = budget is not None and budget.metric not in METRICS and not (budget.is_language and evaluation.tokens
                                                                           is not None)  # fmt: skip
     if per_row is None or custom:
-        return whole_figures(evaluation, list(session.run(None, session_feeds(session, evaluation.feeds))))
+        return _whole(session, evaluation)
     running = RunningAccuracy(len(reference))
     text = TokenFigures(evaluation.tokens) if evaluation.tokens is not None else None
-    start = 0
-    for outputs in run_in_rows(session, evaluation.feeds, per_row):
-        rows = slice(start, start + len(outputs[0]))
-        running.add([array[rows] for array in reference], outputs)
-        if text is not None:
-            text.add(outputs[0])
-        start = rows.stop
+    try:
+        for rows, outputs in run_in_rows(session, evaluation.feeds, per_row):
+            running.add([array[rows] for array in reference], outputs)
+            if text is not None:
+                text.add(outputs[0])
+    except NotByRow:
+        return _whole(session, evaluation)
     figures = running.figures()
     if text is not None:
         assert evaluation.tokens is not None
@@ -79,6 +79,10 @@ def measure_session(session: Any, evaluation: Evaluation) -> Figures:
     if budget is not None and budget.metric not in figures:
         figures[budget.metric] = running.figure(budget.metric)
     return figures
+
+
+def _whole(session: Any, evaluation: Evaluation) -> Figures:
+    return whole_figures(evaluation, list(session.run(None, session_feeds(session, evaluation.feeds))))
 
 
 def whole_figures(evaluation: Evaluation, outputs: list[np.ndarray]) -> Figures:
@@ -107,6 +111,6 @@ def token_figures(path: Path | onnx.ModelProto, feeds: dict[str, np.ndarray], to
     computed a few rows at a time."""
     figures = TokenFigures(tokens)
     with onnx_errors(path):
-        for outputs in run_in_rows(open_session(path), feeds):
+        for _, outputs in run_in_rows(open_session(path), feeds):
             figures.add(outputs[0])
     return figures
