@@ -59,6 +59,12 @@ def mean_cosine(reference: np.ndarray, actual: np.ndarray) -> float:
     return float(np.mean(sample_cosines(reference, actual)))
 
 
+def _worst(*values: float) -> float:
+    """The largest of `values`, NaN if any is (Python's max passes over a NaN after the first value: a variant that
+    overflows would measure an error of 0)."""
+    return float(np.max(values))
+
+
 def _figure(name: str) -> Callable[[Outputs, Outputs], float]:
     def measure(reference: Outputs, actual: Outputs) -> float:
         running = RunningAccuracy(len(reference))
@@ -99,14 +105,14 @@ class RunningAccuracy:
         for index, (ref, act) in enumerate(zip(reference, actual, strict=True)):
             for r, a in _sample_chunks(ref, act):
                 norms = np.linalg.norm(r, axis=1) * np.linalg.norm(a, axis=1)
-                cosines = np.einsum("ij,ij->i", r, a) / np.where(norms > 0, norms, 1.0)
-                self._cosines[index].append(np.where(norms > 0, cosines, 1.0))
+                cosines = np.einsum("ij,ij->i", r, a) / np.where(norms == 0, 1.0, norms)
+                self._cosines[index].append(np.where(norms == 0, 1.0, cosines))  # a NaN sample's cosine stays NaN
                 if r.size:
                     error = np.abs(a - r)
                     self._signal[index] += float(np.sum(r**2))
                     self._noise[index] += float(np.sum(error**2))
-                    self._scale[index] = max(self._scale[index], float(np.max(np.abs(r))))
-                    self._difference[index] = max(self._difference[index], float(np.max(error)))
+                    self._scale[index] = _worst(self._scale[index], float(np.max(np.abs(r))))
+                    self._difference[index] = _worst(self._difference[index], float(np.max(error)))
 
     def cosines(self, index: int) -> np.ndarray:
         """Output `index`'s cosine per sample so far."""
@@ -121,16 +127,17 @@ class RunningAccuracy:
                 for signal, noise in zip(self._signal, self._noise, strict=True)]  # fmt: skip
         relative = [difference / scale if scale > 0 else difference
                     for scale, difference in zip(self._scale, self._difference, strict=True)]  # fmt: skip
+        worst_relative = _worst(*relative) if relative else 0.0
         return {
-            "cosine": min(float(np.mean(c)) for c in cosines),
-            "min-cosine": min(float(np.min(c)) for c in cosines),
-            "sqnr-db": float(min(sqnr)),
-            "max_relative_error": max(relative),
+            "cosine": float(np.min([np.mean(c) for c in cosines])),  # np.min: a NaN is the worst, never passed over
+            "min-cosine": float(np.min([np.min(c) for c in cosines])),
+            "sqnr-db": float(np.min(sqnr)),
+            "max_relative_error": worst_relative,
         }
 
     def figure(self, name: str) -> float:
         """One of METRICS' figures (max-abs: the largest absolute difference of any output)."""
-        return max(self._difference, default=0.0) if name == "max-abs" else self.figures()[name]
+        return _worst(0.0, *self._difference) if name == "max-abs" else self.figures()[name]
 
 
 _BUDGET = re.compile(r"^\s*([A-Za-z0-9_.\-:]+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")

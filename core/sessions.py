@@ -101,11 +101,17 @@ def run_in_rows(
     0 is not the rows' go whole to every run; an output that is not by row raises NotByRow."""
     feeds = session_feeds(session, feeds)
     rows = max((len(array) for array in feeds.values() if array.ndim), default=1)
+    declared = [*(value for value in session.get_inputs() if value.name in feeds), *session.get_outputs()]
+    if any(value.shape is not None and (not value.shape or isinstance(value.shape[0], int)) for value in declared):
+        raise NotByRow("a scalar, or a fixed axis 0, among the graph's inputs and outputs")  # an unknown one: tried
     start = 0
     while start < rows:
         part = slice(start, min(rows, start + (1 if row_bytes is None else max(1, RUN_BYTES // max(1, row_bytes)))))
-        outputs = list(session.run(None, {name: array[part] if array.ndim and len(array) == rows else array
-                                          for name, array in feeds.items()}))  # fmt: skip
+        try:
+            outputs = list(session.run(None, {name: array[part] if array.ndim and len(array) == rows else array
+                                              for name, array in feeds.items()}))  # fmt: skip
+        except Exception as err:  # ONNX Runtime's: one run of every row says what is wrong, if anything
+            raise NotByRow(f"rows {part.start}-{part.stop} did not run alone") from err
         if any(output.ndim == 0 or len(output) != part.stop - part.start for output in outputs):
             raise NotByRow(f"an output of {len(outputs)} does not have the {part.stop - part.start} rows it was fed")
         row_bytes = row_bytes or sum(output.nbytes for output in outputs)

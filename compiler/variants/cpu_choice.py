@@ -14,12 +14,12 @@ import onnx
 
 from tensorsmith.calibration.layers import Layer
 from tensorsmith.compiler.variants.cpu_dynamic import build_dynamic_variant
-from tensorsmith.compiler.variants.measure import Evaluation, measure_session, measure_variant
+from tensorsmith.compiler.variants.measure import Evaluation, measure_session, with_text_metrics
 from tensorsmith.compiler.variants.precision_plan import CpuChoice, SessionChoice
 from tensorsmith.compiler.variants.quantized import flops_fraction
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.metrics import Budget
-from tensorsmith.core.sessions import cpu_session, latency_ms
+from tensorsmith.core.sessions import cpu_session, latency_ms, run_onnx
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord, external_data_path
 
@@ -105,9 +105,10 @@ def choose_cpu_variant(
                 "evaluated_on": evaluation.described,
             }
         )
-        if evaluation.tokens is not None:  # a decoder's: perplexity too, as every variant of it has
-            figures = measure_variant(directory / candidate.path, evaluation)
-            candidate = candidate.model_copy(update={"accuracy": {**candidate.accuracy, **figures}})
+        if evaluation.tokens is not None:  # a decoder's: perplexity too, as every variant of it has, on one run of
+            # every window: dynamic quantization scales each run's activations, so rows would measure another model
+            outputs = run_onnx(directory / candidate.path, evaluation.feeds)
+            candidate = with_text_metrics(candidate, evaluation, outputs)
         sessions = {record.name: cpu_session(directory / record.path) for record in (static, candidate)}
         latency = latency_ms(sessions, batch)
         del sessions

@@ -109,8 +109,13 @@ def with_text_metrics(record: VariantRecord, evaluation: Evaluation, outputs: li
 def token_figures(path: Path | onnx.ModelProto, feeds: dict[str, np.ndarray], tokens: np.ndarray) -> TokenFigures:
     """A decoder's TokenFigures on the windows `tokens` (its prefill `feeds`), its logits (the first output)
     computed a few rows at a time."""
-    figures = TokenFigures(tokens)
     with onnx_errors(path):
-        for _, outputs in run_in_rows(open_session(path), feeds):
-            figures.add(outputs[0])
+        session = open_session(path)
+        try:
+            figures = TokenFigures(tokens)
+            for _, outputs in run_in_rows(session, feeds):
+                figures.add(outputs[0])
+        except NotByRow:
+            figures = TokenFigures(tokens)
+            figures.add(session.run(None, session_feeds(session, feeds))[0])
     return figures

@@ -232,3 +232,27 @@ def test_a_bfloat16_checkpoint_beyond_fp16s_range_keeps_those_layers_in_fp32(
     unchecked, _ = apply(fp32, [ConvertToHalf(half=UNCHECKED)])
     (wrong, *_) = ReferenceEvaluator(unchecked).run(None, feeds)
     assert not np.isfinite(wrong).all() or max_relative_error(expected, wrong) > 0.1
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_sharded_bfloat16_checkpoint_loads_as_transformers_loads_it(family: str, tmp_path: Path) -> None:
+    """The module is read with safetensors' pread backend (huggingface.build_module), shard by shard as the index
+    names them: the same float32 parameters as transformers' own loader, tied weights tied."""
+    import transformers
+
+    from tensorsmith.compiler.frontend.huggingface import build_module, read_model_directory
+
+    architecture, make_config = families()[family]
+    torch.manual_seed(0)
+    getattr(transformers, architecture)(make_config()).to(torch.bfloat16).save_pretrained(
+        str(tmp_path), max_shard_size="200KB")  # fmt: skip
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
+    expected = getattr(transformers, architecture).from_pretrained(str(tmp_path), dtype=torch.float32)
+    module = build_module(read_model_directory(tmp_path), ["input_ids"])
+    loaded = dict(module.named_parameters(remove_duplicate=False))
+    for name, parameter in expected.named_parameters(remove_duplicate=False):
+        (ours,) = [value for key, value in loaded.items() if key.endswith(f"model.{name}") or key == name]
+        assert ours.dtype == torch.float32 and torch.equal(ours, parameter), name
+    embedding, head = module.model.get_input_embeddings(), module.model.get_output_embeddings()
+    tied = head.weight.data_ptr() == embedding.weight.data_ptr()
+    assert tied == bool(expected.config.tie_word_embeddings)

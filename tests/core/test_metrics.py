@@ -61,3 +61,16 @@ def test_token_figures_over_rows_are_the_whole_logits_figures() -> None:
     whole = language_model_metrics(tokens, reference_logits, logits)
     assert actual.metrics(reference) == pytest.approx(whole, rel=1e-12)
     assert 0 < whole["next-token-agreement"] < 1 and whole["perplexity-ratio"] != 1.0
+
+
+def test_a_nan_anywhere_is_the_worst_figure() -> None:
+    """An fp16 overflow makes NaN: every figure says so (Python's max and min pass over a NaN that is not first)."""
+    actual = [ACTUAL[0].copy()]
+    actual[0][5, 3, 7] = np.nan  # in the second of several chunks
+    running = metrics.RunningAccuracy(1)
+    for start in range(0, 9, 2):
+        running.add([REFERENCE[0][start : start + 2]], [actual[0][start : start + 2]])
+    figures = running.figures()
+    assert np.isnan(running.figure("max-abs")) and np.isnan(figures["max_relative_error"])
+    assert np.isnan(figures["cosine"]) and np.isnan(figures["min-cosine"]) and np.isnan(figures["sqnr-db"])
+    assert not metrics.Budget.parse("max-abs<=0.1").met(running.figure("max-abs"))

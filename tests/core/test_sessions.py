@@ -56,3 +56,17 @@ def test_a_variant_measured_in_rows_has_the_whole_runs_figures(monkeypatch: pyte
     measured = measure_variant(path, evaluation)
     assert measured == pytest.approx(whole_figures(evaluation, sessions.run_onnx(path, {"x": X})), rel=1e-12)
     assert measured["cosine"] < 1.0
+
+
+def test_a_fixed_batch_runs_whole(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [7, 5])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [7, 5])
+    graph = helper.make_graph([helper.make_node("Tanh", ["x"], ["y"])], "g", [x], [y])
+    path = tmp_path / "fixed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    monkeypatch.setattr(sessions, "RUN_BYTES", 1)
+    with pytest.raises(sessions.NotByRow):
+        list(sessions.run_in_rows(sessions.open_session(path), {"x": X}))
+    np.testing.assert_array_equal(
+        sessions.run_onnx(path, {"x": X}, in_rows=True)[0], sessions.run_onnx(path, {"x": X})[0]
+    )
