@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,16 +21,12 @@ from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, check_safetensors_dtypes
 from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module
 from tensorsmith.core.errors import ConfigError, ExportError
-from tensorsmith.core.importing import first_line
 from tensorsmith.runtime.manifest import FileRecord, sha256_of
 
 if TYPE_CHECKING:
     import torch
 
-logger = logging.getLogger(__name__)
-
 CONFIG_FILE = "config.json"
-SHARD_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
 TOKENIZER_DIRECTORY = "tokenizer"
@@ -200,22 +195,6 @@ def _dtype_argument(transformers: Any) -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
-def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
-    """The checkpoint's tensors as safetensors slices that transformers reads one at a time, with pread: its own
-    loader maps the files, and every mapped page it has read stays resident until the last tensor is loaded (at
-    the Llama-3.2-1B shape, the 2.5 GB bf16 file on top of the 4.9 GB fp32 module)."""
-    from safetensors import safe_open
-
-    index = model.directory / SHARD_INDEX  # a sharded checkpoint's: which file holds each tensor
-    owner = json.loads(index.read_text())["weight_map"] if index.is_file() else None
-    slices: dict[str, Any] = {}
-    for path in model.weights():
-        opened = safe_open(str(path), framework="pt", device="cpu", backend="pread")
-        slices.update((name, opened.get_slice(name)) for name in opened.keys()  # noqa: SIM118 (not iterable)
-                      if owner is None or owner.get(name) == path.name)  # fmt: skip
-    return slices
-
-
 def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
     """The model, loaded from the directory's safetensors only, in float32 whatever dtype the weights were saved
     in (transformers' default, the config's dtype, would make a bfloat16 checkpoint a bfloat16 module: fp32 inputs
@@ -227,14 +206,9 @@ def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
     # token's top-k experts' weights and exports to standard ops.
     experts = {"experts_implementation": "batched_mm"} if "num_local_experts" in model.config else {}
     options = {_dtype_argument(_transformers()): torch.float32, "attn_implementation": "eager", **experts}
-    cls = _model_class(model)
     try:
-        try:
-            config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
-            loaded = cls.from_pretrained(None, config=config, state_dict=_read_as_needed(model), **options)
-        except Exception as err:  # an older safetensors (no pread) or transformers (no lazy slices): its own reader
-            logger.info("transformers reads %s with its own loader (%s)", model.directory, first_line(err))
-            loaded = cls.from_pretrained(str(model.directory), local_files_only=True, use_safetensors=True, **options)
+        loaded = _model_class(model).from_pretrained(str(model.directory), local_files_only=True,
+                                                     use_safetensors=True, **options)  # fmt: skip
     except Exception as err:  # transformers raises OSError, ValueError, RuntimeError for a broken directory
         raise ExportError(f"transformers could not load {model.directory}: {str(err).strip().splitlines()[0]}") from err
 
