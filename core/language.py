@@ -19,11 +19,6 @@ def _token_log_likelihoods(tokens: np.ndarray, logits: np.ndarray) -> np.ndarray
     ])  # fmt: skip
 
 
-def mean_negative_log_likelihood(tokens: np.ndarray, logits: np.ndarray) -> float:
-    """Of each next token (tokens[:, 1:]) under the logits before it (logits[:, :-1]); [rows, length(, vocab)]."""
-    return float(-_token_log_likelihoods(tokens, logits).mean())
-
-
 class TokenFigures:
     """One model's figures on the evaluation windows, from its logits given a few rows at a time, in order: the
     summed log-likelihood of each next token and its most likely next token at every position. A decoder's
