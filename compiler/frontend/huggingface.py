@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,16 @@ from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, check_safetensors_dtypes
 from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module
 from tensorsmith.core.errors import ConfigError, ExportError
+from tensorsmith.core.importing import first_line
 from tensorsmith.runtime.manifest import FileRecord, sha256_of
 
 if TYPE_CHECKING:
     import torch
 
+logger = logging.getLogger(__name__)
+
 CONFIG_FILE = "config.json"
+SHARD_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
 TOKENIZER_DIRECTORY = "tokenizer"
@@ -91,6 +96,8 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
             f"{path / CONFIG_FILE} names no architecture",
             hint='add "architectures": ["BertModel"] (the class save_pretrained was called on)',
         )
+    if is_decoder(str(architectures[0])):
+        config = _with_kv_heads(config)
     model = HuggingFaceModel(path, str(architectures[0]), config)
     _check_architecture(model)
     if not model.weights():
@@ -101,6 +108,21 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
         )
     _check_dtypes(model)
     return model
+
+
+def _with_kv_heads(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json with `num_key_value_heads` as transformers' config class sets it where the file has none: the
+    heads its cache then holds. Falcon's new decoder architecture cached every head before transformers 5.25 and
+    its num_kv_heads since, which that version's FalconConfig says; a file saved by either version lacks the key."""
+    if "num_key_value_heads" in config or not isinstance(config.get("model_type"), str):
+        return config
+    try:
+        fields = {key: value for key, value in config.items() if key != "model_type"}
+        built = _transformers().AutoConfig.for_model(config["model_type"], **fields)
+    except Exception:  # no transformers, or a model type it does not know: the export says so, in its words
+        return config
+    heads = getattr(built, "num_key_value_heads", None)
+    return {**config, "num_key_value_heads": heads} if isinstance(heads, int) else config
 
 
 def _check_architecture(model: HuggingFaceModel) -> None:
@@ -195,6 +217,28 @@ def _dtype_argument(transformers: Any) -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
+def _no_hub_kernels(transformers: Any) -> dict[str, bool]:
+    """from_pretrained's `use_kernels=False`: from transformers 5.25 it swaps layers for kernels from the Hub by
+    default, a download at run time (and an error where the `kernels` package is missing)."""
+    return {"use_kernels": False} if int(transformers.__version__.split(".")[0]) >= 5 else {}
+
+
+def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
+    """The checkpoint's tensors as safetensors slices that transformers reads one at a time, with pread: its own
+    loader maps the files, and every mapped page it has read stays resident until the last tensor is loaded (at
+    the Llama-3.2-1B shape, the 2.5 GB bf16 file on top of the 4.9 GB fp32 module)."""
+    from safetensors import safe_open
+
+    index = model.directory / SHARD_INDEX  # a sharded checkpoint's: which file holds each tensor
+    owner = json.loads(index.read_text())["weight_map"] if index.is_file() else None
+    slices: dict[str, Any] = {}
+    for path in model.weights():
+        opened = safe_open(str(path), framework="pt", device="cpu", backend="pread")
+        slices.update((name, opened.get_slice(name)) for name in opened.keys()  # noqa: SIM118 (not iterable)
+                      if owner is None or owner.get(name) == path.name)  # fmt: skip
+    return slices
+
+
 def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
     """The model, loaded from the directory's safetensors only, in float32 whatever dtype the weights were saved
     in (transformers' default, the config's dtype, would make a bfloat16 checkpoint a bfloat16 module: fp32 inputs
@@ -205,10 +249,16 @@ def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
     # Mixtral-style experts: transformers' default grouped_mm kernel has no ONNX export; batched_mm gathers each
     # token's top-k experts' weights and exports to standard ops.
     experts = {"experts_implementation": "batched_mm"} if "num_local_experts" in model.config else {}
-    options = {_dtype_argument(_transformers()): torch.float32, "attn_implementation": "eager", **experts}
+    options = {_dtype_argument(_transformers()): torch.float32, "attn_implementation": "eager", **experts,
+               **_no_hub_kernels(_transformers())}  # fmt: skip
+    cls = _model_class(model)
     try:
-        loaded = _model_class(model).from_pretrained(str(model.directory), local_files_only=True,
-                                                     use_safetensors=True, **options)  # fmt: skip
+        try:
+            config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
+            loaded = cls.from_pretrained(None, config=config, state_dict=_read_as_needed(model), **options)
+        except Exception as err:  # an older safetensors (no pread) or transformers (no lazy slices): its own reader
+            logger.info("transformers reads %s with its own loader (%s)", model.directory, first_line(err))
+            loaded = cls.from_pretrained(str(model.directory), local_files_only=True, use_safetensors=True, **options)
     except Exception as err:  # transformers raises OSError, ValueError, RuntimeError for a broken directory
         raise ExportError(f"transformers could not load {model.directory}: {str(err).strip().splitlines()[0]}") from err
 
