@@ -26,6 +26,7 @@ from tensorsmith.compiler.variants.stage import Variants, build_variants
 from tensorsmith.compiler.variants.text_data import check_text_data
 from tensorsmith.compiler.version import __version__
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.narrow_twin import drop_twin
 from tensorsmith.core.precisions import AUTO, precision
 from tensorsmith.core.progress import LogReporter, Reporter, Step, TimedReporter
 from tensorsmith.core.sessions import quiet_onnxruntime
@@ -78,6 +79,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         targets = build_engines(config.build, config.targets, variants.by_target, inputs, dims, staging, timed,
                                 source.is_decoder)  # fmt: skip
         targets = [_with_note(target, plan.notes.get(target.name)) for target in targets]
+        drop_twin(fused.path)  # measuring is done: the twin is not part of the artifact
         tokenizer = copy_tokenizer(source.huggingface, staging) if source.huggingface else []
         manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer, layout)
         write_manifest(staging, manifest)

@@ -20,6 +20,7 @@ import onnx
 
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.ir import inline_bytes, save_onnx
+from tensorsmith.core.narrow_twin import TWIN_DISABLED_OPTIMIZERS, twin_of
 from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
 # ONNX Runtime's log severities run 0 verbose … 3 error, 4 fatal. The compiler's sessions log fatal only: an
@@ -53,13 +54,23 @@ def run_onnx(
 
 
 def open_session(path: Path | onnx.ModelProto) -> Any:
-    """A quiet ONNX Runtime CPU session over the file at `path`, or over an in-memory graph."""
+    """A quiet ONNX Runtime CPU session over the file at `path` (its narrow twin where one was written: the same
+    outputs, the weights held in 16 bits), or over an in-memory graph."""
     if isinstance(path, onnx.ModelProto):
         return session_for(path)
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    opened, disabled = measured_file(path)
+    return onnxruntime.InferenceSession(str(opened), options, providers=["CPUExecutionProvider"],
+                                        disabled_optimizers=disabled)  # fmt: skip
+
+
+def measured_file(path: Path) -> tuple[Path, list[str]]:
+    """The file a session that measures the graph at `path` opens, and the optimizers it turns off: the graph's
+    narrow twin (core/narrow_twin) where one is current, else the graph itself. Timing sessions open the graph."""
+    twin = twin_of(path)
+    return (twin, list(TWIN_DISABLED_OPTIMIZERS)) if twin is not None else (path, [])
 
 
 @contextlib.contextmanager
@@ -143,14 +154,16 @@ def session_with_outputs(path: Path, outputs: Sequence[str], providers: Sequence
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
-    structure = onnx.load(str(path), load_external_data=False)
+    opened, disabled = measured_file(path)
+    structure = onnx.load(str(opened), load_external_data=False)
     present = {output.name for output in structure.graph.output}
     structure.graph.output.extend(onnx.ValueInfoProto(name=name) for name in outputs if name not in present)
     # beside the graph, where its external data's relative locations resolve (ONNX Runtime refuses absolute ones)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.stem}-observed-", suffix=".onnx") as written:
+    with tempfile.NamedTemporaryFile(dir=opened.parent, prefix=f".{opened.stem}-observed-", suffix=".onnx") as written:
         written.write(structure.SerializeToString())
         written.flush()
-        session = onnxruntime.InferenceSession(written.name, options, providers=list(providers))
+        session = onnxruntime.InferenceSession(written.name, options, providers=list(providers),
+                                               disabled_optimizers=disabled)  # fmt: skip
     _SESSIONS_OVER[str(path.resolve())] = session
     return session
 

@@ -22,6 +22,7 @@ from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
 from tensorsmith.core.mapped_graph import mapped, save_mapped
 from tensorsmith.core.module_paths import module_paths
+from tensorsmith.core.narrow_twin import write_twin
 from tensorsmith.core.precisions import FP32
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
@@ -103,6 +104,7 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGra
     shutil.rmtree(scratch)
     structure, reports = fuse(model_path, config, paths)
     reports = [canonical, *reports]
+    write_twin(model_path)  # the sessions that measure model.onnx hold its weights at the checkpoint's width
     inputs, outputs = io_records(structure)
 
     accuracy: dict[str, float] = {}

@@ -14,8 +14,9 @@ import torch
 from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.compiler.artifact.triton import export_triton
 from tensorsmith.compiler.engines import records
+from tensorsmith.compiler.frontend import fused
 from tensorsmith.compiler.variants.text_data import OBSERVED_BYTES, calibration_batch
-from tensorsmith.core import ir
+from tensorsmith.core import ir, narrow_twin
 from tensorsmith.core.errors import ArtifactError
 from tensorsmith.runtime import load
 
@@ -24,18 +25,23 @@ COMMON = {"vocab_size": 256, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id
 
 @pytest.fixture(scope="module")
 def external_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A 4-layer Llama compiled for the cpu and sm_86 with every graph's weights saved outside it."""
+    """A 4-layer Llama, saved in bf16, compiled for the cpu and sm_86 with every graph's weights saved outside it
+    and model.onnx measured through its narrow twin (core/narrow_twin), as a real checkpoint's is."""
     import transformers
 
     directory = tmp_path_factory.mktemp("external")
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                                       num_attention_heads=4, num_key_value_heads=2, **COMMON)  # fmt: skip
-    transformers.LlamaForCausalLM(config).eval().save_pretrained(directory / "checkpoint")
+    transformers.LlamaForCausalLM(config).eval().to(torch.bfloat16).save_pretrained(directory / "checkpoint")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)
+        patch.setattr(narrow_twin, "SAVES_AT_LEAST", 0)
+        twins: list[Path | None] = []
+        patch.setattr(fused, "write_twin", lambda path: twins.append(narrow_twin.write_twin(path)) or twins[-1])
         compile(CompileConfig.create({"source": str(directory / "checkpoint"), "targets": ["cpu", "sm_86"]}),
                 directory / "out")  # fmt: skip
+    assert twins and twins[0] is not None  # the bf16 weights were measured in 16 bits
     return directory / "checkpoint", directory / "out"
 
 
@@ -45,9 +51,10 @@ def test_graphs_keep_their_weights_outside_and_every_stage_reads_them(external_a
     checkpoint, out = external_artifact
     for name in ("model.onnx", "variants/fp16.onnx"):
         assert (out / f"{name}.data").stat().st_size > (out / name).stat().st_size, name
+    assert not [path for path in out.rglob("*") if "narrow-twin" in path.name]  # measuring only: not shipped
     model = load(out)
     prompt = np.array([[5, 9, 17, 33, 2, 71]], np.int64)
-    reference = transformers.LlamaForCausalLM.from_pretrained(str(checkpoint)).eval()
+    reference = transformers.LlamaForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     expected = reference.generate(torch.from_numpy(prompt), max_new_tokens=8, do_sample=False)
     assert model.generate(prompt, max_new_tokens=8).tolist() == expected.tolist()  # greedy: the same tokens
 

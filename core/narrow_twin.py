@@ -1,0 +1,216 @@
+"""The fp32 graph's narrow twin: the same computation, with every weight that 16 bits hold exactly stored in
+bfloat16 (or float16) behind a Cast, for the sessions that only measure it.
+
+A bf16 checkpoint's fp32 graph stores each weight twice as wide as its values need, and every ONNX Runtime session
+the compiler opens to measure that graph (verification, the evaluation reference, AWQ's statistics pass, fp16's
+range check) holds the fp32 weights whole: at the Llama-3.2-1B shape 4.4 GB of a 7-8 GB step, and the file's
+4.9 GB while the session opens. The twin holds them at the checkpoint's width and casts each one where a node
+reads it; ONNX Runtime's constant folding, which would fold the Casts back into fp32 weights, is off for its
+sessions (`TWIN_DISABLED_OPTIMIZERS`). The values every node sees are the same: a Cast of a value bf16 holds
+exactly is exact. Only the kernels may differ: a MatMul whose weight comes from a Cast is not prepacked, so its
+sums may round otherwise in the last bits.
+
+A Gather from a table (the token embedding) gathers the 16-bit rows and casts those, not the whole table.
+`model.onnx`, what ships and what the cpu target is timed on, stays fp32: `twin_of` names a twin only while the
+graph it was written from is unchanged (a decoder's model.onnx is rewritten into a generation graph later).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+
+from tensorsmith.runtime.manifest import external_data_path
+
+logger = logging.getLogger(__name__)
+
+TWIN_DISABLED_OPTIMIZERS = ("ConstantFolding",)
+SAVES_AT_LEAST = 64 << 20  # bytes: a smaller saving is not worth a second file and unprepacked MatMuls
+CHUNK = 16 << 20  # float32 values read at a time while a weight is checked and converted
+NARROW: dict[int, str] = {onnx.TensorProto.BFLOAT16: "_bf16", onnx.TensorProto.FLOAT16: "_fp16"}
+
+
+@dataclass(frozen=True)
+class _Written:
+    twin: Path
+    signature: tuple[tuple[int, int, int], ...]  # of the graph it was written from, and its data
+
+
+_TWINS: dict[str, _Written] = {}
+
+
+def _signature(path: Path) -> tuple[tuple[int, int, int], ...]:
+    parts = [path, external_data_path(path)]
+    stats = [part.stat() for part in parts if part.is_file()]
+    return tuple((stat.st_ino, stat.st_mtime_ns, stat.st_size) for stat in stats)
+
+
+def twin_of(path: Path | str) -> Path | None:
+    """The narrow twin written for the graph at `path`, while that graph is as it was then; else None."""
+    path = Path(path)
+    written = _TWINS.get(str(path.resolve()))
+    if written is None:
+        return None
+    if not path.is_file() or _signature(path) != written.signature or not written.twin.is_file():
+        _TWINS.pop(str(path.resolve()), None)
+        return None
+    return written.twin
+
+
+def twin_directory(path: Path) -> Path:
+    """Where the twin of the graph at `path` is written: a hidden directory beside it."""
+    return path.parent / f".{path.name}.narrow-twin"
+
+
+def write_twin(path: Path) -> Path | None:
+    """Write the narrow twin of the graph saved at `path` into twin_directory(path) and remember it for twin_of;
+    None (and nothing written) where it would save less than SAVES_AT_LEAST bytes."""
+    structure = onnx.load(str(path), load_external_data=False)
+    graph = structure.graph
+    if not any(_is_external(tensor) for tensor in graph.initializer):
+        return None
+    directory = twin_directory(path)
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir()
+    twin = directory / path.name
+    sidecar = external_data_path(twin)
+    inputs = {value.name for value in graph.input}
+    taken = {*inputs, *(t.name for t in graph.initializer), *(name for node in graph.node for name in node.output)}
+    narrowed: dict[str, tuple[str, int]] = {}  # weight → (its 16-bit initializer, its type)
+    saved = 0
+    with sidecar.open("wb") as stream:
+        for tensor in graph.initializer:
+            if not _is_external(tensor):
+                continue
+            source, offset, length = _external_bytes(tensor, path.parent)
+            written_at = stream.tell()
+            narrowable = (tensor.data_type == onnx.TensorProto.FLOAT and tensor.name not in inputs and length % 4 == 0
+                          and not taken & {tensor.name + suffix for suffix in NARROW.values()})  # fmt: skip
+            kind = _write_narrow(source, offset, length, stream) if narrowable else None
+            if kind is None:  # as it is: its bytes copied
+                _copy(source, offset, length, stream)
+                _point(tensor, sidecar.name, written_at, length)
+                continue
+            narrowed[tensor.name] = (tensor.name + NARROW[kind], kind)
+            tensor.name, tensor.data_type = narrowed[tensor.name][0], kind
+            _point(tensor, sidecar.name, written_at, length // 2)
+            saved += length // 2
+    if saved < SAVES_AT_LEAST:
+        shutil.rmtree(directory)
+        return None
+    _cast_where_read(graph, narrowed)
+    twin.write_bytes(structure.SerializeToString())
+    _TWINS[str(path.resolve())] = _Written(twin, _signature(path))
+    logger.debug("narrow twin of %s: %d weights in 16 bits, %.2f GB saved", path, len(narrowed), saved / 1e9)
+    return twin
+
+
+def drop_twin(path: Path) -> None:
+    """Forget and delete the twin of the graph at `path` (before the directory is published)."""
+    _TWINS.pop(str(path.resolve()), None)
+    shutil.rmtree(twin_directory(path), ignore_errors=True)
+
+
+def _is_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _external_bytes(tensor: onnx.TensorProto, directory: Path) -> tuple[Path, int, int]:
+    fields = {entry.key: entry.value for entry in tensor.external_data}
+    source = directory / fields["location"]
+    offset = int(fields.get("offset", 0))
+    length = int(fields["length"]) if "length" in fields else source.stat().st_size - offset
+    return source, offset, length
+
+
+def _chunks(offset: int, length: int) -> list[tuple[int, int]]:
+    """(offset, count) of each CHUNK of 4-byte values in the `length` bytes at `offset`."""
+    count = length // 4
+    return [(offset + start * 4, min(CHUNK, count - start)) for start in range(0, count, CHUNK)]
+
+
+def _write_narrow(source: Path, offset: int, length: int, stream: BinaryIO) -> int | None:
+    """Write the float32 weight's values in 16 bits and return the type: BFLOAT16 where every value's low 16 bits
+    are zero, else FLOAT16 where float16 holds every value exactly (a NaN never compares equal: kept fp32);
+    None, with nothing written, where neither holds them. Read a chunk at a time, never mapped: the pages go to
+    the page cache, not to the process's memory."""
+    start = stream.tell()
+    for kind in (onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16):
+        for at, count in _chunks(offset, length):
+            bits = np.fromfile(source, np.uint32, count, offset=at)
+            if kind == onnx.TensorProto.BFLOAT16:
+                narrow = (bits >> 16).astype(np.uint16)
+                exact = not np.any(bits & 0xFFFF)
+            else:
+                with np.errstate(over="ignore"):
+                    narrow = bits.view(np.float32).astype(np.float16)
+                exact = np.array_equal(narrow.astype(np.float32), bits.view(np.float32))
+            if not exact:
+                stream.seek(start)
+                stream.truncate()
+                break
+            narrow.tofile(stream)
+        else:
+            return kind
+    return None
+
+
+def _copy(source: Path, offset: int, length: int, stream: BinaryIO) -> None:
+    with source.open("rb") as original:
+        original.seek(offset)
+        remaining = length
+        while remaining:
+            block = original.read(min(remaining, CHUNK))
+            stream.write(block)
+            remaining -= len(block)
+
+
+def _point(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        tensor.external_data.add(key=key, value=value)
+
+
+def _cast_where_read(graph: onnx.GraphProto, narrowed: dict[str, tuple[str, int]]) -> None:
+    """A Cast to float of each narrowed weight under its old name, first in the graph; a Gather from one reads
+    the 16-bit table and casts the rows it gathered instead (its own Cast, after it)."""
+    read_whole: set[str] = set()
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        table = node.input[0] if node.op_type == "Gather" and node.input else None
+        if table in narrowed:
+            narrow, _ = narrowed[table]
+            (output,) = node.output
+            node.input[0], node.output[0] = narrow, f"{output}{narrow}"
+            nodes += [node, _cast(f"{output}{narrow}", output)]
+            read_whole.update(name for name in node.input[1:] if name in narrowed)
+            continue
+        read_whole.update(name for name in node.input if name in narrowed)
+        nodes.append(node)
+    read_whole.update(output.name for output in graph.output if output.name in narrowed)
+    read_whole.update(_read_by_subgraphs(graph) & narrowed.keys())
+    casts = [_cast(narrowed[name][0], name) for name in narrowed if name in read_whole]
+    del graph.node[:]
+    graph.node.extend([*casts, *nodes])
+
+
+def _cast(source: str, output: str) -> onnx.NodeProto:
+    return onnx.helper.make_node("Cast", [source], [output], name=f"{output}/narrow_twin_cast",
+                                 to=onnx.TensorProto.FLOAT)  # fmt: skip
+
+
+def _read_by_subgraphs(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node's subgraph (If, Loop, Scan bodies) reads: outer values they may take."""
+    names: set[str] = set()
+    for node in graph.node:
+        for attribute in node.attribute:
+            for body in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                names.update(name for inner in body.node for name in inner.input)
+                names |= _read_by_subgraphs(body)
+    return names

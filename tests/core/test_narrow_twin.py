@@ -1,0 +1,82 @@
+"""The fp32 graph's narrow twin: its weights that 16 bits hold exactly stored in bf16 or fp16 behind Casts, the
+same outputs on ONNX Runtime, and used by the measuring sessions only while the graph is as it was."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from tensorsmith.core import narrow_twin
+from tensorsmith.core.narrow_twin import drop_twin, twin_directory, twin_of, write_twin
+from tensorsmith.core.sessions import measured_file, open_session
+
+VOCABULARY, WIDTH = 512, 64
+
+
+class TiedLanguageModel(torch.nn.Module):
+    """A token table read by a Gather and, tied, by the output MatMul; one bf16 weight, one fp16, one neither."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = torch.nn.Parameter(torch.randn(VOCABULARY, WIDTH).bfloat16().float())
+        self.bf16 = torch.nn.Parameter(torch.randn(WIDTH, WIDTH).bfloat16().float())
+        self.fp16 = torch.nn.Parameter((torch.randn(WIDTH, WIDTH) * 1e-3).half().float())  # beyond bf16's precision
+        self.fp32 = torch.nn.Parameter(torch.randn(WIDTH, WIDTH))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.table[ids]
+        hidden = torch.tanh(hidden @ self.bf16) + 1e3 * (hidden @ self.fp16) + 0.1 * (hidden @ self.fp32)
+        return hidden @ self.table.T
+
+
+@pytest.fixture
+def saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "model.onnx"
+    torch.onnx.export(TiedLanguageModel(), (torch.zeros(2, 5, dtype=torch.int64),), str(path), dynamo=False,
+                      input_names=["ids"], output_names=["logits"], opset_version=20)  # fmt: skip
+    model = onnx.load(str(path))
+    onnx.save(model, str(path), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    monkeypatch.setattr(narrow_twin, "SAVES_AT_LEAST", 0)
+    return path
+
+
+def run(path: Path, ids: np.ndarray) -> np.ndarray:
+    return np.asarray(open_session(path).run(None, {"ids": ids})[0])
+
+
+def test_the_twin_holds_exact_weights_in_16_bits_and_computes_the_same(saved: Path) -> None:
+    ids = np.random.default_rng(0).integers(0, VOCABULARY, (2, 5))
+    expected = run(saved, ids)  # before the twin: the graph itself
+    twin = write_twin(saved)
+    assert twin is not None and twin_of(saved) == twin and measured_file(saved)[0] == twin
+    types = {t.name: t.data_type for t in onnx.load(str(twin), load_external_data=False).graph.initializer
+             if t.dims and np.prod(t.dims) >= WIDTH * WIDTH}  # fmt: skip
+    # the table (and its transpose, which the exporter folded), the bf16 weight; the fp16 one; the fp32 one
+    assert Counter(types.values()) == {onnx.TensorProto.BFLOAT16: 3, onnx.TensorProto.FLOAT16: 1,
+                                       onnx.TensorProto.FLOAT: 1}  # fmt: skip
+    assert (twin.parent / "model.onnx.data").stat().st_size < 0.6 * (saved.parent / "model.onnx.data").stat().st_size
+    nodes = onnx.load(str(twin), load_external_data=False).graph.node
+    gather = next(node for node in nodes if node.op_type == "Gather")
+    assert types[gather.input[0]] == onnx.TensorProto.BFLOAT16  # the 16-bit table, its rows cast after
+    np.testing.assert_allclose(run(saved, ids), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_rewritten_graph_is_measured_itself_and_the_twin_goes_before_publishing(saved: Path) -> None:
+    assert write_twin(saved) is not None
+    model = onnx.load(str(saved))
+    onnx.save(model, str(saved), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    assert twin_of(saved) is None and measured_file(saved) == (saved, [])
+    assert write_twin(saved) is not None
+    drop_twin(saved)
+    assert twin_of(saved) is None and not twin_directory(saved).exists()
+
+
+def test_no_twin_where_it_saves_too_little(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(narrow_twin, "SAVES_AT_LEAST", 1 << 30)
+    assert write_twin(saved) is None and not twin_directory(saved).exists() and twin_of(saved) is None
