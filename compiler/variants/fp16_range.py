@@ -73,9 +73,7 @@ def float_node_outputs(graph: onnx.GraphProto) -> list[str]:
 def tensor_ranges(path: Path, feeds: dict[str, np.ndarray]) -> list[TensorRange]:
     """The min and max of every fp32 node output of the ONNX file at `path` on `feeds`, on ONNX Runtime's CPU
     provider, in one run."""
-    onnxruntime = quiet_onnxruntime()
-    options = onnxruntime.SessionOptions()
-    opened, disabled = measured_file(path, options)  # the narrow twin where there is one: the weights in 16 bits
+    opened, disabled = measured_file(path)  # the narrow twin where there is one: the weights in 16 bits
     model = onnx.load(str(opened), load_external_data=False)  # the weights stay in their file
     graph = model.graph
     names = float_node_outputs(graph)
@@ -90,6 +88,8 @@ def tensor_ranges(path: Path, feeds: dict[str, np.ndarray]) -> list[TensorRange]
             graph.node.append(onnx.helper.make_node(op, [name], [reduced], name=reduced, keepdims=1))
             outputs.append(reduced)
     graph.output.extend(onnx.ValueInfoProto(name=name) for name in outputs)
+    onnxruntime = quiet_onnxruntime()
+    options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
     options.add_session_config_entry(EXTERNAL_FOLDER, str(opened.parent))
     started = time.perf_counter()
