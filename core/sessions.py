@@ -48,9 +48,22 @@ def run_onnx(
         session = open_session(path)
         if in_rows:
             with contextlib.suppress(NotByRow):
-                parts = [outputs for _, outputs in run_in_rows(session, feeds)]
-                return [np.concatenate(outputs) for outputs in zip(*parts, strict=True)]
+                return _joined_rows(session, feeds)
         return list(session.run(None, session_feeds(session, feeds)))
+
+
+def _joined_rows(session: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """run_in_rows' outputs written into arrays of every row as they come (joining the parts at the end held them
+    twice: at the 1B shape, 8 evaluation windows' logits are 0.5 GB)."""
+    rows = max((len(array) for array in session_feeds(session, feeds).values() if array.ndim), default=1)
+    joined: list[np.ndarray] = []
+    for part, outputs in run_in_rows(session, feeds):
+        joined = joined or [np.empty((rows, *output.shape[1:]), output.dtype) for output in outputs]
+        for whole, output in zip(joined, outputs, strict=True):
+            if whole.shape[1:] != output.shape[1:]:  # a dynamic axis that differs between runs
+                raise NotByRow(f"an output's shape {output.shape[1:]} changed from {whole.shape[1:]} between rows")
+            whole[part] = output
+    return joined
 
 
 def open_session(path: Path | onnx.ModelProto) -> Any:
