@@ -26,6 +26,7 @@ from typing import BinaryIO
 import numpy as np
 import onnx
 
+from tensorsmith.core.mapped_graph import MappedValues
 from tensorsmith.runtime.manifest import external_data_path
 
 logger = logging.getLogger(__name__)
@@ -124,11 +125,10 @@ def _is_external(tensor: onnx.TensorProto) -> bool:
 
 
 def _external_bytes(tensor: onnx.TensorProto, directory: Path) -> tuple[Path, int, int]:
-    fields = {entry.key: entry.value for entry in tensor.external_data}
-    source = directory / fields["location"]
-    offset = int(fields.get("offset", 0))
-    length = int(fields["length"]) if "length" in fields else source.stat().st_size - offset
-    return source, offset, length
+    """The file, offset and length of a weight's stored bytes, as core/mapped_graph reads them."""
+    location = next(entry.value for entry in tensor.external_data if entry.key == "location")
+    stored = MappedValues(tensor, directory / location)
+    return stored.file, stored.offset, stored.length
 
 
 def _chunks(offset: int, length: int) -> list[tuple[int, int]]:
