@@ -56,7 +56,8 @@ def _tree_rss(pid: int) -> int:
 
 
 def _process(command: list[str], log: Path) -> dict[str, Any]:
-    """Wall seconds, peak RSS (GB: the process's own, and its tree's, polled) and exit status of `command`, its
+    """Wall seconds, peak RSS (GB of 10^9 bytes, as the aims are: the largest process of the side, from wait4, which
+    counts its engine builders; and its tree, summed and polled) and exit status of `command`, its
     output to `log`. Killed past MEMORY_LIMIT of tree RSS, so that a side that would not fit does not take the
     machine down: reported as killed, with its peak."""
     started = time.perf_counter()
@@ -74,9 +75,9 @@ def _process(command: list[str], log: Path) -> dict[str, Any]:
                 process.kill()
             time.sleep(0.5)
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-    return {"wall_s": round(time.perf_counter() - started, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2),
-            "peak_tree_rss_gb": round(peak_tree / 2**30, 2), "exit": process.returncode,
-            **({"killed_over_gb": MEMORY_LIMIT / 2**30} if killed else {})}  # fmt: skip
+    return {"wall_s": round(time.perf_counter() - started, 1), "peak_rss_gb": round(usage.ru_maxrss * 1024 / 1e9, 2),
+            "peak_tree_rss_gb": round(peak_tree / 1e9, 2), "exit": process.returncode,
+            **({"killed_over_gb": MEMORY_LIMIT / 1e9} if killed else {})}  # fmt: skip
 
 
 def _bytes(directory: Path, pattern: str = "**/*") -> int:
@@ -171,7 +172,7 @@ def measure(shape: str, decode: bool, only: list[str] | None = None) -> dict[str
 def _compile_figures(out: Path) -> dict[str, Any]:
     manifest = json.loads((out / "manifest.json").read_text())
     # each stage's seconds and the compiling process's sampled peak resident GB in it: where time and memory go
-    steps = {step["name"]: [step["seconds"], round((step.get("peak_rss_bytes") or 0) / 2**30, 2)]
+    steps = {step["name"]: [step["seconds"], round((step.get("peak_rss_bytes") or 0) / 1e9, 2)]
              for step in manifest["steps"]}  # fmt: skip
     figures: dict[str, Any] = {"steps": steps, "targets": {t["name"]: t["status"] for t in manifest["targets"]}}
     figures["variants"] = {variant["name"]: {"gb": round(_bytes(out, variant["path"] + "*") / 1e9, 3),

@@ -13,6 +13,12 @@ sums may round otherwise in the last bits.
 A Gather from a table (the token embedding) gathers the 16-bit rows and casts those, not the whole table.
 `model.onnx`, what ships and what the cpu target is timed on, stays fp32: `twin_of` names a twin only while the
 graph it was written from is unchanged (a decoder's model.onnx is rewritten into a generation graph later).
+
+An fp16 variant has a twin of its own kind (`write_widened_twin`): its weights are already 16 bits, but ONNX
+Runtime's CPU provider has no fp16 MatMul here, so a session over it converts every MatMul weight to fp32 when it
+opens (4.8 GB at the 1B shape for 2.5 GB of fp16, constant folding on or off). The twin computes each such MatMul
+in fp32 from a Cast of its fp16 weight and input, and casts the product back to fp16: what ONNX Runtime does
+itself, with the weights left at 16 bits.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from tensorsmith.runtime.manifest import external_data_path
 
 logger = logging.getLogger(__name__)
 
-TWIN_DISABLED_OPTIMIZERS = ("ConstantFolding",)
+# ConstantFolding would fold the Casts back into fp32 weights, and so would ONNX Runtime's own fp16-initializer fusion
+TWIN_DISABLED_OPTIMIZERS = ("ConstantFolding", "FuseFp16InitializerToFp32NodeTransformer")
 # bytes (a 0.5B-parameter checkpoint's): below, unprepacked MatMuls and the Casts cost more than the weights save
 # (at the SmolLM-135M shape, INT4's statistics pass took 44 s against 30 and peaked 0.12 GB higher)
 SAVES_AT_LEAST = 1 << 30
@@ -114,9 +121,52 @@ def write_twin(path: Path) -> Path | None:
     return twin
 
 
+def write_widened_twin(path: Path) -> Path | None:
+    """Write the twin of the fp16 graph saved at `path` whose MatMuls read their fp16 weights through Casts and
+    compute in fp32, beside the graph (it reads the graph's own data file), and remember it for twin_of; None (and
+    nothing written) where those weights are under SAVES_AT_LEAST bytes, which a session would otherwise hold
+    twice over."""
+    structure = onnx.load(str(path), load_external_data=False)
+    graph = structure.graph
+    weights = {tensor.name: tensor for tensor in graph.initializer if tensor.data_type == onnx.TensorProto.FLOAT16}
+    widened = [node for node in graph.node if node.op_type == "MatMul" and len(node.input) == 2
+               and node.input[1] in weights and node.input[0] not in weights]  # fmt: skip
+    saved = sum(2 * int(np.prod(weights[name].dims)) for name in {node.input[1] for node in widened})
+    if saved < SAVES_AT_LEAST:
+        return None
+    nodes: list[onnx.NodeProto] = []
+    cast_once: dict[str, str] = {}  # an fp16 value → its fp32 Cast (q, k and v read one input: cast once)
+    targets = {id(node) for node in widened}
+    for node in graph.node:
+        if id(node) not in targets:
+            nodes.append(node)
+            continue
+        (output,) = node.output
+        source, weight = node.input
+        if source not in cast_once:
+            cast_once[source] = f"{source}/widened"
+            nodes.append(_cast(source, cast_once[source]))
+        if weight not in cast_once:
+            cast_once[weight] = f"{weight}/widened"
+            nodes += _cast_after(weights[weight], cast_once[weight], source)
+        nodes.append(onnx.helper.make_node("MatMul", [cast_once[source], cast_once[weight]], [f"{output}/widened"],
+                                           name=node.name))  # fmt: skip
+        nodes.append(_cast(f"{output}/widened", output, onnx.TensorProto.FLOAT16))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    twin = path.parent / f".{path.stem}.widened-twin{path.suffix}"
+    twin.write_bytes(structure.SerializeToString())
+    _TWINS[str(path.resolve())] = _Written(twin, _signature(path))
+    logger.debug("widened twin of %s: %d MatMuls in fp32 from 16-bit weights, %.2f GB held once", path,
+                 len(widened), saved / 1e9)  # fmt: skip
+    return twin
+
+
 def drop_twin(path: Path) -> None:
     """Forget and delete the twin of the graph at `path` (before the directory is published)."""
-    _TWINS.pop(str(path.resolve()), None)
+    written = _TWINS.pop(str(path.resolve()), None)
+    if written is not None and written.twin.parent == path.parent:  # a widened twin, beside the graph
+        written.twin.unlink(missing_ok=True)
     shutil.rmtree(twin_directory(path), ignore_errors=True)
 
 
@@ -180,31 +230,61 @@ def _point(tensor: onnx.TensorProto, location: str, offset: int, length: int) ->
 
 
 def _cast_where_read(graph: onnx.GraphProto, narrowed: dict[str, tuple[str, int]]) -> None:
-    """A Cast to float of each narrowed weight under its old name, first in the graph; a Gather from one reads
-    the 16-bit table and casts the rows it gathered instead (its own Cast, after it)."""
-    read_whole: set[str] = set()
+    """A Cast to float of each narrowed weight under its old name, tied to run just before the first node that
+    reads it (_cast_after); first in the graph where no value a node makes reaches that node (or an output or a
+    subgraph reads the weight). A Gather from one reads the 16-bit table and casts the rows it gathered instead."""
+    tensors = {tensor.name: tensor for tensor in graph.initializer}
+    at_start = {output.name for output in graph.output} | _read_by_subgraphs(graph)
+    made: set[str] = set()  # values a node makes, so far
+    cast: set[str] = set()  # weights whose Cast is written
+    front: list[onnx.NodeProto] = []
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         table = node.input[0] if node.op_type == "Gather" and node.input else None
-        if table in narrowed:
+        if table in narrowed and table not in at_start:
             narrow, _ = narrowed[table]
             (output,) = node.output
             node.input[0], node.output[0] = narrow, f"{output}{narrow}"
             nodes += [node, _cast(f"{output}{narrow}", output)]
-            read_whole.update(name for name in node.input[1:] if name in narrowed)
+            made.update([*node.output, output])
             continue
-        read_whole.update(name for name in node.input if name in narrowed)
+        after = next((name for name in node.input if name in made), None)
+        for name in node.input:
+            if name not in narrowed or name in cast:
+                continue
+            cast.add(name)
+            if after is None or name in at_start:
+                front.append(_cast(narrowed[name][0], name))
+            else:
+                nodes += _cast_after(tensors[narrowed[name][0]], name, after)
         nodes.append(node)
-    read_whole.update(output.name for output in graph.output if output.name in narrowed)
-    read_whole.update(_read_by_subgraphs(graph) & narrowed.keys())
-    casts = [_cast(narrowed[name][0], name) for name in narrowed if name in read_whole]
+        made.update(node.output)
+    front += [_cast(narrowed[name][0], name) for name in sorted(at_start & narrowed.keys() - cast)]
     del graph.node[:]
-    graph.node.extend([*casts, *nodes])
+    graph.node.extend([*front, *nodes])
 
 
-def _cast(source: str, output: str) -> onnx.NodeProto:
-    return onnx.helper.make_node("Cast", [source], [output], name=f"{output}/narrow_twin_cast",
-                                 to=onnx.TensorProto.FLOAT)  # fmt: skip
+def _cast(source: str, output: str, to: int = onnx.TensorProto.FLOAT) -> onnx.NodeProto:
+    return onnx.helper.make_node("Cast", [source], [output], name=f"{output}/narrow_twin_cast", to=to)
+
+
+def _cast_after(weight: onnx.TensorProto, output: str, after: str) -> list[onnx.NodeProto]:
+    """A Cast to float of `weight` as `output` that cannot run before the value `after` exists. ONNX Runtime runs
+    a node that reads weights only as early as it can: every weight's Cast would run first and hold every widened
+    weight at once (a 1B graph's whole fp32 weights). Reshaping the weight to its own shape plus zero times
+    `after`'s size ties its Cast to the node that reads it."""
+    base = f"{output}/after"
+    dims = onnx.numpy_helper.from_array(np.array(weight.dims, np.int64), f"{base}/dims")
+    zero = onnx.numpy_helper.from_array(np.array(0, np.int64), f"{base}/zero")
+    return [
+        onnx.helper.make_node("Constant", [], [dims.name], name=dims.name, value=dims),
+        onnx.helper.make_node("Constant", [], [zero.name], name=zero.name, value=zero),
+        onnx.helper.make_node("Size", [after], [f"{base}/size"], name=f"{base}/size"),
+        onnx.helper.make_node("Mul", [f"{base}/size", zero.name], [f"{base}/nothing"], name=f"{base}/nothing"),
+        onnx.helper.make_node("Add", [dims.name, f"{base}/nothing"], [f"{base}/shape"], name=f"{base}/shape"),
+        onnx.helper.make_node("Reshape", [weight.name, f"{base}/shape"], [f"{base}/tied"], name=f"{base}/tied"),
+        _cast(f"{base}/tied", output),
+    ]
 
 
 def _read_by_subgraphs(graph: onnx.GraphProto) -> set[str]:

@@ -4,7 +4,9 @@ or activations leave its range (activations measured on the fp32 graph first: co
 named in the manifest's pass record and in one log line.
 
 bf16 has no ONNX Runtime CPU kernels (MatMul, among others), so a bf16 variant is measured on the graph that
-rounds to bf16 where the engine computes in it, held in fp32 (passes/fp16.py `RoundToBf16`).
+rounds to bf16 where the engine computes in it, held in fp32 (passes/fp16.py `RoundToBf16`). An fp16 variant whose
+MatMul weights reach a gigabyte is measured through its widened twin (core/narrow_twin), which keeps those weights
+in 16 bits where ONNX Runtime would hold them in fp32.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tensorsmith.compiler.variants.rewrite import rewrite_file, rewritten, varia
 from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.metrics import accuracy
 from tensorsmith.core.module_paths import module_paths_recorded
+from tensorsmith.core.narrow_twin import drop_twin, write_widened_twin
 from tensorsmith.core.precisions import BF16, FP16, FP32, Family, Precision
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
@@ -75,6 +78,7 @@ def build_float_variant(
         outputs = run_onnx(measured_on, feeds)
     else:
         (report,) = rewrite_file(model, [ConvertToFp16(out_of_range=dict(out_of_range or {}))], path)
+        write_widened_twin(path)  # dropped by the caller once every measurement is made
         outputs = run_onnx(path, feeds)
     measured = accuracy(reference, outputs)
     described = "the verification inputs" + ("; bf16 rounding simulated in fp32" if measured_on is not None else "")
@@ -125,14 +129,18 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
             reporter.stage(f"building the {recipe.floats.name} variant")
             feeds, reference_outputs = fused.verification_inputs(config)
             out_of_range = out_of_range_activations(fused.path, feeds) if recipe.floats is FP16 else {}
-            built = build_float_variant(fused.path, recipe.floats, reference_outputs, feeds, directory, out_of_range)
+            try:
+                built = build_float_variant(fused.path, recipe.floats, reference_outputs, feeds, directory,
+                                            out_of_range)  # fmt: skip
+                record = built.record
+                if text is not None and expected is not None:
+                    measured_on = built.measured_on if built.measured_on is not None else directory / record.path
+                    record = with_language_metrics(record, text, expected, token_figures(measured_on, text.feeds,
+                                                                                         text.tokens))  # fmt: skip
+            finally:
+                drop_twin(variant_path(directory, recipe.floats.name))
             report = name_modules(built.report, fused.path)
             log_kept_for_range(report)
-            record = built.record
-            if text is not None and expected is not None:
-                measured_on = built.measured_on if built.measured_on is not None else directory / record.path
-                record = with_language_metrics(record, text, expected, token_figures(measured_on, text.feeds,
-                                                                                     text.tokens))  # fmt: skip
             records.append(record)
             reports.append(report)
         by_target.update(dict.fromkeys(targets, record))

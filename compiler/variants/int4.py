@@ -23,6 +23,7 @@ from tensorsmith.compiler.variants.measure import Evaluation, measure_variant
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import rewrite, rewrite_file, rewritten, variant_path
+from tensorsmith.compiler.variants.text_data import prefills_only
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.mapped_graph import load_mapped, values_unkept, weights_released
@@ -132,8 +133,8 @@ def plan_int4(
     assert data is not None, "awq needs calibration data (checked with the config)"
     activations = sorted({activation for activation, _ in matmuls.values()})
     observer = Observer(source, activations)
-    reporter.stage(f"int4 awq: activation statistics of {len(activations)} inputs (one pass)")
-    statistics = collect_statistics(observer.run(batch) for batch in data.batches())
+    reporter.stage(f"int4 awq: activation statistics of {len(activations)} inputs (one pass over the prefills)")
+    statistics = collect_statistics(observer.run(batch) for batch in prefills_only(data).batches())
     del observer  # its session holds the fp32 weights
     weights, alphas, relative = {}, {}, {}
     with reporter.task("int4 awq: scale and clipping search", len(activations)) as advance:

@@ -9,7 +9,7 @@ attention is causal, so its first p positions are exactly the cache of the first
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,13 +104,14 @@ def prefill_feeds(tokens: np.ndarray, inputs: list[TensorRecord]) -> Feeds:
 @dataclass
 class DecoderFeeds:
     """Calibration feeds of a decoder, re-made on every pass: per batch of windows, its prefill, then decode steps
-    at DECODE_POINTS of the window over the fp32 cache of the reference graph."""
+    at DECODE_POINTS of the window over the fp32 cache of the reference graph (none where `decode_steps` is off)."""
 
     reference: Path
     windows: np.ndarray
     inputs: list[TensorRecord]
     batch_size: int
     _session: Any = None
+    decode_steps: bool = True
 
     def __iter__(self) -> Iterator[Feeds]:
         from tensorsmith.core.sessions import cpu_session, run_remembered, session_over
@@ -134,7 +135,8 @@ class DecoderFeeds:
             else:
                 yield prefill
                 outputs = dict(zip(names, session.run(None, prefill), strict=True))
-            for past in sorted({max(1, min(length - 1, round(point * length))) for point in DECODE_POINTS}):
+            points = DECODE_POINTS if self.decode_steps else ()
+            for past in sorted({max(1, min(length - 1, round(point * length))) for point in points}):
                 step = {"input_ids": tokens[:, past : past + 1], "attention_mask": np.ones((len(tokens), past + 1),
                         np.int64), "position_ids": np.full((len(tokens), 1), past, np.int64)}  # fmt: skip
                 for record in self.inputs:
@@ -142,6 +144,15 @@ class DecoderFeeds:
                         present = "present." + record.name.removeprefix(PAST_PREFIX)
                         step[record.name] = np.ascontiguousarray(outputs[present][:, :, :past])
                 yield {record.name: step[record.name] for record in self.inputs}
+
+
+def prefills_only(data: CalibrationData) -> CalibrationData:
+    """`data` without a decoder's decode steps, for statistics of the values a token's row takes: a decode step
+    computes, over the cache of the tokens before it, the very rows the prefill computed for its token (causal
+    attention), so it adds nothing to them but another pass over every weight (three a window)."""
+    if not isinstance(data.source, DecoderFeeds):
+        return data
+    return replace(data, source=replace(data.source, decode_steps=False, _session=None))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 
 from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.compiler import CompileConfig, compile
-from tensorsmith.compiler.variants.text_data import DecoderFeeds, token_windows
+from tensorsmith.compiler.variants.text_data import DecoderFeeds, prefills_only, token_windows
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.runtime import load
 from tensorsmith.runtime.manifest import read_manifest
@@ -62,6 +62,9 @@ def test_decode_calibration_feeds_continue_the_prefill(fp32_tinylm: Path, tmp_pa
         assert max_relative_error(prefill_logits[:, past : past + 1], logits) < 1e-4
     specs = [record.spec() for record in manifest.inputs]
     assert CalibrationData(feeds, specs).count() == 3 * 4  # 3 windows, a prefill and 3 steps each
+    # what AWQ's statistics pass reads: the decode steps' rows are the prefill's (above), so only the prefills
+    prefills = prefills_only(CalibrationData(DecoderFeeds(model, windows, manifest.inputs, 2), specs, batch_size=2))
+    assert [batch["input_ids"].shape for batch in prefills.batches()] == [(2, 32), (1, 32)]
 
 
 @pytest.mark.slow
