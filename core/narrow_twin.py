@@ -16,9 +16,9 @@ graph it was written from is unchanged (a decoder's model.onnx is rewritten into
 
 An fp16 variant has a twin of its own kind (`write_widened_twin`): its weights are already 16 bits, but ONNX
 Runtime's CPU provider has no fp16 MatMul here, so a session over it converts every MatMul weight to fp32 when it
-opens (4.8 GB at the 1B shape for 2.5 GB of fp16, constant folding on or off). The twin computes each such MatMul
-in fp32 from a Cast of its fp16 weight and input, and casts the product back to fp16: what ONNX Runtime does
-itself, with the weights left at 16 bits.
+opens (5.2 GB at the 1B shape for 2.5 GB of fp16). The twin computes each such MatMul in fp32 from a Cast of its
+fp16 weight and input, and casts the product back to fp16: what ONNX Runtime does itself, with the weights left
+at 16 bits.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from tensorsmith.core.mapped_graph import convert_values
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.half_float import BF16_FLOAT, BFLOAT16, FLOAT, FP16_FLOAT, HalfFloat, element_type
 from tensorsmith.passes.half_regions import KEEP_FP32, half_readers, half_regions
@@ -50,8 +51,8 @@ class ConvertToHalf:
     def __call__(self, graph: gs.Graph) -> PassReport:
         half = self.half
         regions = half_regions(graph, self.keep_fp32, half, self.out_of_range)
-        for tensor in regions.constants:
-            tensor.values = half.constant(tensor.values)
+        for tensor in regions.constants:  # converted as they are written, one at a time
+            convert_values(tensor, half.constant, half.values_dtype)
         for node in regions.constant_nodes:
             value = node.attrs["value"]
             node.attrs["value"] = gs.Constant(value.name, half.constant(value.values))

@@ -110,8 +110,8 @@ def export_dynamo(
 
 
 def released_proto(model: Any, scratch: Path | None = None) -> onnx.ModelProto:
-    """The onnx-ir `model` as a ModelProto, its own tensors then dropped. onnxscript's rewrite rules keep the
-    last graph they matched (a module-level matcher's `_match`), and the exporter's initializers are views of the
+    """The onnx-ir `model` as a ModelProto, its own tensors then dropped, and onnxscript's matchers made to forget
+    it. Its rewrite rules keep the last graph they matched, and the exporter's initializers are views of the
     torch module's parameters: without this the module's weights stay alive to the end of the compile.
 
     Given a `scratch` directory, a graph whose weights are above EXTERNAL_DATA_ABOVE is written there (its weights
@@ -131,6 +131,7 @@ def released_proto(model: Any, scratch: Path | None = None) -> onnx.ModelProto:
     for graph in model.graphs():
         for value in graph.initializers.values():
             value.const_value = None
+    _forget_rewriter_matches()
     return proto
 
 
@@ -174,6 +175,24 @@ def dynamo_program(
     if program is None:  # only None when f= is given; keeps the type checker honest
         raise ExportError("the dynamo exporter returned no program")
     return program
+
+
+def _forget_rewriter_matches() -> None:
+    """Clear what onnxscript's pattern matchers keep of their last match. Its rewrite rules are module-level
+    objects, and each matcher keeps the graph it last matched in (`_graph`, `_match`): clearing the graph's
+    initializers was not enough, a value the optimizer had taken out of the graph still held the module's 1.05 GB
+    embedding table (the Llama-3.2-1B shape) through every later step of the compile."""
+    import gc
+
+    try:
+        from onnxscript.rewriter._matcher import PatternMatcher
+    except ImportError:  # another onnxscript: nothing known to clear
+        return
+    for matcher in gc.get_objects():
+        if isinstance(matcher, PatternMatcher):
+            for kept in ("_graph", "_match", "_current_node", "_tracer"):
+                if kept in vars(matcher):
+                    setattr(matcher, kept, None)
 
 
 def export_torchscript(

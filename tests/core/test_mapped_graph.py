@@ -14,8 +14,8 @@ import onnxruntime
 import pytest
 from onnx import numpy_helper
 
-from tensorsmith.core import ir
-from tensorsmith.core.mapped_graph import MappedValues, load_mapped, save_mapped
+from tensorsmith.core import ir, mapped_graph
+from tensorsmith.core.mapped_graph import ConvertedValues, MappedValues, convert_values, load_mapped, save_mapped
 from tensorsmith.core.sessions import session_with_outputs
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.int4 import int4_constant
@@ -186,3 +186,26 @@ def test_a_pass_reads_a_mapped_weight_without_keeping_it(tmp_path: Path) -> None
     first = graph.tensors()["first"]
     np.testing.assert_array_equal(constant_value(first), FIRST)
     assert isinstance(first._values, MappedValues)
+
+
+def test_a_converted_weight_is_converted_as_it_is_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """fp16's conversion of mapped weights (ConvertedValues): nothing converted until the save, which writes each
+    weight a block of rows at a time, in place of the file it reads; the values are numpy's conversion."""
+    path = two_matmuls(tmp_path / "model.onnx")
+    graph, _ = load_mapped(path)
+    constants = {name: tensor for name, tensor in graph.tensors().items() if name in ("first", "second", "bias")}
+    converted = []
+    for constant in constants.values():
+        convert_values(constant, lambda values: converted.append(values.shape) or values.astype(np.float16),
+                       np.float16)  # fmt: skip
+    assert not converted and all(isinstance(constant._values, ConvertedValues) for constant in constants.values())
+    monkeypatch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)
+    monkeypatch.setattr(mapped_graph, "WRITE_BLOCK", 24 * 16 * 2)  # 24 rows of SECOND's 16 halves
+    save_mapped(graph, path)
+    # SECOND in two blocks of rows, read from its file; the bias (32 bytes: inside the protobuf) whole
+    assert (24, 16) in converted and (8, 16) in converted and (16,) in converted
+    saved = onnx.load(str(path))
+    weights = {tensor.name: numpy_helper.to_array(tensor) for tensor in saved.graph.initializer}
+    for name, original in (("first", FIRST), ("second", SECOND), ("bias", BIAS)):
+        assert weights[name].dtype == np.float16
+        np.testing.assert_array_equal(weights[name], original.astype(np.float16))
