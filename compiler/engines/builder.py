@@ -20,11 +20,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tensorsmith.compiler.config import BuildConfig
 from tensorsmith.compiler.engines.engine_cache import cache_key, configured_cache
 from tensorsmith.compiler.engines.isolated import run_isolated
+from tensorsmith.compiler.engines.plan_stream import build_to_stream
 from tensorsmith.compiler.engines.profiles import Profile, as_profiles
 from tensorsmith.compiler.engines.timing_cache import TimingCache
 from tensorsmith.compiler.targets import Builder, get_target
@@ -212,22 +213,6 @@ def _build_to_file(
         return _build(trt, onnx_path, target, profiles, builder, options, plan_path)
 
 
-def _build_to_stream(trt: ModuleType, builder: Any, network: Any, config: Any, plan_path: Path) -> bool:
-    """Build with the plan written to `plan_path` as TensorRT serializes it; False where the build failed.
-    The whole plan is never held in memory (at the Llama-3.2-1B shape the builder's peak fell from 9.4 to 7.7 GB)."""
-
-    class FileWriter(trt.IStreamWriter):  # type: ignore[name-defined]
-        def __init__(self, stream: BinaryIO) -> None:
-            trt.IStreamWriter.__init__(self)
-            self.stream = stream
-
-        def write(self, data: bytes) -> int:
-            return self.stream.write(data)
-
-    with plan_path.open("wb") as stream:
-        return bool(builder.build_serialized_network_to_stream(network, config, FileWriter(stream)))
-
-
 def _build(
     trt: ModuleType,
     onnx_path: Path,
@@ -278,7 +263,7 @@ def _build(
 
     plan = None
     if plan_path is not None and hasattr(network_builder, "build_serialized_network_to_stream"):
-        built = _build_to_stream(trt, network_builder, network, config, plan_path)
+        built = build_to_stream(trt, network_builder, network, config, plan_path)
     else:
         plan = network_builder.build_serialized_network(network, config)
         built = plan is not None
