@@ -30,7 +30,10 @@ def main(request: Path, answer: Path, level: int) -> None:
         result = ("error", (err.message, err.hint))
     except Exception as err:  # whatever the bindings raise; the parent words it as a BuildError
         result = ("error", (f"{type(err).__name__}: {err}", None))
-    answer.write_bytes(pickle.dumps(result))
+    # whole or not at all: a child that dies while writing leaves no answer, which the parent reports as a crash
+    partial = answer.with_name(answer.name + ".partial")
+    partial.write_bytes(pickle.dumps(result))
+    partial.replace(answer)
 
 
 if __name__ == "__main__":

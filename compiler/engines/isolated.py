@@ -37,13 +37,14 @@ def run_isolated(function: Callable[..., Result], args: tuple[Any, ...], what: s
         level = str(logging.getLogger("tensorsmith").getEffectiveLevel())
         command = [sys.executable, "-m", CHILD, str(request), str(answer), level]
         code = subprocess.run(command, stdin=subprocess.DEVNULL, check=False).returncode
-        if not answer.is_file():
+        try:
+            status, payload = pickle.loads(answer.read_bytes())
+        except (OSError, EOFError, pickle.UnpicklingError) as err:
             how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             raise BuildError(
                 f"TensorRT crashed while {what} ({how})",
                 hint="a builder bug on this graph: try another --opset, or exclude the target; the CPU variant runs",
-            )
-        status, payload = pickle.loads(answer.read_bytes())
+            ) from err
     if status == "error":
         message, hint = payload
         raise BuildError(message, hint=hint)
