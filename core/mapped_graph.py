@@ -88,24 +88,24 @@ class ConvertedValues(LazyValues):
     def write(self, stream: BinaryIO, name: str) -> onnx.TensorProto:
         """Convert and write the values a block of rows at a time, and return the tensor (no data) they are. A
         mapped source is read with reads, not mapped: its pages go to the page cache, not to this process."""
-        rows = int(self.shape[0]) if len(self.shape) else 1
-        per_row = max(1, self.nbytes // max(1, rows))
-        step = max(1, WRITE_BLOCK // per_row)
+        rows, row_shape = (int(self.shape[0]), tuple(self.shape[1:])) if len(self.shape) else (1, ())
+        step = max(1, WRITE_BLOCK // max(1, self.nbytes // rows))
         source = self.source
-        read_file = isinstance(source, MappedValues) and source.tensor.data_type not in PACKED
-        whole = None if read_file else source.load()
+        mapped = source if isinstance(source, MappedValues) and source.tensor.data_type not in PACKED else None
+        whole = np.asarray(source.load()).reshape((rows, *row_shape)) if mapped is None else None
+        if mapped is not None:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(mapped.tensor.data_type))
+            per_row = int(np.prod(row_shape, dtype=np.int64))
         for start in range(0, rows, step):
             stop = min(rows, start + step)
-            if read_file:
-                assert isinstance(source, MappedValues)
-                dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(source.tensor.data_type))
-                count = int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) else 1
-                block = np.fromfile(source.file, dtype, (stop - start) * count,
-                                    offset=source.offset + start * count * dtype.itemsize)  # fmt: skip
-                block = block.reshape((stop - start, *self.shape[1:])) if len(self.shape) else block.reshape(())
+            if mapped is not None:
+                block = np.fromfile(mapped.file, dtype, (stop - start) * per_row,
+                                    offset=mapped.offset + start * per_row * dtype.itemsize)  # fmt: skip
+                block = block.reshape((stop - start, *row_shape))
             else:
-                block = np.asarray(whole)[start:stop] if len(self.shape) else np.asarray(whole)
-            np.ascontiguousarray(self.convert(block)).tofile(stream)
+                assert whole is not None
+                block = whole[start:stop]
+            np.ascontiguousarray(self.convert(block)).reshape(-1).tofile(stream)
         tensor = onnx.TensorProto(name=name, dims=[int(dim) for dim in self.shape])
         tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(self.dtype)
         return tensor
