@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tensorsmith.compiler.config import BuildConfig
 from tensorsmith.compiler.engines.engine_cache import cache_key, configured_cache
 from tensorsmith.compiler.engines.isolated import run_isolated
+from tensorsmith.compiler.engines.mapped_parse import parsed_network
 from tensorsmith.compiler.engines.plan_stream import build_to_stream
 from tensorsmith.compiler.engines.profiles import Profile, as_profiles
 from tensorsmith.compiler.engines.timing_cache import TimingCache
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BUILDER_MODULES: dict[Builder, str] = {"tensorrt-rtx": "tensorrt_rtx", "tensorrt": "tensorrt"}
-PARSER_ERRORS_SHOWN = 5
 HARDWARE_COMPATIBILITY = {
     "none": "NONE",
     "ampere+": "AMPERE_PLUS",
@@ -113,18 +113,6 @@ def native_stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
-
-
-def _parse(network: trt_api.INetworkDefinition, parser: trt_api.OnnxParser, onnx_path: Path) -> None:
-    if parser.parse_from_file(str(onnx_path)):
-        return
-    errors = [parser.get_error(i) for i in range(parser.num_errors)]
-    described = [f"node '{error.node_name()}' ({error.node_operator()}): {error.desc().strip()}" for error in errors]
-    more = f" … and {len(described) - PARSER_ERRORS_SHOWN} more" if len(described) > PARSER_ERRORS_SHOWN else ""
-    raise BuildError(
-        f"TensorRT could not parse {onnx_path}: {'; '.join(described[:PARSER_ERRORS_SHOWN])}{more}",
-        hint="these nodes use ops or types TensorRT's ONNX parser does not support; `tensorsmith inspect` lists ops",
-    )
 
 
 def build_engine(
@@ -231,42 +219,19 @@ def _build(
     flags = 0
     if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    network = network_builder.create_network(flags)
-    parser: trt_api.OnnxParser = trt.OnnxParser(network, trt_logger)
-    _parse(network, parser, onnx_path)
-
-    config = network_builder.create_builder_config()
-    if builder == "tensorrt-rtx":
-        rtx_config: Any = config  # TensorRT for RTX's own settings: not in data-centre TensorRT's API
-        rtx_config.num_compute_capabilities = 1
-        rtx_config.set_compute_capability(getattr(trt.ComputeCapability, str(get_target(target).rtx_capability)), 0)
-    if options.optimization_level is not None:
-        config.builder_optimization_level = options.optimization_level
-    if options.workspace_bytes is not None:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
-    config.hardware_compatibility_level = getattr(
-        trt.HardwareCompatibilityLevel, HARDWARE_COMPATIBILITY[options.hardware_compatibility]
-    )
-    if options.detailed_profiling:
-        config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     timing_dir = options.timing_cache_dir.expanduser() if options.timing_cache_dir else None
-    cache = TimingCache(trt, config, builder, target, timing_dir)
-    for profile in profiles:  # in order: the runtime selects them by index
-        optimization_profile = network_builder.create_optimization_profile()
-        for index in range(network.num_inputs):
-            name = network.get_input(index).name
-            if name not in profile.shapes:
-                raise BuildError(f"no profile shapes for input '{name}'", hint="declare its dims in the config")
-            low, best, high = (trt.Dims(shape) for shape in profile.shapes[name])
-            optimization_profile.set_shape(name, low, best, high)
-        config.add_optimization_profile(optimization_profile)
-
     plan = None
-    if plan_path is not None and hasattr(network_builder, "build_serialized_network_to_stream"):
-        built = build_to_stream(trt, network_builder, network, config, plan_path)
-    else:
-        plan = network_builder.build_serialized_network(network, config)
-        built = plan is not None
+    # the weights are the file's pages, let go of as the builder copies them (mapped_parse.py)
+    with parsed_network(trt, network_builder, trt_logger, onnx_path, flags) as (network, weights):
+        config = _builder_config(trt, network_builder, builder, target, options)
+        cache = TimingCache(trt, config, builder, target, timing_dir)
+        _add_profiles(trt, network_builder, network, config, profiles)
+        with weights.shedding():
+            if plan_path is not None and hasattr(network_builder, "build_serialized_network_to_stream"):
+                built = build_to_stream(trt, network_builder, network, config, plan_path)
+            else:
+                plan = network_builder.build_serialized_network(network, config)
+                built = plan is not None
     timing = cache.save()
     if not built:
         errors = [message for severity, message in messages if severity != trt.ILogger.WARNING]
@@ -289,3 +254,34 @@ def _build(
         warnings=[message for severity, message in messages if severity == trt.ILogger.WARNING],
         timing_cache=timing,
     )
+
+
+def _builder_config(trt: ModuleType, network_builder: Any, builder: Builder, target: str, options: BuildConfig) -> Any:
+    """The builder config of `options` for `target` (TensorRT for RTX: its compute capability)."""
+    config = network_builder.create_builder_config()
+    if builder == "tensorrt-rtx":
+        rtx_config: Any = config  # TensorRT for RTX's own settings: not in data-centre TensorRT's API
+        rtx_config.num_compute_capabilities = 1
+        rtx_config.set_compute_capability(getattr(trt.ComputeCapability, str(get_target(target).rtx_capability)), 0)
+    if options.optimization_level is not None:
+        config.builder_optimization_level = options.optimization_level
+    if options.workspace_bytes is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
+    config.hardware_compatibility_level = getattr(
+        trt.HardwareCompatibilityLevel, HARDWARE_COMPATIBILITY[options.hardware_compatibility]
+    )
+    if options.detailed_profiling:
+        config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    return config
+
+
+def _add_profiles(trt: ModuleType, network_builder: Any, network: Any, config: Any, profiles: list[Profile]) -> None:
+    for profile in profiles:  # in order: the runtime selects them by index
+        optimization_profile = network_builder.create_optimization_profile()
+        for index in range(network.num_inputs):
+            name = network.get_input(index).name
+            if name not in profile.shapes:
+                raise BuildError(f"no profile shapes for input '{name}'", hint="declare its dims in the config")
+            low, best, high = (trt.Dims(shape) for shape in profile.shapes[name])
+            optimization_profile.set_shape(name, low, best, high)
+        config.add_optimization_profile(optimization_profile)

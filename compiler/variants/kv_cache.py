@@ -36,6 +36,7 @@ from tensorsmith.passes import PassReport, run_passes
 from tensorsmith.passes.kv_quantize import QuantizedCache
 from tensorsmith.passes.last_position import LastPositionLogits
 from tensorsmith.passes.static_cache import CACHE_DIM, STATIC_CACHE_OPSET, StaticCache
+from tensorsmith.passes.tied_projection import TiedProjection
 from tensorsmith.runtime.manifest import TensorRecord, VariantRecord, sha256_of
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def generation_graphs(
     for record in records:
         try:
             report = _rewrite(directory / record.path, windows, longest if record.name in engines else None,
-                              scales if record.name in engines_only else {})  # fmt: skip
+                              scales if record.name in engines_only else {}, record.name in engines_only)  # fmt: skip
         except PassError as err:
             if rewritten:  # the variants come from one fused graph: one rewriting and another not is a bug
                 raise
@@ -138,14 +139,16 @@ def _wanted(config: CompileConfig) -> str | None:
     return config.generation.kv_cache or (STATIC if fp8 else None)
 
 
-def _rewrite(path: Path, windows: list[int | None], capacity: int | None, fp8_scales: dict[str, float]
-             ) -> list[PassReport]:  # fmt: skip
-    """The static cache's reports (and the fp8 cache's, given its scales)."""
+def _rewrite(path: Path, windows: list[int | None], capacity: int | None, fp8_scales: dict[str, float],
+             engines_only: bool = False) -> list[PassReport]:  # fmt: skip
+    """The static cache's reports (and the fp8 cache's, given its scales; and, for a graph only engines are built
+    from, the tied projection's: ONNX Runtime would fold its Transpose back into a copy)."""
     with mapped(path) as (graph, _):
         logits = next(tensor for tensor in graph.outputs if tensor.name == "logits")
         batch, _, vocabulary = logits.shape
         quantized = [QuantizedCache(fp8_scales)] if fp8_scales else []
-        reports = run_passes(graph, [StaticCache(windows, capacity), *quantized, LastPositionLogits()])
+        tied = [TiedProjection()] if engines_only else []
+        reports = run_passes(graph, [StaticCache(windows, capacity), *quantized, *tied, LastPositionLogits()])
         logits.shape = [batch, 1, vocabulary]  # the last position's: an output's shape is written, not inferred
         graph.opset = max(graph.opset, STATIC_CACHE_OPSET)
         for opset in graph.import_domains or []:  # onnx-graphsurgeon exports the imports it read

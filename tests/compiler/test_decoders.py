@@ -96,6 +96,9 @@ def test_generate_gives_transformers_tokens(family: str, tmp_path: Path) -> None
         assert target.engine.profiles[0]["input_ids"]["min"][1] == 2  # type: ignore[index]
         assert target.engine.profiles[1]["input_ids"]["max"][1] == 1  # type: ignore[index]
     assert manifest.targets[0].variant == "fp32" and manifest.generation.kv_cache == "static"
+    # GPT-2 ties its head to the embedding table: the engines' graph reads the table once (passes/tied_projection.py)
+    tied = [(report.variant, report.counts) for report in manifest.passes if report.name == "tied_projection"]
+    assert tied == [("fp16", {"projections_tied": 1 if family == "gpt2" else 0})]
     assert {r.name: r.shape for r in manifest.inputs if "past" not in r.name} == {
         "input_ids": ["batch", "sequence"], "attention_mask": ["batch", "cache"], "position_ids": ["batch", "sequence"],
         "write_indices": ["batch"]}  # fmt: skip
