@@ -116,15 +116,15 @@ class DecoderFeeds:
     decode_steps: bool = True
 
     def __iter__(self) -> Iterator[Feeds]:
-        from tensorsmith.core.sessions import cpu_session, run_remembered, session_over
+        from tensorsmith.core.sessions import open_session, run_remembered, session_over
 
         # an observer's session over the same graph (AWQ's, calibration's) computes the cache as well: borrowed
         # for this pass rather than a second fp32 session beside it, and its run of each prefill is the one the
         # observer takes (run_remembered), so that every prefill runs once
         session = borrowed = session_over(self.reference)
         if session is None:
-            if self._session is None:
-                self._session = cpu_session(self.reference)
+            if self._session is None:  # over the narrow twin where there is one: the fp32 file is 6 GB at 1B
+                self._session = open_session(self.reference)
             session = self._session
         names = [output.name for output in session.get_outputs()]
         length = self.windows.shape[1]
