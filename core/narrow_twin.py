@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -32,7 +33,10 @@ from typing import BinaryIO
 import numpy as np
 import onnx
 
+from tensorsmith.core import twin_nodes
 from tensorsmith.core.mapped_graph import MappedValues
+from tensorsmith.core.twin_nodes import cast as _cast
+from tensorsmith.core.twin_nodes import cast_after as _cast_after
 from tensorsmith.runtime.manifest import external_data_path
 
 logger = logging.getLogger(__name__)
@@ -239,7 +243,15 @@ def _cast_where_read(graph: onnx.GraphProto, narrowed: dict[str, tuple[str, int]
     cast: set[str] = set()  # weights whose Cast is written
     front: list[onnx.NodeProto] = []
     nodes: list[onnx.NodeProto] = []
+    readers = Counter(name for node in graph.node for name in node.input)
     for node in graph.node:
+        weight = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if (weight in narrowed and weight not in at_start and readers[weight] == 1 and node.input[0] in made
+                and 4 * int(np.prod(tensors[narrowed[weight][0]].dims)) > twin_nodes.SLICE_ABOVE):  # fmt: skip
+            nodes += twin_nodes.sliced_matmul(node, tensors[narrowed[weight][0]])
+            cast.add(weight)
+            made.update(node.output)
+            continue
         table = node.input[0] if node.op_type == "Gather" and node.input else None
         if table in narrowed and table not in at_start:
             narrow, _ = narrowed[table]
@@ -262,29 +274,6 @@ def _cast_where_read(graph: onnx.GraphProto, narrowed: dict[str, tuple[str, int]
     front += [_cast(narrowed[name][0], name) for name in sorted(at_start & narrowed.keys() - cast)]
     del graph.node[:]
     graph.node.extend([*front, *nodes])
-
-
-def _cast(source: str, output: str, to: int = onnx.TensorProto.FLOAT) -> onnx.NodeProto:
-    return onnx.helper.make_node("Cast", [source], [output], name=f"{output}/narrow_twin_cast", to=to)
-
-
-def _cast_after(weight: onnx.TensorProto, output: str, after: str) -> list[onnx.NodeProto]:
-    """A Cast to float of `weight` as `output` that cannot run before the value `after` exists. ONNX Runtime runs
-    a node that reads weights only as early as it can: every weight's Cast would run first and hold every widened
-    weight at once (a 1B graph's whole fp32 weights). Reshaping the weight to its own shape plus zero times
-    `after`'s size ties its Cast to the node that reads it."""
-    base = f"{output}/after"
-    dims = onnx.numpy_helper.from_array(np.array(weight.dims, np.int64), f"{base}/dims")
-    zero = onnx.numpy_helper.from_array(np.array(0, np.int64), f"{base}/zero")
-    return [
-        onnx.helper.make_node("Constant", [], [dims.name], name=dims.name, value=dims),
-        onnx.helper.make_node("Constant", [], [zero.name], name=zero.name, value=zero),
-        onnx.helper.make_node("Size", [after], [f"{base}/size"], name=f"{base}/size"),
-        onnx.helper.make_node("Mul", [f"{base}/size", zero.name], [f"{base}/nothing"], name=f"{base}/nothing"),
-        onnx.helper.make_node("Add", [dims.name, f"{base}/nothing"], [f"{base}/shape"], name=f"{base}/shape"),
-        onnx.helper.make_node("Reshape", [weight.name, f"{base}/shape"], [f"{base}/tied"], name=f"{base}/tied"),
-        _cast(f"{base}/tied", output),
-    ]
 
 
 def _read_by_subgraphs(graph: onnx.GraphProto) -> set[str]:

@@ -127,3 +127,26 @@ def test_an_fp16_variants_widened_twin_keeps_its_weights_in_16_bits(saved: Path)
     np.testing.assert_allclose(run(variant, ids), expected, rtol=2e-2, atol=2e-2)  # fp16 products, rounded alike
     drop_twin(variant)
     assert not twin.exists() and twin_of(variant) is None and variant.is_file()
+
+
+def test_a_large_matmul_weight_is_cast_a_slice_of_columns_at_a_time(saved: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The vocabulary projection (WIDTH x VOCABULARY) above SLICE_ABOVE: MatMuls of 100 columns each, concatenated,
+    each slice's start tied to the product before it; the same logits."""
+    from tensorsmith.core import twin_nodes
+
+    monkeypatch.setattr(twin_nodes, "SLICE_ABOVE", 4 * WIDTH * WIDTH)  # the projection only
+    monkeypatch.setattr(twin_nodes, "SLICE_BYTES", 4 * WIDTH * 100)
+    ids = np.random.default_rng(2).integers(0, VOCABULARY, (2, 5))
+    expected = run(saved, ids)
+    twin = write_twin(saved)
+    assert twin is not None
+    nodes = list(onnx.load(str(twin), load_external_data=False).graph.node)
+    slices = [node for node in nodes if node.op_type == "Slice"]
+    (concat,) = [node for node in nodes if node.op_type == "Concat"]
+    assert len(slices) == len(concat.input) == 6  # 512 columns: five of 100, then 12
+    tied = [node for node in nodes if node.op_type == "Size" and node.output[0].endswith("/size")
+            and "/sliced/" in node.output[0]]  # fmt: skip
+    assert [node.input[0] for node in tied[1:]] == list(concat.input[:-1])  # each slice after the product before
+    np.testing.assert_allclose(run(saved, ids), expected, rtol=1e-5, atol=1e-5)
+    assert widened_by_onnxruntime(twin) == 1  # still only the fp32 weight stored so

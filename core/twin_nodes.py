@@ -1,0 +1,72 @@
+"""The nodes the twins (core/narrow_twin.py) are written with: Casts tied to run just before the node that reads
+their weight, and a large MatMul cut into slices of its weight's columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+# float32 bytes of a MatMul weight above which the twin casts it a slice of columns at a time (the 1B shape's
+# vocabulary projection is 1.05 GB cast whole); SLICE_BYTES of it a slice
+SLICE_ABOVE = 512 << 20
+SLICE_BYTES = 128 << 20
+
+
+def sliced_matmul(node: onnx.NodeProto, weight: onnx.TensorProto) -> list[onnx.NodeProto]:
+    """`node`, a MatMul of a large 16-bit `weight` [K, N], as MatMuls of SLICE_BYTES of its columns at a time, each
+    slice cast just before its product and the products concatenated: one slice's float32 copy alive at a time, not
+    the whole weight's. Each slice's start is tied to the product before it (as `cast_after` ties a Cast), so that
+    ONNX Runtime cannot cut every slice first."""
+    source, (output,) = node.input[0], node.output
+    rows, columns = (int(dim) for dim in weight.dims)
+    step = max(1, SLICE_BYTES // (4 * rows))
+    base = f"{output}/sliced"
+    constants = {"zero": np.array(0, np.int64), "axes": np.array([1], np.int64)}
+    nodes = [onnx.helper.make_node("Constant", [], [f"{base}/{name}"], name=f"{base}/{name}",
+                                   value=onnx.numpy_helper.from_array(value, f"{base}/{name}"))
+             for name, value in constants.items()]  # fmt: skip
+    parts: list[str] = []
+    previous = source
+    for index, start in enumerate(range(0, columns, step)):
+        at = f"{base}/{index}"
+        bounds = {"start": np.array([start], np.int64), "stop": np.array([min(columns, start + step)], np.int64)}
+        nodes += [onnx.helper.make_node("Constant", [], [f"{at}/{name}"], name=f"{at}/{name}",
+                                        value=onnx.numpy_helper.from_array(value, f"{at}/{name}"))
+                  for name, value in bounds.items()]  # fmt: skip
+        nodes += [
+            onnx.helper.make_node("Size", [previous], [f"{at}/size"], name=f"{at}/size"),
+            onnx.helper.make_node("Mul", [f"{at}/size", f"{base}/zero"], [f"{at}/nothing"], name=f"{at}/nothing"),
+            onnx.helper.make_node("Add", [f"{at}/start", f"{at}/nothing"], [f"{at}/tied"], name=f"{at}/tied"),
+            onnx.helper.make_node(
+                "Slice", [weight.name, f"{at}/tied", f"{at}/stop", f"{base}/axes"], [f"{at}/slice"], name=f"{at}/slice"
+            ),
+            cast(f"{at}/slice", f"{at}/weight"),
+            onnx.helper.make_node("MatMul", [source, f"{at}/weight"], [f"{at}/product"], name=f"{at}/product"),
+        ]
+        parts.append(f"{at}/product")
+        previous = f"{at}/product"
+    nodes.append(onnx.helper.make_node("Concat", parts, [output], name=node.name or base, axis=-1))
+    return nodes
+
+
+def cast(source: str, output: str, to: int = onnx.TensorProto.FLOAT) -> onnx.NodeProto:
+    return onnx.helper.make_node("Cast", [source], [output], name=f"{output}/narrow_twin_cast", to=to)
+
+
+def cast_after(weight: onnx.TensorProto, output: str, after: str) -> list[onnx.NodeProto]:
+    """A Cast to float of `weight` as `output` that cannot run before the value `after` exists. ONNX Runtime runs
+    a node that reads weights only as early as it can: every weight's Cast would run first and hold every widened
+    weight at once (a 1B graph's whole fp32 weights). Reshaping the weight to its own shape plus zero times
+    `after`'s size ties its Cast to the node that reads it."""
+    base = f"{output}/after"
+    dims = onnx.numpy_helper.from_array(np.array(weight.dims, np.int64), f"{base}/dims")
+    zero = onnx.numpy_helper.from_array(np.array(0, np.int64), f"{base}/zero")
+    return [
+        onnx.helper.make_node("Constant", [], [dims.name], name=dims.name, value=dims),
+        onnx.helper.make_node("Constant", [], [zero.name], name=zero.name, value=zero),
+        onnx.helper.make_node("Size", [after], [f"{base}/size"], name=f"{base}/size"),
+        onnx.helper.make_node("Mul", [f"{base}/size", zero.name], [f"{base}/nothing"], name=f"{base}/nothing"),
+        onnx.helper.make_node("Add", [dims.name, f"{base}/nothing"], [f"{base}/shape"], name=f"{base}/shape"),
+        onnx.helper.make_node("Reshape", [weight.name, f"{base}/shape"], [f"{base}/tied"], name=f"{base}/tied"),
+        cast(f"{base}/tied", output),
+    ]
