@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from tensorsmith.passes.base import PassReport
@@ -61,7 +62,7 @@ def _transposed(weight: gs.Constant, table: gs.Constant) -> bool:
     if len(weight.shape) != 2 or tuple(weight.shape) != tuple(reversed(table.shape)) or weight.dtype != table.dtype:
         return False
     rows = int(table.shape[0])
-    step = max(1, BLOCK_BYTES // max(1, int(table.shape[1]) * np.dtype(table.dtype).itemsize))
+    step = max(1, BLOCK_BYTES // max(1, int(table.shape[1]) * _itemsize(table)))
     for start in range(0, rows, step):
         # each block's maps are made here and dropped with them: the compared pages do not stay resident
         block, columns = constant_value(table), constant_value(weight)
@@ -69,3 +70,9 @@ def _transposed(weight: gs.Constant, table: gs.Constant) -> bool:
         if not np.array_equal(block[start : start + step], columns[:, start : start + step].T):
             return False
     return True
+
+
+def _itemsize(constant: gs.Constant) -> int:
+    """Bytes a value: onnx-graphsurgeon gives a bf16 weight's dtype as ONNX's type number (numpy has no bf16)."""
+    dtype = constant.dtype
+    return int(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype) if isinstance(dtype, int) else dtype).itemsize)

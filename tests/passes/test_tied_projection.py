@@ -81,3 +81,15 @@ def test_tensorrt_builds_the_tied_graph_with_one_table(tmp_path: Path) -> None:
         onnx.save(model, str(tmp_path / f"{name}.onnx"))
         plans[name] = len(build_engine(tmp_path / f"{name}.onnx", "sm_86", profile).plan)
     assert plans["copy"] - plans["tied"] >= 0.9 * TABLE.nbytes // 2  # the fp16 table's bytes, once less
+
+
+def test_a_bf16_table_is_tied_too() -> None:
+    """onnx-graphsurgeon gives a bf16 weight's dtype as ONNX's type number: compared in blocks all the same."""
+    model = decoder_ends(TABLE.T)
+    for tensor in model.graph.initializer:  # the same values, stored as bf16 (each fp32 value's upper 16 bits)
+        bits = numpy_helper.to_array(tensor).view(np.uint32) >> 16
+        tensor.CopyFrom(helper.make_tensor(tensor.name, onnx.TensorProto.BFLOAT16, tensor.dims,
+                                           bits.astype(np.uint16).tobytes(), raw=True))  # fmt: skip
+    model.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.BFLOAT16
+    after, (report,) = apply(model, [TiedProjection()])
+    assert report.counts == {"projections_tied": 1} and ops(after)["Transpose"] == 1
