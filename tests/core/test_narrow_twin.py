@@ -129,8 +129,9 @@ def test_an_fp16_variants_widened_twin_keeps_its_weights_in_16_bits(saved: Path)
     assert not twin.exists() and twin_of(variant) is None and variant.is_file()
 
 
-def test_a_large_matmul_weight_is_cast_a_slice_of_columns_at_a_time(saved: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_large_matmul_weight_is_cast_a_slice_of_columns_at_a_time(
+    saved: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The vocabulary projection (WIDTH x VOCABULARY) above SLICE_ABOVE: MatMuls of 100 columns each, concatenated,
     each slice's start tied to the product before it; the same logits."""
     from tensorsmith.core import twin_nodes
