@@ -245,9 +245,10 @@ def _cast_where_read(graph: onnx.GraphProto, narrowed: dict[str, tuple[str, int]
     nodes: list[onnx.NodeProto] = []
     readers = Counter(name for node in graph.node for name in node.input)
     for node in graph.node:
-        weight = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
-        if (weight in narrowed and weight not in at_start and readers[weight] == 1 and node.input[0] in made
-                and 4 * int(np.prod(tensors[narrowed[weight][0]].dims)) > twin_nodes.SLICE_ABOVE):  # fmt: skip
+        weight = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
+        dims = tensors[narrowed[weight][0]].dims if weight in narrowed else []
+        if (len(dims) == 2 and weight not in at_start and readers[weight] == 1 and node.input[0] in made
+                and 4 * int(np.prod(dims)) > twin_nodes.SLICE_ABOVE):  # fmt: skip
             nodes += twin_nodes.sliced_matmul(node, tensors[narrowed[weight][0]])
             cast.add(weight)
             made.update(node.output)

@@ -56,7 +56,7 @@ def owned(outputs: Sequence[Any]) -> list[Any]:
     """`outputs` as arrays that own their bytes. ONNX Runtime's output arrays are views into its session's arena,
     and one kept alive keeps the whole arena: at the 1B shape, verification's 9 MB of outputs held the twin
     session's 1.2 GB arena for the rest of the compile."""
-    return [np.array(output) if isinstance(output, np.ndarray) and output.base is not None else output
+    return [np.array(output) if isinstance(output, np.ndarray) and not output.flags.owndata else output
             for output in outputs]  # fmt: skip
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassReport, unused_name
 from tensorsmith.passes.matching import constant_value
 
 BLOCK_BYTES = 32 << 20  # of the table compared at a time (a weight still in its file is mapped a block at a time)
@@ -40,8 +40,9 @@ class TiedProjection:
             if table is None:
                 continue
             if table.name not in transposed:
-                output = gs.Variable(f"{table.name}/transposed", table.dtype, [table.shape[1], table.shape[0]])
-                graph.nodes.append(gs.Node("Transpose", f"{table.name}/Transpose", {"perm": [1, 0]}, [table], [output]))
+                name = unused_name(graph, f"{table.name}/transposed")
+                output = gs.Variable(name, table.dtype, [table.shape[1], table.shape[0]])
+                graph.nodes.append(gs.Node("Transpose", f"{name}/Transpose", {"perm": [1, 0]}, [table], [output]))
                 transposed[table.name] = output
             node.inputs[1] = transposed[table.name]
             tied[weight.name] = table.name

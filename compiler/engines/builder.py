@@ -232,6 +232,7 @@ def _build(
             else:
                 plan = network_builder.build_serialized_network(network, config)
                 built = plan is not None
+        del network  # before the maps its weights point into are closed
     timing = cache.save()
     if not built:
         errors = [message for severity, message in messages if severity != trt.ILogger.WARNING]

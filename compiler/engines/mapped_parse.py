@@ -89,7 +89,8 @@ def _external_weights(structure: onnx.ModelProto, directory: Path) -> dict[str, 
         fields = {entry.key: entry.value for entry in tensor.external_data}
         if "length" not in fields:
             return None
-        found[tensor.name] = (directory / fields["location"], int(fields.get("offset", 0)), int(fields["length"]))
+        if int(fields["length"]):  # an empty one has no bytes to map (and an empty file cannot be mapped)
+            found[tensor.name] = (directory / fields["location"], int(fields.get("offset", 0)), int(fields["length"]))
     return found
 
 
@@ -97,7 +98,7 @@ def _external_weights(structure: onnx.ModelProto, directory: Path) -> dict[str, 
 def parsed_network(trt: Any, builder: Any, trt_logger: Any, onnx_path: Path, flags: int
                    ) -> Iterator[tuple[Any, MappedWeights]]:  # fmt: skip
     """A network parsed from `onnx_path`, and the maps its weights point into (kept, with the parser, for the
-    block: build inside it, under `weights.shedding()`)."""
+    block: build inside it, under `weights.shedding()`, and let go of the network before the block ends)."""
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, trt_logger)
     weights = MappedWeights()

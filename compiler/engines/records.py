@@ -37,8 +37,9 @@ ENGINES_DIR = "engines"
 # An engine build's process holds TensorRT's own copy of the graph's weights (the file's pages it reads are let go:
 # mapped_parse.py) and its working memory: 4.47 GB for the 1B shape's 2.48 GB graph (docs/benchmarks.md, "Real
 # shapes"); these bound how many run side by side.
+# Data-centre TensorRT may parse from the file (mapped_parse.py's fallback) and hold the weights twice (7.7 GB there).
 BUILD_MEMORY_BASE = 1 << 30
-BUILD_MEMORY_FACTOR = 2
+BUILD_MEMORY_FACTOR: dict[Builder, int] = {"tensorrt-rtx": 2, "tensorrt": 3}
 BACKEND_NAMES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}  # the cpu backends, as people write them
 
 
@@ -106,7 +107,9 @@ def build_engines(
             return TargetRecord(name=name, variant=variants[name].name, builder=builds[name], status="failed",
                                 reason=str(err))  # fmt: skip
 
-    workers = parallel_builds(len(builds), max((_bytes(directory / variants[n].path) for n in builds), default=0))
+    factor = max((BUILD_MEMORY_FACTOR[builder] for builder in builds.values()), default=1)
+    workers = parallel_builds(len(builds), max((_bytes(directory / variants[n].path) for n in builds), default=0),
+                              factor)  # fmt: skip
     if builds:
         names = ", ".join(builds)
         side_by_side = f", {workers} at a time" if workers > 1 else ""
@@ -123,10 +126,10 @@ def _bytes(path: Path) -> int:
     return path.stat().st_size + (sidecar.stat().st_size if sidecar.is_file() else 0)
 
 
-def parallel_builds(count: int, model_bytes: int) -> int:
-    """How many engine builds to run side by side: one a core, as many as the available memory holds at
-    BUILD_MEMORY_FACTOR times the graph's bytes (plus BUILD_MEMORY_BASE) each."""
-    per_build = BUILD_MEMORY_BASE + BUILD_MEMORY_FACTOR * model_bytes
+def parallel_builds(count: int, model_bytes: int, factor: int = BUILD_MEMORY_FACTOR["tensorrt"]) -> int:
+    """How many engine builds to run side by side: one a core, as many as the available memory holds at `factor`
+    times the graph's bytes (plus BUILD_MEMORY_BASE) each."""
+    per_build = BUILD_MEMORY_BASE + factor * model_bytes
     return max(1, min(count, os.cpu_count() or 1, available_memory() // per_build))
 
 

@@ -1,6 +1,7 @@
 """TensorRT's parser reads the weights from maps of their file, whose pages the build lets go of
 (compiler/engines/mapped_parse.py): real tensorrt-rtx builds."""
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -8,8 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tensorsmith.compiler.config import BuildConfig
 from tensorsmith.compiler.engines import mapped_parse
-from tensorsmith.compiler.engines.builder import build_engine, import_builder
+from tensorsmith.compiler.engines.builder import _build, build_engine, import_builder
 from tensorsmith.compiler.engines.mapped_parse import MappedWeights, parsed_network
 from tensorsmith.compiler.engines.profiles import Profile
 from tensorsmith.core.errors import BuildError
@@ -45,10 +47,13 @@ def test_external_weights_are_parsed_from_a_map_and_inline_ones_from_the_file(tm
 
 
 def test_the_plan_is_the_one_the_parser_builds_from_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both built in this process (build_engine's child would not see the monkeypatch)."""
     path = _matmul_chain(tmp_path / "chain.onnx")
-    mapped = build_engine(path, "sm_86", PROFILE).plan
+    trt = import_builder("tensorrt-rtx")
+    mapped = _build(trt, path, "sm_86", [PROFILE], "tensorrt-rtx", BuildConfig()).plan
     monkeypatch.setattr(mapped_parse, "_external_weights", lambda structure, directory: None)  # parse_from_file
-    assert build_engine(path, "sm_86", PROFILE).plan == mapped
+    from_file = _build(trt, path, "sm_86", [PROFILE], "tensorrt-rtx", BuildConfig()).plan
+    assert len(mapped) > 20_000 and from_file == mapped
 
 
 def test_a_truncated_weights_file_is_one_error_naming_the_weight(tmp_path: Path) -> None:
@@ -60,8 +65,9 @@ def test_a_truncated_weights_file_is_one_error_naming_the_weight(tmp_path: Path)
 
 
 def _resident_file_bytes() -> int:
+    """Mapped file pages resident: RssFile, or RssShmem where the file is on tmpfs."""
     status = Path("/proc/self/status").read_text()
-    return int(status.split("RssFile:")[1].split()[0]) * 1024
+    return sum(int(status.split(f"{field}:")[1].split()[0]) * 1024 for field in ("RssFile", "RssShmem"))
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads Linux's /proc")
@@ -77,8 +83,6 @@ def test_shedding_lets_go_of_the_mapped_pages(tmp_path: Path) -> None:
         assert int(view.sum()) == (size // 8) * (size // 8 - 1) // 2  # every page read
         assert _resident_file_bytes() - before > size // 2
         with weights.shedding():
-            import time
-
             time.sleep(10 * mapped_parse.SHED_SECONDS)
             assert _resident_file_bytes() - before < size // 4
             assert int(view[-1]) == size // 8 - 1  # read again: the file's bytes
