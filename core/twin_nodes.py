@@ -21,22 +21,15 @@ def sliced_matmul(node: onnx.NodeProto, weight: onnx.TensorProto) -> list[onnx.N
     rows, columns = (int(dim) for dim in weight.dims)
     step = max(1, SLICE_BYTES // (4 * rows))
     base = f"{output}/sliced"
-    constants = {"zero": np.array(0, np.int64), "axes": np.array([1], np.int64)}
-    nodes = [onnx.helper.make_node("Constant", [], [f"{base}/{name}"], name=f"{base}/{name}",
-                                   value=onnx.numpy_helper.from_array(value, f"{base}/{name}"))
-             for name, value in constants.items()]  # fmt: skip
+    nodes = [_constant(f"{base}/axes", np.array([1], np.int64))]
     parts: list[str] = []
     previous = source
     for index, start in enumerate(range(0, columns, step)):
         at = f"{base}/{index}"
-        bounds = {"start": np.array([start], np.int64), "stop": np.array([min(columns, start + step)], np.int64)}
-        nodes += [onnx.helper.make_node("Constant", [], [f"{at}/{name}"], name=f"{at}/{name}",
-                                        value=onnx.numpy_helper.from_array(value, f"{at}/{name}"))
-                  for name, value in bounds.items()]  # fmt: skip
         nodes += [
-            onnx.helper.make_node("Size", [previous], [f"{at}/size"], name=f"{at}/size"),
-            onnx.helper.make_node("Mul", [f"{at}/size", f"{base}/zero"], [f"{at}/nothing"], name=f"{at}/nothing"),
-            onnx.helper.make_node("Add", [f"{at}/start", f"{at}/nothing"], [f"{at}/tied"], name=f"{at}/tied"),
+            _constant(f"{at}/start", np.array([start], np.int64)),
+            _constant(f"{at}/stop", np.array([min(columns, start + step)], np.int64)),
+            *_tied(f"{at}/start", previous, f"{at}/tied"),
             onnx.helper.make_node(
                 "Slice", [weight.name, f"{at}/tied", f"{at}/stop", f"{base}/axes"], [f"{at}/slice"], name=f"{at}/slice"
             ),
@@ -59,14 +52,25 @@ def cast_after(weight: onnx.TensorProto, output: str, after: str) -> list[onnx.N
     weight at once (a 1B graph's whole fp32 weights). Reshaping the weight to its own shape plus zero times
     `after`'s size ties its Cast to the node that reads it."""
     base = f"{output}/after"
-    dims = onnx.numpy_helper.from_array(np.array(weight.dims, np.int64), f"{base}/dims")
-    zero = onnx.numpy_helper.from_array(np.array(0, np.int64), f"{base}/zero")
     return [
-        onnx.helper.make_node("Constant", [], [dims.name], name=dims.name, value=dims),
-        onnx.helper.make_node("Constant", [], [zero.name], name=zero.name, value=zero),
-        onnx.helper.make_node("Size", [after], [f"{base}/size"], name=f"{base}/size"),
-        onnx.helper.make_node("Mul", [f"{base}/size", zero.name], [f"{base}/nothing"], name=f"{base}/nothing"),
-        onnx.helper.make_node("Add", [dims.name, f"{base}/nothing"], [f"{base}/shape"], name=f"{base}/shape"),
+        _constant(f"{base}/dims", np.array(weight.dims, np.int64)),
+        *_tied(f"{base}/dims", after, f"{base}/shape"),
         onnx.helper.make_node("Reshape", [weight.name, f"{base}/shape"], [f"{base}/tied"], name=f"{base}/tied"),
         cast(f"{base}/tied", output),
     ]
+
+
+def _tied(value: str, after: str, output: str) -> list[onnx.NodeProto]:
+    """`value` + 0 x Size(`after`) as `output`: the same int64 value, which cannot be computed before `after` exists."""
+    return [
+        _constant(f"{output}/zero", np.array(0, np.int64)),
+        onnx.helper.make_node("Size", [after], [f"{output}/size"], name=f"{output}/size"),
+        onnx.helper.make_node(
+            "Mul", [f"{output}/size", f"{output}/zero"], [f"{output}/nothing"], name=f"{output}/nothing"
+        ),
+        onnx.helper.make_node("Add", [value, f"{output}/nothing"], [output], name=output),
+    ]
+
+
+def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+    return onnx.helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(value, name))
