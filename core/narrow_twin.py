@@ -87,14 +87,20 @@ def write_twin(path: Path) -> Path | None:
     None (and nothing written) where it would save less than SAVES_AT_LEAST bytes."""
     structure = onnx.load(str(path), load_external_data=False)
     graph = structure.graph
-    if not any(_is_external(tensor) for tensor in graph.initializer):
+    inputs = {value.name for value in graph.input}
+    # what narrowing every fp32 weight would save, at most: below SAVES_AT_LEAST nothing is read nor written
+    most = sum(
+        _external_bytes(tensor, path.parent)[2] // 2
+        for tensor in graph.initializer
+        if _is_external(tensor) and tensor.data_type == onnx.TensorProto.FLOAT and tensor.name not in inputs
+    )
+    if most < SAVES_AT_LEAST:
         return None
     directory = twin_directory(path)
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir()
     twin = directory / path.name
     sidecar = external_data_path(twin)
-    inputs = {value.name for value in graph.input}
     taken = {*inputs, *(t.name for t in graph.initializer), *(name for node in graph.node for name in node.output)}
     narrowed: dict[str, tuple[str, int]] = {}  # weight → (its 16-bit initializer, its type)
     saved = 0

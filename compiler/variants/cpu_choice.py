@@ -4,6 +4,7 @@ optimizers that measure slower on it are recorded in the manifest and switched o
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from tensorsmith.compiler.variants.precision_plan import CpuChoice, SessionChoic
 from tensorsmith.compiler.variants.quantized import flops_fraction
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.metrics import Budget
-from tensorsmith.core.sessions import cpu_session, latency_ms, run_onnx
+from tensorsmith.core.sessions import cpu_session, latency_ms, latency_ms_in_turn, run_onnx
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord, external_data_path
 
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 # (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32: docs/benchmarks.md), so whether to fuse is measured.
 SESSION_CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("SkipLayerNormFusion",))
 MIN_GAIN = 0.05  # a non-default session must be this much faster than the defaults to be chosen
-MAX_TUNED_BYTES = 2 << 30  # timing holds one session per candidate at once: not for models above 2 GiB
+MAX_TUNED_BYTES = 2 << 30  # each candidate's session opens its weights again: not for models above 2 GiB
 TIMING_BATCH = 8
 
 
@@ -41,8 +42,8 @@ def session_label(disabled_optimizers: tuple[str, ...] | list[str]) -> str:
 def tune_session(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[str], dict[str, float]]:
     """The ONNX Runtime optimizers to disable for the variant at `path` (the fastest of SESSION_CANDIDATES, if
     it beats the defaults by MIN_GAIN), with every candidate's latency."""
-    sessions = {session_label(disabled): cpu_session(path, disabled) for disabled in SESSION_CANDIDATES}
-    measured = latency_ms(sessions, feeds)
+    measured = latency_ms_in_turn({session_label(disabled): functools.partial(cpu_session, path, disabled)
+                                   for disabled in SESSION_CANDIDATES}, feeds)  # fmt: skip
     default = measured[session_label(())]
     best = min(SESSION_CANDIDATES, key=lambda disabled: measured[session_label(disabled)])
     if measured[session_label(best)] > default * (1 - MIN_GAIN):
@@ -52,11 +53,11 @@ def tune_session(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[str], d
 
 def tuned(variant: VariantRecord, directory: Path, feeds: dict[str, np.ndarray]) -> VariantRecord:
     """`variant` with the ONNX Runtime optimizers that run it slower on this CPU recorded (unchanged for a model
-    too large to hold two sessions)."""
+    too large to open a session per candidate)."""
     path = directory / variant.path
     weights = external_data_path(path)  # a large graph's weights are beside it
     if path.stat().st_size + (weights.stat().st_size if weights.is_file() else 0) > MAX_TUNED_BYTES:
-        logger.info("cpu: ONNX Runtime's defaults kept for %s: too large to hold two sessions for timing", path.name)
+        logger.info("cpu: ONNX Runtime's defaults kept for %s: too large to open a session per candidate", path.name)
         return variant
     disabled, latency = tune_session(path, feeds)
     logger.info("cpu: %s ms per run by ONNX Runtime session setting; optimizers switched off: %s",

@@ -63,6 +63,33 @@ def test_weights_are_mapped_until_read_and_rewritten_in_place(monkeypatch: pytes
     np.testing.assert_array_equal(np.asarray(constants["second"]._values.load()), SECOND * 2)
 
 
+@pytest.mark.parametrize("dead_at_most", [1.0, 0.0])
+def test_a_graph_saved_over_its_file_keeps_the_weights_no_pass_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dead_at_most: float
+) -> None:
+    """Kept where they are, the edited weight appended; where that would leave too much of the file unread
+    (DEAD_AT_MOST), the file is written whole again."""
+    path = two_matmuls(tmp_path / "model.onnx")
+    sidecar = external_data_path(path)
+    expected, size = outputs(path), sidecar.stat().st_size
+    graph, _ = load_mapped(path)
+    first = graph.tensors()["first"]
+    offset = first._values.offset
+    graph.tensors()["second"].values = graph.tensors()["second"].values * 2
+    monkeypatch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)
+    monkeypatch.setattr(mapped_graph, "DEAD_AT_MOST", dead_at_most)
+    inode = sidecar.stat().st_ino
+    save_mapped(graph, path)
+    np.testing.assert_allclose(outputs(path), 2 * (expected - BIAS) + BIAS, rtol=1e-5, atol=1e-5)
+    if dead_at_most:  # appended to the same file; `first` read where it was
+        assert (sidecar.stat().st_ino, sidecar.stat().st_size) == (inode, size + SECOND.nbytes)
+        assert first._values.offset == offset
+    else:
+        assert sidecar.stat().st_size == size
+    np.testing.assert_array_equal(first._values.load(), FIRST)
+    assert not list(tmp_path.glob(".*partial"))
+
+
 def test_a_small_graph_is_written_with_its_weights_inside(tmp_path: Path) -> None:
     source = two_matmuls(tmp_path / "model.onnx")
     graph, _ = load_mapped(source)
