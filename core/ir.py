@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ EXTERNAL_DATA_THRESHOLD = PROTOBUF_LIMIT - (64 << 20)
 # Saved files keep their weights in `<name>.data` beside them above this: protobuf serialises large messages at
 # ~100-250 MB/s here (a 650 MB graph: 2.5-6 s a save), onnx-ir writes external data at ~1 GB/s (0.65 s).
 EXTERNAL_DATA_ABOVE = 128 << 20
+INLINE_BELOW = 1024  # bytes: smaller weights stay in the protobuf (onnx-ir's threshold as save_ir uses it)
+DEAD_AT_MOST = 0.02  # of a weights file a graph is saved over: bytes no weight reads any more, or it is rewritten
 
 
 def load_onnx(path: Path) -> onnx.ModelProto:
@@ -143,7 +146,14 @@ def save_ir(model: onnx_ir.Model, path: Path) -> None:
         ir.save(model, path)
         return
     logger.debug("saving %s with its weights in %s", path.name, sidecar.name)
-    ir.save(model, path, external_data=sidecar.name, size_threshold_bytes=1024)
+    ir.save(model, path, external_data=sidecar.name, size_threshold_bytes=INLINE_BELOW)
+
+
+def same_file(one: str | Path, other: str | Path) -> bool:
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
 
 
 def value_dims(value: onnx.ValueInfoProto) -> list[int | str]:

@@ -36,9 +36,8 @@ from tensorsmith.core import ir
 from tensorsmith.runtime.manifest import external_data_path
 
 logger = logging.getLogger(__name__)
-INLINE_BELOW = 1024  # bytes: smaller weights stay in the protobuf (onnx-ir's threshold as save_onnx uses it)
+INLINE_BELOW = ir.INLINE_BELOW
 WRITE_BLOCK = 64 << 20  # bytes of a converted weight written at a time
-DEAD_AT_MOST = 0.02  # of a weights file rewritten in place: bytes no weight reads any more, before it is compacted
 PACKED = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1})
 
 
@@ -256,24 +255,17 @@ def _in_place(constants: list[gs.Constant], sidecar: Path) -> set[int]:
     if not sidecar.is_file():
         return set()
     kept = [constant for constant in constants
-            if isinstance(constant._values, MappedValues) and _same_file(constant._values.file, sidecar)]  # fmt: skip
+            if isinstance(constant._values, MappedValues) and ir.same_file(constant._values.file, sidecar)]  # fmt: skip
     if not kept:
         return set()
     ids = {id(constant) for constant in kept}
     live = sum(int(constant._values.length) for constant in kept)
     added = sum(int(constant._values.nbytes) for constant in constants if id(constant) not in ids)
     size = sidecar.stat().st_size
-    appending = size - live <= DEAD_AT_MOST * (size + added)
+    appending = size - live <= ir.DEAD_AT_MOST * (size + added)
     logger.debug("%s: %d weights kept in place, %.1f MB appended, %.1f MB no longer read%s", sidecar.name, len(kept),
                  added / 1e6, (size - live) / 1e6, "" if appending else ": rewritten whole")  # fmt: skip
     return ids if appending else set()
-
-
-def _same_file(one: Path, other: Path) -> bool:
-    try:
-        return os.path.samefile(one, other)
-    except OSError:
-        return False
 
 
 def _packed_array(values: object) -> bool:

@@ -77,7 +77,7 @@ def test_a_graph_saved_over_its_file_keeps_the_weights_no_pass_read(
     offset = first._values.offset
     graph.tensors()["second"].values = graph.tensors()["second"].values * 2
     monkeypatch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)
-    monkeypatch.setattr(mapped_graph, "DEAD_AT_MOST", dead_at_most)
+    monkeypatch.setattr(ir, "DEAD_AT_MOST", dead_at_most)
     inode = sidecar.stat().st_ino
     save_mapped(graph, path)
     np.testing.assert_allclose(outputs(path), 2 * (expected - BIAS) + BIAS, rtol=1e-5, atol=1e-5)
