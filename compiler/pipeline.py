@@ -1,6 +1,7 @@
 """`compile()`: the stages, in order (docs/architecture.md):
 
     source ─▶ fused graph ─▶ variant plan ─▶ variants ─▶ engines ─▶ artifact
+                                                  └─▶ early engines ─┘ (built beside the variants' measurements)
 
 Each stage is a function of the typed values before it; none edits another's records.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from tensorsmith.compiler.artifact.staging import staged_artifact, write_manifest
 from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.early_engines import EarlyEngines
 from tensorsmith.compiler.engines.records import build_engines
 from tensorsmith.compiler.frontend.decoder import generation_record
 from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
@@ -66,18 +68,19 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         raise ConfigError(f"budget {budget} is a language-model metric, and {config.source} is no text-generation "
                           "model", hint="use cosine, min-cosine, max-abs or sqnr-db")  # fmt: skip
     plan = plan_variants(config, decoder=source.is_decoder)
-    with staged_artifact(out) as staging:
+    with staged_artifact(out) as staging, EarlyEngines(config, staging, source.huggingface) as early:
         fused = fused_graph(source, staging, timed)
-        variants = build_variants(plan, fused, config, staging, timed)
+        early.fused((fused.inputs, fused.outputs))
+        variants = build_variants(plan, fused, config, staging, timed, early.written)
         layout = None
         if source.huggingface is not None and source.is_decoder:  # its variant files become generation graphs
             records, layout = generation_graphs(variants.records, variants.by_target, source.huggingface, config,
                                                 (fused.inputs, fused.outputs), staging, timed,
-                                                lambda: fused.verification_inputs(config)[0])  # fmt: skip
+                                                lambda: fused.verification_inputs(config)[0], early.graphs)  # fmt: skip
             variants = variants.with_records(records)
         inputs, dims = (layout.inputs, layout.dims) if layout else (fused.inputs, config.dims)
         targets = build_engines(config.build, config.targets, variants.by_target, inputs, dims, staging, timed,
-                                source.is_decoder)  # fmt: skip
+                                source.is_decoder, early)  # fmt: skip
         targets = [_with_note(target, plan.notes.get(target.name)) for target in targets]
         drop_twin(fused.path)  # measuring is done: the twin is not part of the artifact
         tokenizer = copy_tokenizer(source.huggingface, staging) if source.huggingface else []

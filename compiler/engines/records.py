@@ -4,12 +4,14 @@ is installed (the target table's order), else recorded `pending` with the comman
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from tensorsmith.compiler.config import BuildConfig, DimRange
 from tensorsmith.compiler.engines.builder import BUILDER_MODULES, build_engine
@@ -30,6 +32,10 @@ from tensorsmith.runtime.manifest import (
     sha256_of,
 )
 
+if TYPE_CHECKING:
+    from tensorsmith.compiler.engines.builder import BuiltEngine
+    from tensorsmith.compiler.engines.profiles import Profile
+
 logger = logging.getLogger(__name__)
 
 ENGINES_DIR = "engines"
@@ -41,6 +47,12 @@ ENGINES_DIR = "engines"
 BUILD_MEMORY_BASE = 1 << 30
 BUILD_MEMORY_FACTOR: dict[Builder, int] = {"tensorrt-rtx": 2, "tensorrt": 3}
 BACKEND_NAMES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}  # the cpu backends, as people write them
+
+
+class EarlyBuilds(Protocol):
+    """Builds started before the engines stage (compiler/early_engines.py)."""
+
+    def take(self, target: str, sha256: str, profiles: list[Profile]) -> BuiltEngine | None: ...
 
 
 def choose_builder(target: str, requested: Builder | None) -> Builder:
@@ -78,9 +90,11 @@ def build_engines(
     directory: Path,
     reporter: Reporter,
     decoder: bool = False,
+    early: EarlyBuilds | None = None,
 ) -> list[TargetRecord]:
     """Build (or record) each target's engine from its variant (`variants`: target → variant) into
-    `directory/engines/`. A failed build is recorded, so the other targets' engines are not lost."""
+    `directory/engines/`. A failed build is recorded, so the other targets' engines are not lost. `early`: builds
+    started before, taken where they were of the same graph."""
     records: dict[str, TargetRecord] = {}
     builds: dict[str, Builder] = {}
     for name in targets:
@@ -101,14 +115,15 @@ def build_engines(
 
     def build(name: str) -> TargetRecord:
         try:
-            return build_engine_record(name, variants[name], inputs, dims, directory, builds[name], config, decoder)
+            return build_engine_record(name, variants[name], inputs, dims, directory, builds[name], config, decoder,
+                                       early)  # fmt: skip
         except BuildError as err:
             logger.info("the %s engine failed: %s", name, err)  # in its record; the compile's error names it
             return TargetRecord(name=name, variant=variants[name].name, builder=builds[name], status="failed",
                                 reason=str(err))  # fmt: skip
 
     factor = max((BUILD_MEMORY_FACTOR[builder] for builder in builds.values()), default=1)
-    workers = parallel_builds(len(builds), max((_bytes(directory / variants[n].path) for n in builds), default=0),
+    workers = parallel_builds(len(builds), max((graph_bytes(directory / variants[n].path) for n in builds), default=0),
                               factor)  # fmt: skip
     if builds:
         names = ", ".join(builds)
@@ -121,7 +136,8 @@ def build_engines(
     return [records[name] for name in targets]
 
 
-def _bytes(path: Path) -> int:
+def graph_bytes(path: Path) -> int:
+    """An ONNX file's bytes with its external data's."""
     sidecar = external_data_path(path)
     return path.stat().st_size + (sidecar.stat().st_size if sidecar.is_file() else 0)
 
@@ -153,9 +169,10 @@ def build_engine_record(
     builder: Builder,
     options: BuildConfig,
     decoder: bool = False,
+    early: EarlyBuilds | None = None,
 ) -> TargetRecord:
     """Build `name`'s engine from `variant` into `directory/engines/NAME.engine` (+ NAME.json, with the build's
-    warnings), and its manifest record."""
+    warnings), and its manifest record; or take `early`'s build of the same graph."""
     profiles = decoder_profiles(inputs, dims, name) if decoder else [profile_for(inputs, dims, name)]
     # a static-cache decoder's variant is its generation graph already (compiler/variants/kv_cache.py)
     sliced = any(record.name == WRITE_INDICES for record in inputs)
@@ -163,7 +180,12 @@ def build_engine_record(
     engines.mkdir(exist_ok=True)
     path = engines / f"{name}.engine"
     with engine_graph(directory, variant, decoder and not sliced) as (source, sha256):
-        engine = build_engine(source, name, profiles, builder, options, onnx_sha256=sha256, destination=path)
+        engine = early.take(name, sha256, profiles) if early is not None else None
+        if engine is not None and engine.plan_path is not None:
+            os.replace(engine.plan_path, path)
+            engine = dataclasses.replace(engine, plan_path=path)
+        else:
+            engine = build_engine(source, name, profiles, builder, options, onnx_sha256=sha256, destination=path)
     record = EngineRecord(
         path=str(path.relative_to(directory)),
         sha256=sha256_of(path),

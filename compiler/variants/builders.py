@@ -37,6 +37,8 @@ class BuildJob:
     config: CompileConfig
     directory: Path
     reporter: Reporter
+    # told of each variant file once it is final, before it is measured: (variant name, its targets, path)
+    written: Callable[[str, list[str], Path], None] | None = None
 
 
 @dataclass(frozen=True)

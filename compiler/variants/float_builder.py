@@ -11,8 +11,9 @@ in 16 bits where ONNX Runtime would hold them in fp32.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -64,20 +65,26 @@ def build_float_variant(
     feeds: dict[str, np.ndarray],
     directory: Path,
     out_of_range: Mapping[str, float] | None = None,
+    written: Callable[[Path], None] | None = None,
 ) -> FloatVariant:
     """Write the `floats` (fp16 or bf16) variant of the graph saved at `model` and measure it against `reference`,
     the fp32 graph's outputs on `feeds` (the verification inputs). fp16 keeps the writers and readers of
-    `out_of_range` activations (name → max |x|) in fp32, and the readers of weights beyond ±65504."""
+    `out_of_range` activations (name → max |x|) in fp32, and the readers of weights beyond ±65504. `written` is
+    told of the file before it is measured."""
     from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, RoundToBf16
 
     path = variant_path(directory, floats.name)
     measured_on: onnx.ModelProto | None = None
     if floats is BF16:
         (report,) = rewrite_file(model, [ConvertToBf16()], path)
+        if written is not None:
+            written(path)
         measured_on, _ = rewritten(load_onnx(model), [RoundToBf16()])  # the same values, in fp32: ONNX Runtime runs it
         outputs = run_onnx(measured_on, feeds)
     else:
         (report,) = rewrite_file(model, [ConvertToFp16(out_of_range=dict(out_of_range or {}))], path)
+        if written is not None:
+            written(path)
         write_widened_twin(path)  # dropped by the caller once every measurement is made
         outputs = run_onnx(path, feeds)
     measured = accuracy(reference, outputs)
@@ -130,8 +137,9 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
             feeds, reference_outputs = fused.verification_inputs(config)
             out_of_range = out_of_range_activations(fused.path, feeds) if recipe.floats is FP16 else {}
             try:
+                told = functools.partial(job.written, recipe.floats.name, list(targets)) if job.written else None
                 built = build_float_variant(fused.path, recipe.floats, reference_outputs, feeds, directory,
-                                            out_of_range)  # fmt: skip
+                                            out_of_range, told)  # fmt: skip
                 record = built.record
                 if text is not None and expected is not None:
                     measured_on = built.measured_on if built.measured_on is not None else directory / record.path

@@ -16,8 +16,9 @@ the reason.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ from tensorsmith.passes.kv_quantize import QuantizedCache
 from tensorsmith.passes.last_position import LastPositionLogits
 from tensorsmith.passes.static_cache import CACHE_DIM, STATIC_CACHE_OPSET, StaticCache
 from tensorsmith.passes.tied_projection import TiedProjection
-from tensorsmith.runtime.manifest import TensorRecord, VariantRecord, sha256_of
+from tensorsmith.runtime.manifest import TensorRecord, VariantRecord, external_data_path, sha256_of
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,46 @@ def check_static_cache(config: CompileConfig) -> None:
         raise ConfigError(f"no static KV cache: {reason}", hint="compile with --kv-cache dynamic, or fp16 for GPUs")
 
 
+@dataclass(frozen=True)
+class EarlyGraph:
+    """A variant's generation graph written before the variant was measured (`early_graph`), to be linked into
+    place by `generation_graphs`."""
+
+    path: Path
+    reports: list[PassReport]
+
+
+def static_layout(config: CompileConfig, io: tuple[list[TensorRecord], list[TensorRecord]]) -> CacheLayout:
+    """The layout the static-cache generation graphs take."""
+    inputs, outputs = static_cache_io(*io)
+    return CacheLayout(
+        STATIC, inputs, outputs, {**config.dims, CACHE_DIM: DimRange(min=1, max=config.dims["total"].max)}
+    )
+
+
+def early_graph(path: Path, targets: list[str], model: HuggingFaceModel, config: CompileConfig, scratch: Path
+                ) -> EarlyGraph | None:  # fmt: skip
+    """The generation graph of the variant just written at `path` (run by `targets`), written into `scratch` under
+    the same name: the very graph `generation_graphs` would write once the variant is measured, so its engines can
+    be built meanwhile. None where that graph is not known yet: a variant a cpu target runs too, a dynamic cache,
+    or an fp8 cache (its scales come from the measurements)."""
+    if _wanted(config) == DYNAMIC or config.generation.kv_cache_precision == FP8_CACHE:
+        return None
+    if not targets or not all(get_target(target).builders for target in targets):
+        return None
+    try:
+        windows = layer_windows(model)
+    except ValueError:
+        return None
+    destination = scratch / path.name
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        reports = _rewrite(path, windows, config.dims["total"].max, {}, True, destination)
+    except PassError:
+        return None
+    return EarlyGraph(destination, reports)
+
+
 def generation_graphs(
     records: list[VariantRecord],
     by_target: Mapping[str, VariantRecord],
@@ -79,12 +120,15 @@ def generation_graphs(
     directory: Path,
     reporter: Reporter,
     verification: Callable[[], dict[str, np.ndarray]],
+    early: Mapping[str, EarlyGraph] | None = None,
 ) -> tuple[list[VariantRecord], CacheLayout]:
     """`records` rewritten in place to the static cache (new sha256 each), with the layout they now take; or as
     they are, with the dynamic layout and the reason. A variant an engine is built from (`by_target`: target →
     its variant) has a cache of the longest request, a fixed size (TensorRT needs one); the others take the
     request's own length. With an fp8 cache, an engine's variant (none a cpu target runs) is measured with it
-    (`verification`: the fp32 graph's feeds where the compile has no text) and its graph's caches become fp8."""
+    (`verification`: the fp32 graph's feeds where the compile has no text) and its graph's caches become fp8.
+    A variant whose graph was written `early` (variant name → early_graph's) has it linked into place."""
+    early = early or {}
     inputs, outputs = io
     dynamic = CacheLayout(DYNAMIC, inputs, outputs, dict(config.dims))
     wanted = _wanted(config)
@@ -110,8 +154,12 @@ def generation_graphs(
     reports: list[PassReport] = []
     for record in records:
         try:
-            report = _rewrite(directory / record.path, windows, longest if record.name in engines else None,
-                              scales if record.name in engines_only else {}, record.name in engines_only)  # fmt: skip
+            capacity = longest if record.name in engines else None
+            own_scales = scales if record.name in engines_only else {}
+            if record.name in early and not own_scales:
+                report = _placed(early[record.name], directory / record.path)
+            else:
+                report = _rewrite(directory / record.path, windows, capacity, own_scales, record.name in engines_only)
         except PassError as err:
             if rewritten:  # the variants come from one fused graph: one rewriting and another not is a bug
                 raise
@@ -120,9 +168,27 @@ def generation_graphs(
         for one in report:
             one.variant = record.name
         reports.extend(report)
-    static_inputs, static_outputs = static_cache_io(inputs, outputs)
-    dims = {**config.dims, CACHE_DIM: DimRange(min=1, max=longest)}
-    return rewritten, CacheLayout(STATIC, static_inputs, static_outputs, dims, reports=reports)
+    layout = static_layout(config, io)
+    return rewritten, CacheLayout(STATIC, layout.inputs, layout.outputs, layout.dims, reports=reports)
+
+
+def _placed(graph: EarlyGraph, path: Path) -> list[PassReport]:
+    """The early graph's files linked over the variant's (its weights first: the new structure reads them). Linked,
+    not moved: an early build may not have read them yet (compiler/early_engines.py removes its own names)."""
+    early_data, data = external_data_path(graph.path), external_data_path(path)
+    if early_data.is_file():
+        _link_over(early_data, data)
+    else:
+        data.unlink(missing_ok=True)
+    _link_over(graph.path, path)
+    return [replace(report) for report in graph.reports]
+
+
+def _link_over(source: Path, destination: Path) -> None:
+    partial = destination.with_name(f".{destination.name}.partial")
+    partial.unlink(missing_ok=True)
+    os.link(source, partial)
+    os.replace(partial, destination)
 
 
 def _kept_dynamic(records: list[VariantRecord], dynamic: CacheLayout, reason: str, wanted: str | None
@@ -140,9 +206,10 @@ def _wanted(config: CompileConfig) -> str | None:
 
 
 def _rewrite(path: Path, windows: list[int | None], capacity: int | None, fp8_scales: dict[str, float],
-             engines_only: bool = False) -> list[PassReport]:  # fmt: skip
+             engines_only: bool = False, destination: Path | None = None) -> list[PassReport]:  # fmt: skip
     """The static cache's reports (and the fp8 cache's, given its scales; and, for a graph only engines are built
-    from, the tied projection's: ONNX Runtime would fold its Transpose back into a copy)."""
+    from, the tied projection's: ONNX Runtime would fold its Transpose back into a copy). The graph is saved at
+    `destination`, by default over itself."""
     with mapped(path) as (graph, _):
         logits = next(tensor for tensor in graph.outputs if tensor.name == "logits")
         batch, _, vocabulary = logits.shape
@@ -154,5 +221,5 @@ def _rewrite(path: Path, windows: list[int | None], capacity: int | None, fp8_sc
         for opset in graph.import_domains or []:  # onnx-graphsurgeon exports the imports it read
             if opset.domain in ("", "ai.onnx"):
                 opset.version = max(opset.version, STATIC_CACHE_OPSET)
-        save_mapped(graph, path)
+        save_mapped(graph, destination or path)
     return reports[:-1]

@@ -9,6 +9,7 @@ variant share its file and engine input.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,10 +46,16 @@ class Variants:
 
 
 def build_variants(
-    plan: VariantPlan, fused: FusedGraph, config: CompileConfig, directory: Path, reporter: Reporter
+    plan: VariantPlan,
+    fused: FusedGraph,
+    config: CompileConfig,
+    directory: Path,
+    reporter: Reporter,
+    written: Callable[[str, list[str], Path], None] | None = None,
 ) -> Variants:
-    """Write every variant the plan needs into `directory` (variants/, calibration files, precision.json)."""
-    parts = [BUILDERS[family](BuildJob(part, fused, config, directory, reporter))
+    """Write every variant the plan needs into `directory` (variants/, calibration files, precision.json);
+    `written` is told of each variant file a builder has finished, before it is measured."""
+    parts = [BUILDERS[family](BuildJob(part, fused, config, directory, reporter, written))
              for family, part in plan.by_family().items()]  # fmt: skip
     variants, tuned = _merged(parts), {name for part in parts for name in part.tuned}
     plans = [part.plan for part in parts if part.plan is not None]

@@ -5,6 +5,7 @@ Targets that cannot run the request (sm_75) got float recipes: the float builder
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,14 +62,18 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
         evaluation = replace(evaluation, budget=budget.on_tokens(tokens) if tokens is not None else budget)
         search = search_weights(load_onnx(model), int4_plan, levels, evaluation, config.sensitivity_samples, reporter)
     records, by_target, reports, recipes, unmet = [], {}, [], {}, []
-    for recipe, targets in plan.recipes().items():
+    # the engines' variants first: their builds start once they are written (compiler/early_engines.py) and run
+    # while the cpu's variant is written and measured
+    ordered = sorted(plan.recipes().items(), key=lambda item: item[0].on_cpu)
+    for recipe, targets in ordered:
         reporter.stage(f"{recipe.variant}: writing and measuring the variant ({algorithm})")
         if search is None:
             assert recipe.quantized is not None
             chosen = dict.fromkeys(int4_plan.weights, recipe.quantized.name)
             assignment = recipe_levels(recipe, chosen | {n: lv for n, (lv, _) in levels.pinned.items()})
+            told = functools.partial(job.written, recipe.variant, list(targets)) if job.written else None
             record, passes = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
-                                                scales=levels.scales)  # fmt: skip
+                                                scales=levels.scales, written=told)  # fmt: skip
             pinned = {n: (assignment[n], reason) for n, (_, reason) in levels.pinned.items()}
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
         else:
@@ -81,6 +86,8 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
         records.append(record)
         by_target.update(dict.fromkeys(targets, record))
         reports += [replace(report, variant=record.name) for report in passes]
+    order = {recipe.variant: index for index, recipe in enumerate(plan.recipes())}
+    records.sort(key=lambda record: order.get(record.name, len(order)))  # the plan's order, as written before
     if model != fused.path:
         remove_onnx(model)
     precision_plan = PrecisionPlan(precision=plan.request, evaluated_on=evaluation.described,

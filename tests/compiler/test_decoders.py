@@ -4,6 +4,7 @@ the logits match within 1e-4."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -80,11 +81,17 @@ def assert_greedy_tokens_match(reference: Any, artifact: Path, new_tokens: int =
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "mistral", "gpt2", "mixtral"])
-def test_generate_gives_transformers_tokens(family: str, tmp_path: Path) -> None:
+def test_generate_gives_transformers_tokens(family: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     reference = save_checkpoint(family, tmp_path / "checkpoint")
     ada = ["sm_89"] if family == "llama" else []  # every architecture's static-cache engine, once
     config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu", *GPU_TARGETS, *ada]})
-    manifest = compile(config, tmp_path / "out").manifest
+    with caplog.at_level(logging.INFO, logger="tensorsmith.compiler.early_engines"):
+        manifest = compile(config, tmp_path / "out").manifest
+    # the engines were started as soon as the fp16 variant was written, and taken: no build was made twice
+    early = [record.getMessage() for record in caplog.records if record.name == "tensorsmith.compiler.early_engines"]
+    assert any("beside its measurements" in message for message in early), early
+    assert not any("built again" in message or "not started" in message for message in early), early
+    assert not list((tmp_path / "out").glob(".early*"))
     assert manifest.generation is not None and manifest.generation.layers == 2
     for target in manifest.targets[1:]:  # fp16 by default for a decoder's GPU targets, two named profiles each
         assert target.status == "built" and target.variant == "fp16" and target.engine is not None, target.reason

@@ -1,0 +1,132 @@
+"""Engine builds started before the variants are measured.
+
+A decoder's variant that only engines run (fp16 for the GPU targets) is final once it is written: measuring it
+(accuracy, perplexity) and timing the cpu target's session only add records. So its generation graph is written
+at once (compiler/variants/kv_cache.early_graph) and its engines are built beside those measurements, each in its
+own process, as the engines stage builds them. A build takes about one core for its whole length (13 s at the
+SmolLM-135M shape), which on two cores the measurements would otherwise leave idle.
+
+The engines stage takes an early build only for the graph and profiles it was started from (the same sha256),
+else builds as before. Early builds start only where the memory left holds them beside this process as large as
+it has been (`parallel_builds`' estimate).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.engines.builder import BuiltEngine, build_engine
+from tensorsmith.compiler.engines.profiles import Profile, decoder_profiles
+from tensorsmith.compiler.engines.records import (
+    BUILD_MEMORY_BASE,
+    BUILD_MEMORY_FACTOR,
+    available_memory,
+    choose_builder,
+    graph_bytes,
+)
+from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
+from tensorsmith.compiler.variants.kv_cache import EarlyGraph, early_graph, static_layout
+from tensorsmith.core.errors import BuildError
+from tensorsmith.runtime.manifest import TensorRecord, sha256_of
+
+logger = logging.getLogger(__name__)
+
+SCRATCH = ".early-engines"  # inside the artifact being written: graphs linked and plans moved out, then deleted
+
+
+@dataclass(frozen=True)
+class _Started:
+    sha256: str
+    profiles: list[dict[str, object]]
+    build: Future[BuiltEngine]
+
+
+class EarlyEngines:
+    """The early graphs and builds of one compile; a context manager that waits for the builds still running (a
+    build cannot be stopped halfway) and removes what was not taken."""
+
+    def __init__(self, config: CompileConfig, directory: Path, model: HuggingFaceModel | None) -> None:
+        self._config, self._model = config, model
+        self._scratch = directory / SCRATCH
+        self._io: tuple[list[TensorRecord], list[TensorRecord]] | None = None
+        self._pool: ThreadPoolExecutor | None = None  # made with the first builds, as many workers as fit
+        self._started: dict[str, _Started] = {}
+        self.graphs: dict[str, EarlyGraph] = {}  # variant name → its generation graph, for kv_cache to move
+
+    def __enter__(self) -> EarlyEngines:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+                 ) -> None:  # fmt: skip
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def fused(self, io: tuple[list[TensorRecord], list[TensorRecord]]) -> None:
+        """The fused graph's inputs and outputs, which the generation graphs' layout derives from."""
+        self._io = io
+
+    def written(self, name: str, targets: list[str], path: Path) -> None:
+        """Variant `name` (run by `targets`) is final at `path`: write its generation graph and start its engines,
+        where both are known now and the memory holds them."""
+        if self._model is None or self._io is None or not self._model.is_decoder:
+            return
+        graph = early_graph(path, targets, self._model, self._config, self._scratch / path.parent.name)
+        if graph is None:
+            return
+        self.graphs[name] = graph
+        builders = {}
+        for target in targets:
+            try:
+                builders[target] = choose_builder(target, None if self._config.build.builder == "auto"
+                                                  else self._config.build.builder)  # fmt: skip
+            except BuildError:
+                continue  # the engines stage records it
+        if not builders:
+            return
+        factor = max((BUILD_MEMORY_FACTOR[builder] for builder in builders.values()), default=1)
+        room = _room_for(len(builders), graph_bytes(graph.path), factor)
+        if room == 0:
+            logger.info("engines for %s not started early: no memory for a build beside the measurements", name)
+            return
+        if self._pool is None:  # one build a core, as the engines stage runs them
+            self._pool = ThreadPoolExecutor(max_workers=min(room, os.cpu_count() or 1), thread_name_prefix="early")
+        layout = static_layout(self._config, self._io)
+        sha256 = sha256_of(graph.path)
+        for target, builder in builders.items():
+            profiles = decoder_profiles(layout.inputs, layout.dims, target)
+            plan = self._scratch / f"{target}.engine"
+            build = self._pool.submit(build_engine, graph.path, target, profiles, builder, self._config.build,
+                                      sha256, plan)  # fmt: skip
+            self._started[target] = _Started(sha256, _records(profiles), build)
+        logger.info("building the %s engine%s from variant %s beside its measurements", ", ".join(builders),
+                    "s" if len(builders) > 1 else "", name)  # fmt: skip
+
+    def take(self, target: str, sha256: str, profiles: list[Profile]) -> BuiltEngine | None:
+        """`target`'s early build (waited for) if it was started from this graph and these profiles, else None.
+        Its BuildError is raised only then: a build of another graph says nothing of this one."""
+        started = self._started.pop(target, None)
+        if started is None:
+            return None
+        if started.sha256 != sha256 or started.profiles != _records(profiles):
+            logger.info("%s: the early engine was built from another graph: built again", target)
+            return None
+        return started.build.result()
+
+
+def _records(profiles: list[Profile]) -> list[dict[str, object]]:
+    return [profile.as_record() for profile in profiles]
+
+
+def _room_for(count: int, model_bytes: int, factor: int) -> int:
+    """How many of `count` builds fit in the memory available beside this process grown back to its peak so far."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+    return min(count, max(0, available_memory() - peak) // (BUILD_MEMORY_BASE + factor * model_bytes))
