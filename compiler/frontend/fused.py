@@ -20,7 +20,8 @@ from tensorsmith.compiler.frontend.verify import compare_outputs
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
-from tensorsmith.core.mapped_graph import mapped, save_mapped
+from tensorsmith.core.mapped_graph import mapped
+from tensorsmith.core.mapped_save import save_mapped
 from tensorsmith.core.module_paths import module_paths
 from tensorsmith.core.narrow_twin import write_twin
 from tensorsmith.core.precisions import FP32

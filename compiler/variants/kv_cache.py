@@ -30,7 +30,8 @@ from tensorsmith.compiler.targets import get_target
 from tensorsmith.compiler.variants.kv_fp8 import FP8_CACHE, cache_scales, check_cache_precision, with_fp8_perplexity
 from tensorsmith.compiler.variants.language import text_evaluation
 from tensorsmith.core.errors import ConfigError, PassError
-from tensorsmith.core.mapped_graph import mapped, save_mapped
+from tensorsmith.core.mapped_graph import mapped
+from tensorsmith.core.mapped_save import save_mapped
 from tensorsmith.core.precisions import FP32
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport, run_passes

@@ -9,7 +9,8 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.core.ir import save_onnx
-from tensorsmith.core.mapped_graph import mapped, save_mapped
+from tensorsmith.core.mapped_graph import mapped
+from tensorsmith.core.mapped_save import save_mapped
 from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
 from tensorsmith.core.precisions import FP16
 from tensorsmith.passes import GraphPass, PassReport, run_passes

@@ -15,7 +15,8 @@ import pytest
 from onnx import numpy_helper
 
 from tensorsmith.core import ir, mapped_graph
-from tensorsmith.core.mapped_graph import ConvertedValues, MappedValues, convert_values, load_mapped, save_mapped
+from tensorsmith.core.mapped_graph import ConvertedValues, MappedValues, convert_values, load_mapped
+from tensorsmith.core.mapped_save import save_mapped
 from tensorsmith.core.sessions import session_with_outputs
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.int4 import int4_constant
@@ -63,29 +64,30 @@ def test_weights_are_mapped_until_read_and_rewritten_in_place(monkeypatch: pytes
     np.testing.assert_array_equal(np.asarray(constants["second"]._values.load()), SECOND * 2)
 
 
-@pytest.mark.parametrize("dead_at_most", [1.0, 0.0])
+@pytest.mark.parametrize(("edit", "dead_at_most", "expected"), [
+    ("scaled", 0.0, "into its own unread bytes"),  # a new array of the old one's size
+    ("reversed", 1.0, "appended"),  # a view of the mapped weight: its bytes are still read while it is written
+    ("reversed", 0.0, "rewritten whole"),  # appending would leave its old bytes unread
+])  # fmt: skip
 def test_a_graph_saved_over_its_file_keeps_the_weights_no_pass_read(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dead_at_most: float
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, edit: str, dead_at_most: float, expected: str
 ) -> None:
-    """Kept where they are, the edited weight appended; where that would leave too much of the file unread
-    (DEAD_AT_MOST), the file is written whole again."""
     path = two_matmuls(tmp_path / "model.onnx")
     sidecar = external_data_path(path)
-    expected, size = outputs(path), sidecar.stat().st_size
+    size, inode = sidecar.stat().st_size, sidecar.stat().st_ino
     graph, _ = load_mapped(path)
-    first = graph.tensors()["first"]
+    first, second = graph.tensors()["first"], graph.tensors()["second"]
     offset = first._values.offset
-    graph.tensors()["second"].values = graph.tensors()["second"].values * 2
+    second.values = second.values * 2 if edit == "scaled" else second.values[:, ::-1]
     monkeypatch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)
     monkeypatch.setattr(ir, "DEAD_AT_MOST", dead_at_most)
-    inode = sidecar.stat().st_ino
     save_mapped(graph, path)
-    np.testing.assert_allclose(outputs(path), 2 * (expected - BIAS) + BIAS, rtol=1e-5, atol=1e-5)
-    if dead_at_most:  # appended to the same file; `first` read where it was
-        assert (sidecar.stat().st_ino, sidecar.stat().st_size) == (inode, size + SECOND.nbytes)
-        assert first._values.offset == offset
-    else:
-        assert sidecar.stat().st_size == size
+    edited = SECOND * 2 if edit == "scaled" else SECOND[:, ::-1]
+    np.testing.assert_allclose(outputs(path), FEEDS["x"] @ FIRST @ edited + BIAS, rtol=1e-5, atol=1e-5)
+    after = (sidecar.stat().st_ino == inode, sidecar.stat().st_size - size)
+    assert after == {"into its own unread bytes": (True, 0), "appended": (True, SECOND.nbytes),
+                     "rewritten whole": (False, 0)}[expected]  # fmt: skip
+    assert first._values.offset == offset or expected == "rewritten whole"
     np.testing.assert_array_equal(first._values.load(), FIRST)
     assert not list(tmp_path.glob(".*partial"))
 

@@ -13,7 +13,8 @@ from onnx import helper, numpy_helper
 from tensorsmith.compiler.engines.builder import build_engine
 from tensorsmith.compiler.engines.profiles import Profile
 from tensorsmith.core import ir
-from tensorsmith.core.mapped_graph import mapped, save_mapped
+from tensorsmith.core.mapped_graph import mapped
+from tensorsmith.core.mapped_save import save_mapped
 from tensorsmith.passes import run_passes
 from tensorsmith.passes.tied_projection import TiedProjection
 from tensorsmith.runtime.manifest import external_data_path

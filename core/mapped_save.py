@@ -1,0 +1,163 @@
+"""`save_mapped`: an onnx-graphsurgeon graph whose weights are mapped from their file (core/mapped_graph.py) saved
+with its weights outside it, one tensor at a time, so that no weight is ever copied into a protobuf; saved over the
+file it was read from, the weights no pass touched stay where they are (core/file_layout.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
+
+from tensorsmith.core import ir
+from tensorsmith.core.file_layout import Layout, plan_layout
+from tensorsmith.core.mapped_graph import (
+    INLINE_BELOW,
+    PACKED,
+    ConvertedValues,
+    MappedValues,
+    constants_of,
+    weight_bytes,
+)
+from tensorsmith.runtime.manifest import external_data_path
+
+logger = logging.getLogger(__name__)
+
+
+def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+    """Save `graph` at `path` (weights above EXTERNAL_DATA_ABOVE in all to `<name>.data`, one tensor at a time) and
+    return the structure written. With external data, `graph`'s constants read the new file afterwards."""
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sidecar = external_data_path(path)
+    constants = constants_of(graph)
+    for constant in constants:
+        constant.data_location = None  # onnx-graphsurgeon would stamp an array it writes inline as external
+        if isinstance(constant._values, MappedValues) and constant._values.length < INLINE_BELOW:
+            constant._values = LazyValues(constant._values.inline())
+        elif isinstance(constant._values, ConvertedValues) and constant._values.nbytes < INLINE_BELOW:
+            constant.values = constant._values.load()
+        elif _packed_array(constant._values):  # onnx-graphsurgeon would write numpy's int4 a byte each
+            constant._values = LazyValues(onnx.numpy_helper.from_array(constant._values, constant.name))
+    if weight_bytes(graph) <= ir.EXTERNAL_DATA_ABOVE:
+        for constant in constants:
+            if isinstance(constant._values, MappedValues):
+                constant._values = LazyValues(constant._values.inline())  # inside the protobuf
+        model = gs.export_onnx(graph)
+        _attach(model, metadata)
+        _replace(path, model.SerializeToString(), None)
+        sidecar.unlink(missing_ok=True)
+        return model
+    layout = _in_place(constants, sidecar)
+    in_place = layout.kept if layout is not None else set()
+    scratch = sidecar.with_name(f".{sidecar.name}.partial")
+    written: list[tuple[gs.Constant, onnx.TensorProto]] = []
+    # weights still in the file stay where they are, new ones go into the bytes no weight reads any more where they
+    # fit, the rest is appended; the structure is replaced last
+    with sidecar.open("r+b") if in_place else scratch.open("wb") as stream:
+        for constant in constants:
+            if layout is not None:
+                stream.seek(layout.placed.get(id(constant), 0), os.SEEK_SET if id(constant) in layout.placed else 2)
+            offset = stream.tell()
+            if id(constant) in in_place:
+                values = constant._values
+                written.append((constant, _external(values.tensor, sidecar.name, values.offset, values.length)))
+                continue
+            if isinstance(constant._values, MappedValues):  # its stored bytes, copied as they are
+                stored, tensor = constant._values.stored(), constant._values.tensor
+                stored.tofile(stream)
+                written.append((constant, _external(tensor, sidecar.name, offset, stored.nbytes)))
+                continue
+            if isinstance(constant._values, ConvertedValues):  # converted as it is written
+                tensor = constant._values.write(stream, constant.name)
+                written.append((constant, _external(tensor, sidecar.name, offset, stream.tell() - offset)))
+                continue
+            tensor = OnnxExporter.export_tensor_proto(constant)  # packed where the type is (INT4, FP4)
+            if not tensor.HasField("raw_data") or len(tensor.raw_data) < INLINE_BELOW:
+                continue  # small, or typed fields: stays inside the protobuf
+            stream.write(tensor.raw_data)
+            written.append((constant, _external(tensor, sidecar.name, offset, len(tensor.raw_data))))
+            constant.values = np.empty(0, np.uint8)  # the array goes now
+    for constant, tensor in written:
+        constant._values = MappedValues(tensor, sidecar)
+    model = gs.export_onnx(graph)
+    _attach(model, metadata)
+    _replace(path, model.SerializeToString(), None if in_place else scratch)
+    return model
+
+
+def _in_place(constants: list[gs.Constant], sidecar: Path) -> Layout | None:
+    """How to save over `sidecar` (core/file_layout.py): keep the constants whose bytes are still unread there,
+    write new arrays into bytes nothing reads any more, append the rest; None: rewrite it whole."""
+    kept = [constant for constant in constants if sidecar.is_file() and isinstance(constant._values, MappedValues)
+            and ir.same_file(constant._values.file, sidecar)]  # fmt: skip
+    if not kept:
+        return None
+    ids = {id(constant) for constant in kept}
+    others = [constant for constant in constants if id(constant) not in ids]
+    new = [(id(c), int(c._values.nbytes), isinstance(c._values, np.ndarray) and not _packed_array(c._values))
+           for c in others if c._values.nbytes >= INLINE_BELOW]  # fmt: skip
+    used = [(c._values.offset, c._values.offset + c._values.length) for c in kept]
+    layout = plan_layout(sidecar.stat().st_size, used, _still_read(others, sidecar), new, ir.DEAD_AT_MOST)
+    logger.debug("%s: %d weights kept in place, %s", sidecar.name, len(kept), layout.described if layout else
+                 "too much unread: rewritten whole")  # fmt: skip
+    return layout if layout is None else replace(layout, kept=ids)
+
+
+def _still_read(constants: list[gs.Constant], sidecar: Path) -> list[tuple[int, int]]:
+    """The ranges of `sidecar` that values still to be written read: a converted weight's source, an array mapped
+    from it (a pass's view of a weight)."""
+    ranges = []
+    for constant in constants:
+        values = constant._values
+        source = values.source if isinstance(values, ConvertedValues) else values
+        if isinstance(source, MappedValues) and ir.same_file(source.file, sidecar):
+            ranges.append((source.offset, source.offset + source.length))
+        base = source if isinstance(source, np.ndarray) else None
+        while isinstance(base, np.ndarray):
+            if isinstance(base, np.memmap) and base.filename and ir.same_file(base.filename, sidecar):
+                ranges.append((base.offset, base.offset + base.nbytes))
+            base = base.base
+    return ranges
+
+
+def _packed_array(values: object) -> bool:
+    if not isinstance(values, np.ndarray):
+        return False
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(values.dtype) in PACKED
+    except (KeyError, ValueError, TypeError):
+        return False
+
+
+def _external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> onnx.TensorProto:
+    """`tensor`'s name, type and dims, its bytes at `offset` of `location`."""
+    external = onnx.TensorProto(name=tensor.name, dims=list(tensor.dims), data_type=tensor.data_type)
+    external.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        external.external_data.add(key=key, value=value)
+    return external
+
+
+def _attach(model: onnx.ModelProto, metadata: dict[str, str] | None) -> None:
+    """Node metadata (module paths) by node name: onnx-graphsurgeon's export writes none."""
+    if not metadata:
+        return
+    from tensorsmith.core.module_paths import attach_module_paths
+
+    attach_module_paths(model, metadata)
+
+
+def _replace(path: Path, structure: bytes, weights: Path | None) -> None:
+    """The structure and its weights into place together: neither is renamed until both are written."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(structure)
+    if weights is not None:
+        os.replace(weights, external_data_path(path))
+    os.replace(partial, path)
