@@ -62,10 +62,7 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
         evaluation = replace(evaluation, budget=budget.on_tokens(tokens) if tokens is not None else budget)
         search = search_weights(load_onnx(model), int4_plan, levels, evaluation, config.sensitivity_samples, reporter)
     records, by_target, reports, recipes, unmet = [], {}, [], {}, []
-    # the engines' variants first: their builds start once they are written (compiler/early_engines.py) and run
-    # while the cpu's variant is written and measured
-    ordered = sorted(plan.recipes().items(), key=lambda item: item[0].on_cpu)
-    for recipe, targets in ordered:
+    for recipe, targets in plan.recipes().items():
         reporter.stage(f"{recipe.variant}: writing and measuring the variant ({algorithm})")
         if search is None:
             assert recipe.quantized is not None
@@ -86,8 +83,6 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
         records.append(record)
         by_target.update(dict.fromkeys(targets, record))
         reports += [replace(report, variant=record.name) for report in passes]
-    order = {recipe.variant: index for index, recipe in enumerate(plan.recipes())}
-    records.sort(key=lambda record: order.get(record.name, len(order)))  # the plan's order, as written before
     if model != fused.path:
         remove_onnx(model)
     precision_plan = PrecisionPlan(precision=plan.request, evaluated_on=evaluation.described,
