@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,12 +172,11 @@ def build_int4_variant(
     assignment: Mapping[str, str] | None = None,
     tables: bool = True,
     scales: Mapping[str, Mapping[str, float]] | None = None,
-    written: Callable[[Path], None] | None = None,
 ) -> tuple[VariantRecord, list[PassReport]]:
     """Write and measure the int4 variant of `recipe` (fp16 or fp32 float regions): every layer of the plan in INT4,
     or as `assignment` says per layer (int4, int8-weight, int8 or fp8 with the activation `scales` of that
     precision, fp16); vocabulary tables quantized when `tables`. Returns the record (its accuracy
-    measure_variant's figures) and the passes' reports. `written` is told of the file before it is measured."""
+    measure_variant's figures) and the passes' reports."""
     from tensorsmith.passes.embeddings import QuantizeEmbeddings
     from tensorsmith.passes.fp16 import ConvertToFp16
     from tensorsmith.passes.nvfp4 import SimulatedNvfp4, WeightOnlyNvfp4
@@ -211,8 +210,6 @@ def build_int4_variant(
     if recipe.floats is FP16:
         passes.append(ConvertToFp16())
     reports = rewrite_file(model, passes, path) if isinstance(model, Path) else rewrite(model, passes, path)
-    if written is not None:
-        written(path)
     if nvfp4:  # ONNX Runtime has no FLOAT4E2M1 DequantizeLinear: measured on the same weights held in fp32
         simulated = [SimulatedNvfp4(nvfp4) if isinstance(p, WeightOnlyNvfp4) else p for p in passes]
         whole = load_onnx(model) if isinstance(model, Path) else model

@@ -5,7 +5,6 @@ Targets that cannot run the request (sm_75) got float recipes: the float builder
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 from pathlib import Path
 
@@ -68,9 +67,8 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
             assert recipe.quantized is not None
             chosen = dict.fromkeys(int4_plan.weights, recipe.quantized.name)
             assignment = recipe_levels(recipe, chosen | {n: lv for n, (lv, _) in levels.pinned.items()})
-            told = functools.partial(job.written, recipe.variant, list(targets)) if job.written else None
             record, passes = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
-                                                scales=levels.scales, written=told)  # fmt: skip
+                                                scales=levels.scales)  # fmt: skip
             pinned = {n: (assignment[n], reason) for n, (_, reason) in levels.pinned.items()}
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
         else:
