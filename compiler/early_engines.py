@@ -8,7 +8,7 @@ SmolLM-135M shape), which on two cores the measurements would otherwise leave id
 
 The engines stage takes an early build only for the graph and profiles it was started from (the same sha256),
 else builds as before. Early builds start only where the memory left holds them beside this process as large as
-it has been (`parallel_builds`' estimate).
+it has been (`records.builds_that_fit`, the engines stage's estimate).
 """
 
 from __future__ import annotations
@@ -25,13 +25,7 @@ from types import TracebackType
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.engines.builder import BuiltEngine, build_engine
 from tensorsmith.compiler.engines.profiles import Profile, decoder_profiles
-from tensorsmith.compiler.engines.records import (
-    BUILD_MEMORY_BASE,
-    BUILD_MEMORY_FACTOR,
-    available_memory,
-    choose_builder,
-    graph_bytes,
-)
+from tensorsmith.compiler.engines.records import builds_that_fit, choose_builder, graph_bytes, memory_factor
 from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
 from tensorsmith.compiler.variants.kv_cache import EarlyGraph, early_graph, static_layout
 from tensorsmith.core.errors import BuildError
@@ -59,7 +53,7 @@ class EarlyEngines:
         self._io: tuple[list[TensorRecord], list[TensorRecord]] | None = None
         self._pool: ThreadPoolExecutor | None = None  # made with the first builds, as many workers as fit
         self._started: dict[str, _Started] = {}
-        self.graphs: dict[str, EarlyGraph] = {}  # variant name → its generation graph, for kv_cache to move
+        self.graphs: dict[str, EarlyGraph] = {}  # variant name → its generation graph, for kv_cache to link
 
     def __enter__(self) -> EarlyEngines:
         return self
@@ -86,14 +80,14 @@ class EarlyEngines:
         builders = {}
         for target in targets:
             try:
-                builders[target] = choose_builder(target, None if self._config.build.builder == "auto"
-                                                  else self._config.build.builder)  # fmt: skip
+                builders[target] = choose_builder(target, self._config.build.requested_builder)
             except BuildError:
                 continue  # the engines stage records it
         if not builders:
             return
-        factor = max((BUILD_MEMORY_FACTOR[builder] for builder in builders.values()), default=1)
-        room = _room_for(len(builders), graph_bytes(graph.path), factor)
+        # beside this process grown back to its peak so far (ru_maxrss: kilobytes on Linux)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        room = builds_that_fit(len(builders), graph_bytes(graph.path), memory_factor(builders.values()), peak)
         if room == 0:
             logger.info("engines for %s not started early: no memory for a build beside the measurements", name)
             return
@@ -124,9 +118,3 @@ class EarlyEngines:
 
 def _records(profiles: list[Profile]) -> list[dict[str, object]]:
     return [profile.as_record() for profile in profiles]
-
-
-def _room_for(count: int, model_bytes: int, factor: int) -> int:
-    """How many of `count` builds fit in the memory available beside this process grown back to its peak so far."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
-    return min(count, max(0, available_memory() - peak) // (BUILD_MEMORY_BASE + factor * model_bytes))

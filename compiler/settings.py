@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tensorsmith.compiler.targets import Builder
 from tensorsmith.core.precisions import FP8
 
 
@@ -31,6 +32,11 @@ class BuildConfig(_Strict):
     engine_cache_dir: Path | None = Field(
         None, description="reuse engines built before from the same graph and settings (else $TENSORSMITH_ENGINE_CACHE)"
     )
+
+    @property
+    def requested_builder(self) -> Builder | None:
+        """The builder asked for; None for auto (compiler/engines/records.choose_builder decides)."""
+        return None if self.builder == "auto" else self.builder
 
     @property
     def workspace_bytes(self) -> int | None:

@@ -9,7 +9,7 @@ where each fresh page of the page cache costs system time, the bytes not written
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,6 @@ class Layout:
     placed: dict[int, int]  # key → offset: a new array written into bytes no weight reads any more
     appended: int  # bytes written at the end
     unread: int  # bytes of the file no weight reads afterwards
-    kept: set[int] = field(default_factory=set)  # keys of the weights left where they are (the caller's)
 
     @property
     def described(self) -> str:

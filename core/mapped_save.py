@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from tensorsmith.core import ir
-from tensorsmith.core.file_layout import Layout, plan_layout
+from tensorsmith.core.file_layout import plan_layout
 from tensorsmith.core.mapped_graph import (
     INLINE_BELOW,
     PACKED,
@@ -54,21 +53,22 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
         _replace(path, model.SerializeToString(), None)
         sidecar.unlink(missing_ok=True)
         return model
-    layout = _in_place(constants, sidecar)
-    in_place = layout.kept if layout is not None else set()
+    in_place = _in_place(constants, sidecar)
+    kept, placed = in_place or (set(), {})
     scratch = sidecar.with_name(f".{sidecar.name}.partial")
     written: list[tuple[gs.Constant, onnx.TensorProto]] = []
     # weights still in the file stay where they are, new ones go into the bytes no weight reads any more where they
     # fit, the rest is appended; the structure is replaced last
     with sidecar.open("r+b") if in_place else scratch.open("wb") as stream:
         for constant in constants:
-            if layout is not None:
-                stream.seek(layout.placed.get(id(constant), 0), os.SEEK_SET if id(constant) in layout.placed else 2)
-            offset = stream.tell()
-            if id(constant) in in_place:
+            if id(constant) in kept:
                 values = constant._values
                 written.append((constant, _external(values.tensor, sidecar.name, values.offset, values.length)))
                 continue
+            if in_place:
+                at = placed.get(id(constant))
+                stream.seek(*((at, os.SEEK_SET) if at is not None else (0, os.SEEK_END)))
+            offset = stream.tell()
             if isinstance(constant._values, MappedValues):  # its stored bytes, copied as they are
                 stored, tensor = constant._values.stored(), constant._values.tensor
                 stored.tofile(stream)
@@ -92,9 +92,10 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
     return model
 
 
-def _in_place(constants: list[gs.Constant], sidecar: Path) -> Layout | None:
-    """How to save over `sidecar` (core/file_layout.py): keep the constants whose bytes are still unread there,
-    write new arrays into bytes nothing reads any more, append the rest; None: rewrite it whole."""
+def _in_place(constants: list[gs.Constant], sidecar: Path) -> tuple[set[int], dict[int, int]] | None:
+    """How to save over `sidecar` (core/file_layout.py): the ids of the constants whose bytes are still unread
+    there, kept; the offsets of new arrays written into bytes nothing reads any more (the rest is appended). None:
+    rewrite it whole."""
     kept = [constant for constant in constants if sidecar.is_file() and isinstance(constant._values, MappedValues)
             and ir.same_file(constant._values.file, sidecar)]  # fmt: skip
     if not kept:
@@ -107,7 +108,7 @@ def _in_place(constants: list[gs.Constant], sidecar: Path) -> Layout | None:
     layout = plan_layout(sidecar.stat().st_size, used, _still_read(others, sidecar), new, ir.DEAD_AT_MOST)
     logger.debug("%s: %d weights kept in place, %s", sidecar.name, len(kept), layout.described if layout else
                  "too much unread: rewritten whole")  # fmt: skip
-    return layout if layout is None else replace(layout, kept=ids)
+    return None if layout is None else (ids, layout.placed)
 
 
 def _still_read(constants: list[gs.Constant], sidecar: Path) -> list[tuple[int, int]]:
@@ -119,7 +120,7 @@ def _still_read(constants: list[gs.Constant], sidecar: Path) -> list[tuple[int, 
         source = values.source if isinstance(values, ConvertedValues) else values
         if isinstance(source, MappedValues) and ir.same_file(source.file, sidecar):
             ranges.append((source.offset, source.offset + source.length))
-        base = source if isinstance(source, np.ndarray) else None
+        base = source
         while isinstance(base, np.ndarray):
             if isinstance(base, np.memmap) and base.filename and ir.same_file(base.filename, sidecar):
                 ranges.append((base.offset, base.offset + base.nbytes))

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -105,7 +105,7 @@ def build_engines(
                                          reason=reason)  # fmt: skip
             continue
         try:
-            builds[name] = choose_builder(name, None if config.builder == "auto" else config.builder)
+            builds[name] = choose_builder(name, config.requested_builder)
         except BuildError as err:
             reason = (
                 f"{err.message}: on a {target.gpus} machine with TensorRT, run `tensorsmith build OUT --target {name}`"
@@ -122,9 +122,8 @@ def build_engines(
             return TargetRecord(name=name, variant=variants[name].name, builder=builds[name], status="failed",
                                 reason=str(err))  # fmt: skip
 
-    factor = max((BUILD_MEMORY_FACTOR[builder] for builder in builds.values()), default=1)
     workers = parallel_builds(len(builds), max((graph_bytes(directory / variants[n].path) for n in builds), default=0),
-                              factor)  # fmt: skip
+                              memory_factor(builds.values()))  # fmt: skip
     if builds:
         names = ", ".join(builds)
         side_by_side = f", {workers} at a time" if workers > 1 else ""
@@ -143,10 +142,20 @@ def graph_bytes(path: Path) -> int:
 
 
 def parallel_builds(count: int, model_bytes: int, factor: int = BUILD_MEMORY_FACTOR["tensorrt"]) -> int:
-    """How many engine builds to run side by side: one a core, as many as the available memory holds at `factor`
-    times the graph's bytes (plus BUILD_MEMORY_BASE) each."""
+    """How many engine builds to run side by side: one a core, as many as the available memory holds (at least one)."""
+    return max(1, min(os.cpu_count() or 1, builds_that_fit(count, model_bytes, factor)))
+
+
+def builds_that_fit(count: int, model_bytes: int, factor: int, reserve: int = 0) -> int:
+    """How many of `count` builds the available memory, less `reserve`, holds at `factor` times the graph's bytes
+    (plus BUILD_MEMORY_BASE) each; maybe none."""
     per_build = BUILD_MEMORY_BASE + factor * model_bytes
-    return max(1, min(count, os.cpu_count() or 1, available_memory() // per_build))
+    return min(count, max(0, available_memory() - reserve) // per_build)
+
+
+def memory_factor(builders: Iterable[Builder]) -> int:
+    """BUILD_MEMORY_FACTOR of the hungriest of `builders`."""
+    return max((BUILD_MEMORY_FACTOR[builder] for builder in builders), default=1)
 
 
 def available_memory() -> int:

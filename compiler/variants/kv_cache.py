@@ -169,8 +169,7 @@ def generation_graphs(
         for one in report:
             one.variant = record.name
         reports.extend(report)
-    layout = static_layout(config, io)
-    return rewritten, CacheLayout(STATIC, layout.inputs, layout.outputs, layout.dims, reports=reports)
+    return rewritten, replace(static_layout(config, io), reports=reports)
 
 
 def _placed(graph: EarlyGraph, path: Path) -> list[PassReport]:
