@@ -13,6 +13,15 @@ from click.testing import CliRunner, Result
 from tensorsmith.cli.main import main
 
 
+def cpu_backend(artifact: Path) -> str:
+    """What a load without a GPU runs: the cpu variant's backend as the compile measured it ("onnxruntime:..." or
+    "openvino:..."), since OpenVINO is chosen wherever it timed faster on the machine that compiled."""
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    cpu = next(target for target in manifest["targets"] if target["name"] == "cpu")
+    variant = next(variant for variant in manifest["variants"] if variant["name"] == cpu["variant"])
+    return {"onnxruntime": "onnxruntime:CPUExecutionProvider", "openvino": "openvino:CPU"}[variant["backend"]]
+
+
 def run_cli(*args: str) -> Result:
     """Invoke `tensorsmith ARGS` in-process; stdout and stderr are kept apart (click >= 8.2)."""
     return CliRunner().invoke(main, [str(arg) for arg in args], catch_exceptions=False)
@@ -69,12 +78,13 @@ def compile_small_mlp(directory: Path, name: str = "out", targets: list[str] | N
 
 def disable_optimizers_for_cpu(artifact: Path, optimizers: list[str]) -> None:
     """Record in the artifact's manifest, as a compile that measured them slower would, ONNX Runtime optimizers
-    to switch off for the cpu target's variant."""
+    to switch off for the cpu target's variant (and ONNX Runtime as its backend, which they apply to)."""
     manifest = json.loads((artifact / "manifest.json").read_text())
     cpu = next(target["variant"] for target in manifest["targets"] if target["name"] == "cpu")
     for variant in manifest["variants"]:
         if variant["name"] == cpu:
             variant["onnxruntime_disabled_optimizers"] = optimizers
+            variant["backend"] = "onnxruntime"
     (artifact / "manifest.json").write_text(json.dumps(manifest))
 
 
