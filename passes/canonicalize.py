@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -23,9 +24,10 @@ import onnx_ir as ir
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.core.importing import first_line
-from tensorsmith.core.ir import SUBGRAPH_ATTRIBUTES, save_ir
+from tensorsmith.core.ir import DEAD_AT_MOST, INLINE_BELOW, SUBGRAPH_ATTRIBUTES, save_ir
 from tensorsmith.core.library_logs import route_polygraphy_logs
 from tensorsmith.passes.base import PassReport
+from tensorsmith.runtime.manifest import external_data_path
 
 logger = logging.getLogger(__name__)
 FOLD_ANY_SIZE = 2**62
@@ -108,6 +110,37 @@ def _release(model: ir.Model) -> None:
             value.const_value = None
 
 
+def _weights_kept(model: ir.Model, owned: Path, path: Path) -> onnx.ModelProto | None:
+    """`model` saved at `path` over the weights file it reads, moved there from the directory `owned`, where every
+    weight it holds is one of that file's and the file is nearly all read (core/ir.py's DEAD_AT_MOST); the structure
+    written. None: the model has to be written whole."""
+    files: set[Path] = set()
+    read = 0
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor) and graph is model.graph:
+                files.add(Path(tensor.path).resolve())
+                read += tensor.length if tensor.length is not None else tensor.nbytes
+            elif tensor is not None and (isinstance(tensor, ir.ExternalTensor) or tensor.nbytes >= INLINE_BELOW):
+                return None  # a weight canonicalize made (or one in a subgraph): written whole
+    if len(files) != 1:
+        return None
+    (weights,) = files
+    if weights.parent != owned.resolve() or read < weights.stat().st_size * (1 - DEAD_AT_MOST):
+        return None
+    sidecar = external_data_path(path)
+    structure = ir.to_proto(model)
+    for tensor in structure.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = sidecar.name
+    os.replace(weights, sidecar)
+    path.write_bytes(structure.SerializeToString())
+    logger.debug("canonicalize: the export's %d bytes of weights kept; the structure written", read)
+    return structure
+
+
 @dataclass
 class Canonicalize:
     """Upgrade the opset, fold constants, clean up, and infer shapes."""
@@ -119,12 +152,18 @@ class Canonicalize:
         """Works on the ModelProto, not a gs.Graph: opset conversion and shape inference are defined there."""
         return self._canonical(model, None)
 
-    def to_file(self, model: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, PassReport]:
+    def to_file(
+        self, model: onnx.ModelProto, path: Path, owned: Path | None = None
+    ) -> tuple[onnx.ModelProto, PassReport]:
         """The canonical graph saved at `path` (core/ir.py's layout), and its structure without the weights: the
-        weights are written from onnx-ir's views of `model`'s, never copied into a second protobuf."""
-        return self._canonical(model, path)
+        weights are written from onnx-ir's views of `model`'s, never copied into a second protobuf. Where they
+        all stay as they are in one file inside the directory `owned` (the export's), that file is moved into
+        place and only the structure is written."""
+        return self._canonical(model, path, owned)
 
-    def _canonical(self, model: onnx.ModelProto, path: Path | None) -> tuple[onnx.ModelProto, PassReport]:
+    def _canonical(
+        self, model: onnx.ModelProto, path: Path | None, owned: Path | None = None
+    ) -> tuple[onnx.ModelProto, PassReport]:
         started = time.perf_counter()
         before = Counter(node.op_type for node in model.graph.node)
         opset_before = _opset(model)
@@ -139,6 +178,8 @@ class Canonicalize:
             folded = fold_with_polygraphy(ir.to_proto(converted))
         if path is None:
             model = ir.to_proto(folded) if isinstance(folded, ir.Model) else folded
+        elif owned is not None and isinstance(folded, ir.Model) and (kept := _weights_kept(folded, owned, path)):
+            model = kept
         else:
             save_ir(folded if isinstance(folded, ir.Model) else ir.from_proto(folded), path)
             model = onnx.load(str(path), load_external_data=False)

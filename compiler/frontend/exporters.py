@@ -116,11 +116,15 @@ def released_proto(model: Any, scratch: Path | None = None) -> onnx.ModelProto:
 
     Given a `scratch` directory, a graph whose weights are above EXTERNAL_DATA_ABOVE is written there (its weights
     straight from the module's memory into `exported.onnx.data`) and the proto returned is its structure, each
-    weight an external reference by absolute path: the weights are not copied into a protobuf (at 1B, 5 GB)."""
+    weight an external reference by absolute path: the weights are not copied into a protobuf (at 1B, 5 GB).
+    Either way Linear's transposed weights are written transposed (transposed_weights.py)."""
     import onnx_ir as ir
 
+    from tensorsmith.compiler.frontend.transposed_weights import fold_weight_transposes
     from tensorsmith.core.ir import save_ir
 
+    folded = fold_weight_transposes(model)
+    logger.debug("the export: %d weights written transposed", folded)
     if scratch is None:
         proto = ir.to_proto(model)
     else:

@@ -100,7 +100,7 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGra
     reporter.stage("running graph passes")
     model_path = directory / MODEL_NAME
     # canonical, saved, then fused over its memory-mapped weights and saved again: no second copy of them
-    _, canonical = Canonicalize(opset=config.opset).to_file(exported.model, model_path)
+    _, canonical = Canonicalize(opset=config.opset).to_file(exported.model, model_path, owned=scratch)
     exported.model = onnx.ModelProto()  # the last reference to the exported graph
     shutil.rmtree(scratch)
     structure, reports = fuse(model_path, config, paths)
