@@ -53,6 +53,7 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
         _replace(path, model.SerializeToString(), None)
         sidecar.unlink(missing_ok=True)
         return model
+    _share_weights(constants, sidecar)
     in_place = _in_place(constants, sidecar)
     kept, placed = in_place or (set(), {})
     scratch = sidecar.with_name(f".{sidecar.name}.partial")
@@ -92,6 +93,35 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
     return model
 
 
+def _share_weights(constants: list[gs.Constant], sidecar: Path) -> None:
+    """Saved as a new file, a graph whose every large weight is still, as stored, in one other file (the static
+    cache's rewriting of a variant adds nodes, not weights) shares that file: a hard link at `sidecar`, which the
+    in-place save then writes nothing into. Not where any large array is new (it would be written into the other
+    graph's file too), nor where more of the file than DEAD_AT_MOST would go unread."""
+    if sidecar.exists():
+        return
+    files: set[Path] = set()
+    read = 0
+    for constant in constants:
+        values = constant._values
+        if isinstance(values, MappedValues):
+            files.add(values.file)
+            read += values.length
+        elif values.nbytes >= INLINE_BELOW:
+            return
+    if len(files) != 1:
+        return
+    (shared,) = files
+    if read < shared.stat().st_size * (1 - ir.DEAD_AT_MOST):
+        return
+    try:
+        os.link(shared, sidecar)
+    except OSError as err:  # another file system, or one without hard links: written as a copy
+        logger.debug("%s: not linked to %s (%s)", sidecar.name, shared, err)
+        return
+    logger.debug("%s: the weights of %s, linked", sidecar.name, shared)
+
+
 def _in_place(constants: list[gs.Constant], sidecar: Path) -> tuple[set[int], dict[int, int]] | None:
     """How to save over `sidecar` (core/file_layout.py): the ids of the constants whose bytes are still unread
     there, kept; the offsets of new arrays written into bytes nothing reads any more (the rest is appended). None:
@@ -104,6 +134,8 @@ def _in_place(constants: list[gs.Constant], sidecar: Path) -> tuple[set[int], di
     others = [constant for constant in constants if id(constant) not in ids]
     new = [(id(c), int(c._values.nbytes), isinstance(c._values, np.ndarray) and not _packed_array(c._values))
            for c in others if c._values.nbytes >= INLINE_BELOW]  # fmt: skip
+    if new and sidecar.stat().st_nlink > 1:  # shared with another graph (_share_weights): never written into
+        return None
     used = [(c._values.offset, c._values.offset + c._values.length) for c in kept]
     layout = plan_layout(sidecar.stat().st_size, used, _still_read(others, sidecar), new, ir.DEAD_AT_MOST)
     logger.debug("%s: %d weights kept in place, %s", sidecar.name, len(kept), layout.described if layout else

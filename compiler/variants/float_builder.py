@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from tensorsmith.compiler.frontend.fused import FusedGraph
+from tensorsmith.compiler.targets import get_target
 from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
 from tensorsmith.compiler.variants.language import text_evaluation, with_language_metrics
 from tensorsmith.compiler.variants.measure import token_figures
@@ -45,6 +46,7 @@ class FloatVariant:
     record: VariantRecord
     report: PassReport  # the conversion pass's, for the manifest
     measured_on: onnx.ModelProto | None  # the graph its accuracy was measured on where that is not the file (bf16's)
+    tied: PassReport | None = None  # an engines-only variant's tied projection (passes/tied_projection.py)
 
 
 def reference_variant(fused: FusedGraph) -> VariantRecord:
@@ -66,23 +68,28 @@ def build_float_variant(
     directory: Path,
     out_of_range: Mapping[str, float] | None = None,
     written: Callable[[Path], None] | None = None,
+    engines_only: bool = False,
 ) -> FloatVariant:
     """Write the `floats` (fp16 or bf16) variant of the graph saved at `model` and measure it against `reference`,
     the fp32 graph's outputs on `feeds` (the verification inputs). fp16 keeps the writers and readers of
     `out_of_range` activations (name → max |x|) in fp32, and the readers of weights beyond ±65504. `written` is
-    told of the file before it is measured."""
+    told of the file before it is measured. A variant only engines run (`engines_only`) reads a tied embedding
+    table through a Transpose, as its engines' graph will: that graph then adds no weight and shares this file's
+    (core/mapped_save.py), and the table's copy is never written."""
     from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, RoundToBf16
+    from tensorsmith.passes.tied_projection import TiedProjection
 
     path = variant_path(directory, floats.name)
     measured_on: onnx.ModelProto | None = None
+    tie = [TiedProjection()] if engines_only else []
     if floats is BF16:
-        (report,) = rewrite_file(model, [ConvertToBf16()], path)
+        report, *tied = rewrite_file(model, [ConvertToBf16(), *tie], path)
         if written is not None:
             written(path)
         measured_on, _ = rewritten(load_onnx(model), [RoundToBf16()])  # the same values, in fp32: ONNX Runtime runs it
         outputs = run_onnx(measured_on, feeds)
     else:
-        (report,) = rewrite_file(model, [ConvertToFp16(out_of_range=dict(out_of_range or {}))], path)
+        report, *tied = rewrite_file(model, [ConvertToFp16(out_of_range=dict(out_of_range or {})), *tie], path)
         if written is not None:
             written(path)
         write_widened_twin(path)  # dropped by the caller once every measurement is made
@@ -90,7 +97,8 @@ def build_float_variant(
     measured = accuracy(reference, outputs)
     described = "the verification inputs" + ("; bf16 rounding simulated in fp32" if measured_on is not None else "")
     record = variant_record(directory, path, floats.name, [floats.name, FP32.name], measured, described)
-    return FloatVariant(record, replace(report, variant=record.name), measured_on)
+    tied_report = replace(tied[0], variant=record.name) if tied else None
+    return FloatVariant(record, replace(report, variant=record.name), measured_on, tied_report)
 
 
 def name_modules(report: PassReport, model: Path) -> PassReport:
@@ -138,8 +146,9 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
             out_of_range = out_of_range_activations(fused.path, feeds) if recipe.floats is FP16 else {}
             try:
                 told = functools.partial(job.written, recipe.floats.name, list(targets)) if job.written else None
+                engines_only = all(get_target(target).builders for target in targets)
                 built = build_float_variant(fused.path, recipe.floats, reference_outputs, feeds, directory,
-                                            out_of_range, told)  # fmt: skip
+                                            out_of_range, told, engines_only)  # fmt: skip
                 record = built.record
                 if text is not None and expected is not None:
                     measured_on = built.measured_on if built.measured_on is not None else directory / record.path
@@ -150,6 +159,6 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
             report = name_modules(built.report, fused.path)
             log_kept_for_range(report)
             records.append(record)
-            reports.append(report)
+            reports.extend([report, built.tied] if built.tied else [report])
         by_target.update(dict.fromkeys(targets, record))
     return FamilyVariants(records, by_target, reference, reports)

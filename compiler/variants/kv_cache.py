@@ -29,6 +29,7 @@ from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.compiler.variants.kv_fp8 import FP8_CACHE, cache_scales, check_cache_precision, with_fp8_perplexity
 from tensorsmith.compiler.variants.language import text_evaluation
+from tensorsmith.core import ir
 from tensorsmith.core.errors import ConfigError, PassError
 from tensorsmith.core.mapped_graph import mapped
 from tensorsmith.core.mapped_save import save_mapped
@@ -185,6 +186,8 @@ def _placed(graph: EarlyGraph, path: Path) -> list[PassReport]:
 
 
 def _link_over(source: Path, destination: Path) -> None:
+    if ir.same_file(source, destination):  # the early graph shares the variant's weights file already
+        return
     partial = destination.with_name(f".{destination.name}.partial")
     partial.unlink(missing_ok=True)
     os.link(source, partial)
@@ -222,4 +225,5 @@ def _rewrite(path: Path, windows: list[int | None], capacity: int | None, fp8_sc
             if opset.domain in ("", "ai.onnx"):
                 opset.version = max(opset.version, STATIC_CACHE_OPSET)
         save_mapped(graph, destination or path)
-    return reports[:-1]
+    # a float variant ties its projection when written (compiler/variants/float_builder.py): nothing left to say
+    return [report for report in reports[:-1] if report.changed or report.name != TiedProjection.name]

@@ -92,6 +92,30 @@ def test_a_graph_saved_over_its_file_keeps_the_weights_no_pass_read(
     assert not list(tmp_path.glob(".*partial"))
 
 
+def test_a_graph_saved_elsewhere_with_no_new_weight_shares_the_file_and_never_writes_into_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The static cache's rewriting of a variant adds nodes, not weights: the new graph links the variant's
+    weights file. Edited and saved over later, it breaks the link rather than write into the other graph's file."""
+    path = two_matmuls(tmp_path / "model.onnx")
+    sidecar = external_data_path(path)
+    stored = sidecar.read_bytes()
+    monkeypatch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)
+    graph, _ = load_mapped(path)
+    graph.outputs[0].name = "y"  # a structural edit only
+    other = tmp_path / "early" / "model.onnx"
+    save_mapped(graph, other)
+    assert external_data_path(other).stat().st_ino == sidecar.stat().st_ino  # linked, not written
+    np.testing.assert_allclose(outputs(other), outputs(path), rtol=0, atol=0)
+
+    graph, _ = load_mapped(other)
+    graph.tensors()["second"].values = graph.tensors()["second"].values * 2  # a new array of the old one's size
+    save_mapped(graph, other)
+    assert external_data_path(other).stat().st_ino != sidecar.stat().st_ino and sidecar.read_bytes() == stored
+    np.testing.assert_allclose(outputs(other), FEEDS["x"] @ FIRST @ (SECOND * 2) + BIAS, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outputs(path), FEEDS["x"] @ FIRST @ SECOND + BIAS, rtol=1e-5, atol=1e-5)
+
+
 def test_a_small_graph_is_written_with_its_weights_inside(tmp_path: Path) -> None:
     source = two_matmuls(tmp_path / "model.onnx")
     graph, _ = load_mapped(source)
