@@ -29,7 +29,7 @@ from tensorsmith.compiler.variants.text_data import check_text_data
 from tensorsmith.compiler.version import __version__
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.narrow_twin import drop_twin
-from tensorsmith.core.precisions import AUTO, precision
+from tensorsmith.core.precisions import AUTO, FP16, precision
 from tensorsmith.core.progress import LogReporter, Reporter, Step, TimedReporter
 from tensorsmith.core.sessions import quiet_onnxruntime
 from tensorsmith.runtime.manifest import FileRecord, Manifest, PassRecord, StepRecord, TargetRecord
@@ -69,7 +69,8 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
                           "model", hint="use cosine, min-cosine, max-abs or sqnr-db")  # fmt: skip
     plan = plan_variants(config, decoder=source.is_decoder)
     with staged_artifact(out) as staging, EarlyEngines(config, staging, source.huggingface) as early:
-        fused = fused_graph(source, staging, timed)
+        fp16 = any(recipe.floats is FP16 and recipe.quantized is None for recipe in plan.recipes())
+        fused = fused_graph(source, staging, timed, ranges=fp16)  # the fp16 variant's range check, in verification
         early.fused((fused.inputs, fused.outputs))
         variants = build_variants(plan, fused, config, staging, timed, early.written)
         layout = None

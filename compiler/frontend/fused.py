@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
+from tensorsmith.core.importing import first_line
 from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
 from tensorsmith.core.mapped_graph import mapped
 from tensorsmith.core.mapped_save import save_mapped
@@ -27,9 +29,11 @@ from tensorsmith.core.narrow_twin import write_twin
 from tensorsmith.core.precisions import FP32
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
+from tensorsmith.core.tensor_ranges import TensorRange, outputs_and_ranges
 from tensorsmith.passes import Canonicalize, GraphPass, PassReport, default_passes, run_passes
 from tensorsmith.runtime.manifest import FileRecord, SourceRecord, TensorRecord, sha256_of
 
+logger = logging.getLogger(__name__)
 MODEL_NAME = "model.onnx"
 
 
@@ -48,6 +52,8 @@ class FusedGraph:
     # the verification feeds and this graph's outputs for them: what the float variants are measured against,
     # without opening a second fp32 session (at 1B, 6 GB more)
     verified: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None
+    # every float tensor's range in verification's run, where the compile asked (the fp16 variant's range check)
+    ranges: list[TensorRange] | None = None
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -82,8 +88,9 @@ def fuse(path: Path, config: CompileConfig, module_paths: dict[str, str]) -> tup
         return save_mapped(graph, path, module_paths), reports
 
 
-def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGraph:
-    """Export, optimize, save and verify: the fp32 graph every variant starts from."""
+def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: bool = False) -> FusedGraph:
+    """Export, optimize, save and verify: the fp32 graph every variant starts from. `ranges`: verification's run
+    also measures every float tensor's range (core/tensor_ranges.py), for the fp16 variant."""
     config = source.config
     reporter.stage(f"exporting {config.source}")
     scratch = directory / ".export"  # a large export's weights, read by canonicalize, then deleted
@@ -110,15 +117,30 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter) -> FusedGra
 
     accuracy: dict[str, float] = {}
     computed: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None
+    measured: list[TensorRange] | None = None
     tuned = True
     if expected is not None:
         reporter.stage("verifying against the source on ONNX Runtime")
         feeds, reference, tuned = expected
-        computed = feeds, run_onnx(model_path, feeds)
+        results, measured = _verification_run(model_path, feeds, ranges)
+        computed = feeds, results
         errors = verify(config, [o.name for o in outputs], reference, computed[1])
         accuracy = {"max_relative_error": max(errors.values(), default=0.0)}
     record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
-    return FusedGraph(model_path, record, inputs, outputs, described, reports, accuracy, tuned, computed)
+    return FusedGraph(model_path, record, inputs, outputs, described, reports, accuracy, tuned, computed, measured)
+
+
+def _verification_run(
+    path: Path, feeds: dict[str, np.ndarray], ranges: bool
+) -> tuple[list[np.ndarray], list[TensorRange] | None]:
+    """The graph's outputs on the verification feeds and, asked for, every float tensor's range in the same run;
+    where ONNX Runtime cannot run the graph with the reductions, its outputs alone (the ranges measured later)."""
+    if ranges:
+        try:
+            return outputs_and_ranges(path, feeds)
+        except Exception as err:  # onnxruntime's own exception types: the plain run says what is wrong, if anything
+            logger.info("verification: ranges not measured with the outputs: %s", first_line(err)[:200])
+    return run_onnx(path, feeds), None
 
 
 def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecord:

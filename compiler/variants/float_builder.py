@@ -143,7 +143,9 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
         if recipe.floats in (FP16, BF16):
             reporter.stage(f"building the {recipe.floats.name} variant")
             feeds, reference_outputs = fused.verification_inputs(config)
-            out_of_range = out_of_range_activations(fused.path, feeds) if recipe.floats is FP16 else {}
+            out_of_range = {}
+            if recipe.floats is FP16:  # from verification's run where it measured the ranges
+                out_of_range = out_of_range_activations(fused.path, feeds, measured=fused.ranges)
             try:
                 told = functools.partial(job.written, recipe.floats.name, list(targets)) if job.written else None
                 engines_only = all(get_target(target).builders for target in targets)

@@ -14,13 +14,9 @@ from onnx.reference import ReferenceEvaluator
 
 from tensorsmith.compiler.engines.builder import build_engine
 from tensorsmith.compiler.engines.profiles import Profile
-from tensorsmith.compiler.variants.fp16_range import (
-    ACTIVATION_LIMIT,
-    TensorRange,
-    out_of_range_activations,
-    tensor_ranges,
-)
+from tensorsmith.compiler.variants.fp16_range import ACTIVATION_LIMIT, magnitude, out_of_range_activations
 from tensorsmith.core.metrics import mean_cosine
+from tensorsmith.core.tensor_ranges import TensorRange, outputs_and_ranges, tensor_ranges
 from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, ConvertToHalf
 from tensorsmith.passes.half_float import FP16_FLOAT, FP16_MAX, largest_outside
 from tests.conftest import max_relative_error
@@ -203,6 +199,10 @@ def test_a_normal_block_keeps_nothing_in_fp32_for_range(exported: onnx.ModelProt
     mask[1, 3:] = 0
     feeds = {"x": np.random.default_rng(0).standard_normal((3, 5, 16)).astype(np.float32), "mask": mask}
     ranges = tensor_ranges(tmp_path / "block.onnx", feeds)
+    outputs, same = outputs_and_ranges(tmp_path / "block.onnx", feeds)  # verification's run measures them too
+    assert same == ranges and len(outputs) == len(exported.graph.output)
+    for expected, actual in zip(run_onnx(exported, feeds), outputs, strict=True):
+        np.testing.assert_array_equal(actual, expected)
     assert min(tensor.low for tensor in ranges) < -1e38  # the mask is measured, and left out
     assert out_of_range_activations(tmp_path / "block.onnx", feeds) == {}
     _, (report,) = apply(exported, [ConvertToFp16(out_of_range={})])
@@ -227,7 +227,7 @@ def test_largest_outside(values: list[float], expected: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("low", "high", "magnitude"),
+    ("low", "high", "expected"),
     [
         (-3.0, 2.0, 3.0),
         (-np.finfo(np.float32).max, 5e4, 5e4),  # scores plus finfo(float32).min: a mask, not a range
@@ -237,5 +237,5 @@ def test_largest_outside(values: list[float], expected: float) -> None:
         (-np.inf, np.nan, 0.0),
     ],
 )
-def test_tensor_range_magnitude(low: float, high: float, magnitude: float) -> None:
-    assert TensorRange("t", low, high).magnitude == pytest.approx(magnitude)
+def test_tensor_range_magnitude(low: float, high: float, expected: float) -> None:
+    assert magnitude(TensorRange("t", low, high)) == pytest.approx(expected)
