@@ -129,6 +129,26 @@ def test_an_fp16_variants_widened_twin_keeps_its_weights_in_16_bits(saved: Path)
     assert not twin.exists() and twin_of(variant) is None and variant.is_file()
 
 
+def test_a_tied_projection_is_widened_from_its_16_bit_table(saved: Path) -> None:
+    """An engines-only fp16 variant reads its tied table through a Transpose (passes/tied_projection.py): the twin
+    casts the table just before the projection and transposes it, which ONNX Runtime fuses into the MatMul, so no
+    fp32 copy of the table (nor a transposed fp16 one) is made when the session opens."""
+    from tensorsmith.passes.tied_projection import TiedProjection
+
+    variant = saved.parent / "fp16.onnx"
+    rewrite_file(saved, [ConvertToFp16(), TiedProjection()], variant)
+    structure = onnx.load(str(variant), load_external_data=False)
+    assert any(node.op_type == "Transpose" and node.input[0].startswith("table") for node in structure.graph.node)
+    ids = np.random.default_rng(3).integers(0, VOCABULARY, (2, 5))
+    expected = run(variant, ids)
+    twin = write_widened_twin(variant)
+    assert twin is not None and widened_by_onnxruntime(twin) == 0
+    matmuls = [node for node in onnx.load(str(twin), load_external_data=False).graph.node if node.op_type == "MatMul"]
+    assert len(matmuls) == 4 and all(name.endswith("/widened") for node in matmuls for name in node.input)
+    np.testing.assert_allclose(run(variant, ids), expected, rtol=2e-2, atol=2e-2)
+    drop_twin(variant)
+
+
 def test_a_large_matmul_weight_is_cast_a_slice_of_columns_at_a_time(
     saved: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
