@@ -131,19 +131,6 @@ def write_twin(path: Path) -> Path | None:
     return twin
 
 
-def _transposed_weights(graph: onnx.GraphProto, weights: dict[str, onnx.TensorProto]) -> dict[str, str]:
-    """The outputs of 2-D Transposes of `weights` (a tied vocabulary projection's table: passes/tied_projection.py)
-    → the weight each transposes."""
-    found = {}
-    for node in graph.node:
-        if node.op_type != "Transpose" or not node.input or node.input[0] not in weights:
-            continue
-        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
-        if len(weights[node.input[0]].dims) == 2 and perm == [1, 0]:
-            found[node.output[0]] = node.input[0]
-    return found
-
-
 def write_widened_twin(path: Path) -> Path | None:
     """Write the twin of the fp16 graph saved at `path` whose MatMuls read their fp16 weights through Casts and
     compute in fp32, beside the graph (it reads the graph's own data file), and remember it for twin_of; None (and
@@ -152,7 +139,7 @@ def write_widened_twin(path: Path) -> Path | None:
     structure = onnx.load(str(path), load_external_data=False)
     graph = structure.graph
     weights = {tensor.name: tensor for tensor in graph.initializer if tensor.data_type == onnx.TensorProto.FLOAT16}
-    transposed = _transposed_weights(graph, weights)  # a tied projection's table, read through a Transpose
+    transposed = twin_nodes.transposed_weights(graph, weights)  # a tied projection's table, through a Transpose
     readable = weights.keys() | transposed.keys()
     widened = [node for node in graph.node if node.op_type == "MatMul" and len(node.input) == 2
                and node.input[1] in readable and node.input[0] not in weights]  # fmt: skip
@@ -172,23 +159,17 @@ def write_widened_twin(path: Path) -> Path | None:
         if source not in cast_once:
             cast_once[source] = f"{source}/widened"
             nodes.append(_cast(source, cast_once[source]))
-        if weight not in cast_once and weight in transposed:  # the table cast, then transposed: ONNX Runtime fuses
-            table = transposed[weight]  # the Transpose into its MatMul (FusedMatMul, transB), holding no copy
+        if weight not in cast_once and weight in transposed:
             cast_once[weight] = f"{weight}/widened"
-            nodes += [*_cast_after(weights[table], f"{table}/widened", source),
-                      onnx.helper.make_node("Transpose", [f"{table}/widened"], [cast_once[weight]],
-                                            name=f"{weight}/widened", perm=[1, 0])]  # fmt: skip
+            nodes += twin_nodes.widened_transpose(weights[transposed[weight]], cast_once[weight], source)
         elif weight not in cast_once:
             cast_once[weight] = f"{weight}/widened"
             nodes += _cast_after(weights[weight], cast_once[weight], source)
         nodes.append(onnx.helper.make_node("MatMul", [cast_once[source], cast_once[weight]], [f"{output}/widened"],
                                            name=node.name))  # fmt: skip
         nodes.append(_cast(f"{output}/widened", output, onnx.TensorProto.FLOAT16))
-    read_now = {name for node in nodes for name in node.input} | {output.name for output in graph.output}
-    nodes = [node for node in nodes if not (node.op_type == "Transpose" and node.output[0] in transposed
-                                            and node.output[0] not in read_now)]  # fmt: skip
     del graph.node[:]
-    graph.node.extend(nodes)
+    graph.node.extend(twin_nodes.unread_dropped(nodes, set(transposed), {output.name for output in graph.output}))
     twin = path.parent / f".{path.stem}.widened-twin{path.suffix}"
     twin.write_bytes(structure.SerializeToString())
     _TWINS[str(path.resolve())] = _Written(twin, _signature(path))

@@ -1,5 +1,6 @@
 """The nodes the twins (core/narrow_twin.py) are written with: Casts tied to run just before the node that reads
-their weight, and a large MatMul cut into slices of its weight's columns."""
+their weight, a large MatMul cut into slices of its weight's columns, and a tied projection's table widened then
+transposed."""
 
 from __future__ import annotations
 
@@ -58,6 +59,33 @@ def cast_after(weight: onnx.TensorProto, output: str, after: str) -> list[onnx.N
         onnx.helper.make_node("Reshape", [weight.name, f"{base}/shape"], [f"{base}/tied"], name=f"{base}/tied"),
         cast(f"{base}/tied", output),
     ]
+
+
+def transposed_weights(graph: onnx.GraphProto, weights: dict[str, onnx.TensorProto]) -> dict[str, str]:
+    """The outputs of 2-D Transposes of `weights` (a tied vocabulary projection's table: passes/tied_projection.py)
+    → the weight each transposes."""
+    found = {}
+    for node in graph.node:
+        if node.op_type != "Transpose" or not node.input or node.input[0] not in weights:
+            continue
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+        if len(weights[node.input[0]].dims) == 2 and perm == [1, 0]:
+            found[node.output[0]] = node.input[0]
+    return found
+
+
+def widened_transpose(table: onnx.TensorProto, output: str, after: str) -> list[onnx.NodeProto]:
+    """The 16-bit `table` cast to float just before the value `after` is read (cast_after), then transposed as
+    `output`: ONNX Runtime fuses that Transpose into the MatMul reading it (FusedMatMul, transB), holding no copy."""
+    widened = f"{table.name}/widened"
+    return [*cast_after(table, widened, after),
+            onnx.helper.make_node("Transpose", [widened], [output], name=output, perm=[1, 0])]  # fmt: skip
+
+
+def unread_dropped(nodes: list[onnx.NodeProto], droppable: set[str], outputs: set[str]) -> list[onnx.NodeProto]:
+    """`nodes` without those whose one output is in `droppable` and read by no node nor graph output."""
+    read = {name for node in nodes for name in node.input} | outputs
+    return [node for node in nodes if not (node.output and node.output[0] in droppable and node.output[0] not in read)]
 
 
 def _tied(value: str, after: str, output: str) -> list[onnx.NodeProto]:

@@ -22,13 +22,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from tensorsmith.compiler.config import BuildConfig
 from tensorsmith.compiler.engines.engine_cache import cache_key, configured_cache
 from tensorsmith.compiler.engines.isolated import run_isolated
 from tensorsmith.compiler.engines.mapped_parse import parsed_network
 from tensorsmith.compiler.engines.plan_stream import build_to_stream
-from tensorsmith.compiler.engines.profiles import Profile, as_profiles
+from tensorsmith.compiler.engines.profile import Profile, as_profiles
 from tensorsmith.compiler.engines.timing_cache import TimingCache
+from tensorsmith.compiler.settings import BuildConfig
 from tensorsmith.compiler.targets import Builder, get_target
 from tensorsmith.core.errors import BuildError
 from tensorsmith.core.files import current_umask, replace_file

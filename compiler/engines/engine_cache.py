@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from tensorsmith.compiler.config import BuildConfig
-from tensorsmith.compiler.engines.profiles import Profile
+from tensorsmith.compiler.engines.profile import Profile
+from tensorsmith.compiler.settings import BuildConfig
 
 logger = logging.getLogger(__name__)
 

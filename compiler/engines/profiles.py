@@ -3,29 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from tensorsmith.compiler.config import BATCH_DIM, DEFAULT_MAX_SIZE, DimRange
+from tensorsmith.compiler.engines.profile import Profile, Shapes
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.passes.static_cache import CACHE_DIM
 from tensorsmith.runtime.manifest import TensorRecord
-
-Shapes = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-
-
-@dataclass
-class Profile:
-    """One optimization profile: (min, opt, max) shapes per input; a decoder's have names (prefill, decode)."""
-
-    shapes: dict[str, Shapes]
-    name: str = ""
-
-    def as_record(self) -> dict[str, object]:
-        return {name: {"min": s[0], "opt": s[1], "max": s[2]} for name, s in self.shapes.items()}
-
-
-def as_profiles(profiles: Profile | Sequence[Profile]) -> list[Profile]:
-    return [profiles] if isinstance(profiles, Profile) else list(profiles)
 
 
 def decoder_profiles(inputs: Sequence[TensorRecord], dims: Mapping[str, DimRange], target: str) -> list[Profile]:

@@ -34,7 +34,7 @@ from tensorsmith.runtime.manifest import (
 
 if TYPE_CHECKING:
     from tensorsmith.compiler.engines.builder import BuiltEngine
-    from tensorsmith.compiler.engines.profiles import Profile
+    from tensorsmith.compiler.engines.profile import Profile
 
 logger = logging.getLogger(__name__)
 
