@@ -132,7 +132,12 @@ def test_two_compiles_into_one_out_one_wins_the_other_fails_clearly(
     for line in first.stderr:  # the first holds the lock once it logs its first stage
         if "exporting" in line:
             break
-    second = subprocess.run(compile_command(new_source, out), capture_output=True, text=True)
+    # paused while the second runs: a tiny compile can otherwise finish before the second's imports reach the lock
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(compile_command(new_source, out), capture_output=True, text=True)
+    finally:
+        first.send_signal(signal.SIGCONT)
     first.communicate()
     assert first.returncode == 0
     assert second.returncode == 1
