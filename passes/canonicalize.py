@@ -24,13 +24,14 @@ import onnx_ir as ir
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.core.importing import first_line
-from tensorsmith.core.ir import DEAD_AT_MOST, INLINE_BELOW, SUBGRAPH_ATTRIBUTES, save_ir
+from tensorsmith.core.ir import DEAD_AT_MOST, SUBGRAPH_ATTRIBUTES, save_ir
 from tensorsmith.core.library_logs import route_polygraphy_logs
 from tensorsmith.passes.base import PassReport
 from tensorsmith.runtime.manifest import external_data_path
 
 logger = logging.getLogger(__name__)
 FOLD_ANY_SIZE = 2**62
+MADE_INSIDE_AT_MOST = 64 << 20  # bytes of folded constants the structure holds when canonicalize keeps the weights
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -112,19 +113,22 @@ def _release(model: ir.Model) -> None:
 
 def _weights_kept(model: ir.Model, owned: Path, path: Path) -> onnx.ModelProto | None:
     """`model` saved at `path` over the weights file it reads, moved there from the directory `owned`, where every
-    weight it holds is one of that file's and the file is nearly all read (core/ir.py's DEAD_AT_MOST); the structure
-    written. None: the model has to be written whole."""
+    weight it holds is one of that file's or a small constant canonicalize folded (held in the structure, at most
+    MADE_INSIDE_AT_MOST in all), and the file is nearly all read (core/ir.py's DEAD_AT_MOST); the structure written.
+    None: the model has to be written whole."""
     files: set[Path] = set()
-    read = 0
+    read = made = 0
     for graph in model.graphs():
         for value in graph.initializers.values():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor) and graph is model.graph:
                 files.add(Path(tensor.path).resolve())
                 read += tensor.length if tensor.length is not None else tensor.nbytes
-            elif tensor is not None and (isinstance(tensor, ir.ExternalTensor) or tensor.nbytes >= INLINE_BELOW):
-                return None  # a weight canonicalize made (or one in a subgraph): written whole
-    if len(files) != 1:
+            elif isinstance(tensor, ir.ExternalTensor):
+                return None  # a subgraph's weight: written whole
+            elif tensor is not None:
+                made += tensor.nbytes  # a constant canonicalize folded (a rotary table, say): inside the structure
+    if len(files) != 1 or made > MADE_INSIDE_AT_MOST:
         return None
     (weights,) = files
     if weights.parent != owned.resolve() or read < weights.stat().st_size * (1 - DEAD_AT_MOST):
