@@ -7,16 +7,27 @@ import weakref
 
 import numpy as np
 
-from tensorsmith.runtime.generation import log_softmax
-
 
 def _token_log_likelihoods(tokens: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    """log p(next token) at every position but the last, [rows, length - 1]; a row at a time, so the float64
-    log-softmax never holds more than one row's [length, vocab]."""
-    return np.stack([
-        np.take_along_axis(log_softmax(row_logits[:-1]), row_tokens[1:, None], axis=-1)[:, 0]
-        for row_tokens, row_logits in zip(tokens, logits, strict=True)
-    ])  # fmt: skip
+    """log p(next token) at every position but the last, [rows, length - 1], a row at a time: the logit of the next
+    token less the log-sum-exp of its position, exponentials in float32 (shifted by the position's max, so they
+    are in [0, 1]) summed in float64. A float64 log-softmax of every logit took 1 s a variant at SmolLM-135M's
+    vocabulary for the same figures (the sums agree to 1e-7)."""
+    rows = []
+    for row_tokens, row_logits in zip(tokens, logits, strict=True):
+        scores = np.asarray(row_logits[:-1], dtype=np.float32)  # contiguous: one window's positions
+        peak = scores.max(axis=-1, keepdims=True)
+        total = np.exp(scores - peak).sum(axis=-1, dtype=np.float64)
+        chosen = np.take_along_axis(scores, row_tokens[1:, None], axis=-1)[:, 0]
+        rows.append((chosen - peak[:, 0]).astype(np.float64) - np.log(total))
+    return np.stack(rows)
+
+
+def _most_likely(logits: np.ndarray) -> np.ndarray:
+    """The most likely next token at every position but the last, [rows, length - 1]: a row at a time, as numpy's
+    argmax over the strided view logits[:, :-1] copied it element by element (3.5 s for 16 windows of 128 tokens
+    at SmolLM-135M's vocabulary, against 0.04 s a row at a time)."""
+    return np.stack([row[:-1].argmax(-1) for row in logits]) if len(logits) else np.zeros((0, logits.shape[1] - 1), np.int64)
 
 
 class TokenFigures:
@@ -34,7 +45,7 @@ class TokenFigures:
         """The logits of the next rows of the windows."""
         rows = self.tokens[self.rows : self.rows + len(logits)]
         self.log_likelihood += float(_token_log_likelihoods(rows, logits).sum(dtype=np.float64))
-        self._predicted.append(logits[:, :-1].argmax(-1))
+        self._predicted.append(_most_likely(logits))
         self.rows += len(logits)
 
     @property

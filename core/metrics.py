@@ -22,17 +22,22 @@ from tensorsmith.core.language import language_model_metrics
 Outputs = Sequence[np.ndarray]
 
 
-# Elements compared at once in float64 (32 MB): a decoder's evaluation outputs (logits for every position) are
+# Elements compared at once (16 MB in float32): a decoder's evaluation outputs (logits for every position) are
 # hundreds of MB, and each float64 copy of the whole put 1 GB more on the INT4 variants' peak at SmolLM-135M.
 CHUNK_ELEMENTS = 1 << 22
 
 
 def _sample_chunks(reference: np.ndarray, actual: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Both arrays as [samples, elements] (axis 0 is the sample), in float64, a few whole samples at a time."""
+    """Both arrays as [samples, elements] (axis 0 is the sample), in float32 (or float64 where given so), a few
+    whole samples at a time."""
     r, a = _per_sample(reference), _per_sample(actual)
     step = max(1, CHUNK_ELEMENTS // max(1, r.shape[1]))
     for start in range(0, len(r), step):
-        yield r[start : start + step].astype(np.float64), a[start : start + step].astype(np.float64)
+        yield _real(r[start : start + step]), _real(a[start : start + step])
+
+
+def _real(array: np.ndarray) -> np.ndarray:
+    return array if array.dtype in (np.float32, np.float64) else array.astype(np.float32)
 
 
 def _per_sample(array: np.ndarray) -> np.ndarray:
@@ -57,6 +62,11 @@ def relative_error(reference: np.ndarray, actual: np.ndarray) -> float:
 def mean_cosine(reference: np.ndarray, actual: np.ndarray) -> float:
     """Mean over samples (axis 0) of the cosine between each sample's flattened outputs."""
     return float(np.mean(sample_cosines(reference, actual)))
+
+
+def _largest_magnitude(array: np.ndarray) -> float:
+    """max |x| without the |x| copy (NaN if any element is)."""
+    return _worst(-float(array.min()), float(array.max()))
 
 
 def _worst(*values: float) -> float:
@@ -104,15 +114,20 @@ class RunningAccuracy:
         """The next samples (axis 0) of every output, in order."""
         for index, (ref, act) in enumerate(zip(reference, actual, strict=True)):
             for r, a in _sample_chunks(ref, act):
-                norms = np.linalg.norm(r, axis=1) * np.linalg.norm(a, axis=1)
-                cosines = np.einsum("ij,ij->i", r, a) / np.where(norms == 0, 1.0, norms)
+                # per sample: |r|², |a|² and |a - r|², products summed in float64 without a float64 copy (4.7x
+                # faster than the copies at SmolLM-135M's logits); the cosine from them as 1 - (|d|² - (|a| -
+                # |r|)²) / 2|r||a|, exact algebra that keeps a cosine near 1 as precise as |d|² is
+                difference = a - r
+                signal, power, noise = (np.einsum("ij,ij->i", x, x, dtype=np.float64) for x in (r, a, difference))
+                norms = np.sqrt(signal * power)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    cosines = 1.0 - (noise - (np.sqrt(power) - np.sqrt(signal)) ** 2) / (2.0 * norms)
                 self._cosines[index].append(np.where(norms == 0, 1.0, cosines))  # a NaN sample's cosine stays NaN
                 if r.size:
-                    error = np.abs(a - r)
-                    self._signal[index] += float(np.sum(r**2))
-                    self._noise[index] += float(np.sum(error**2))
-                    self._scale[index] = _worst(self._scale[index], float(np.max(np.abs(r))))
-                    self._difference[index] = _worst(self._difference[index], float(np.max(error)))
+                    self._signal[index] += float(np.sum(signal))
+                    self._noise[index] += float(np.sum(noise))
+                    self._scale[index] = _worst(self._scale[index], _largest_magnitude(r))
+                    self._difference[index] = _worst(self._difference[index], _largest_magnitude(difference))
 
     def cosines(self, index: int) -> np.ndarray:
         """Output `index`'s cosine per sample so far."""
