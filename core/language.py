@@ -27,7 +27,9 @@ def _most_likely(logits: np.ndarray) -> np.ndarray:
     """The most likely next token at every position but the last, [rows, length - 1]: a row at a time, as numpy's
     argmax over the strided view logits[:, :-1] copied it element by element (3.5 s for 16 windows of 128 tokens
     at SmolLM-135M's vocabulary, against 0.04 s a row at a time)."""
-    return np.stack([row[:-1].argmax(-1) for row in logits]) if len(logits) else np.zeros((0, logits.shape[1] - 1), np.int64)
+    if not len(logits):
+        return np.zeros((0, logits.shape[1] - 1), np.int64)
+    return np.stack([row[:-1].argmax(-1) for row in logits])
 
 
 class TokenFigures:
