@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 # The CPU wheel of torch. Unpinned, pip would pull a CUDA build of several GB.
 TORCH := torch==2.13.0
 EXTRAS := torch,cpu,rtx,hf,samples,ray,openvino,dev
+# numpy's huge-page advice stalls large first touches in the kernel's compaction here (cli/__init__.py): off for
+# every command below, the tests' workers included
+export NUMPY_MADVISE_HUGEPAGE := 0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tests/corpus.txt | cksum | cut -d' ' -f1)
 
 .PHONY: install samples demo test lint browser clean
