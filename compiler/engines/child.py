@@ -1,12 +1,17 @@
 """The child process of compiler/engines/isolated.py: unpickle (function, args), call it, pickle the answer.
 
-python -m tensorsmith.compiler.engines.child REQUEST ANSWER LOG_LEVEL
+python -m tensorsmith.compiler.engines.child REQUEST ANSWER LOG_LEVEL NATIVE_OUTPUT
+
+TensorRT for RTX prints some warnings itself, on the process's stdout and stderr, past its logger ("in op
+node_clamp_min, operand ... payload type requires precision-lose casting"). The child's file descriptors 1 and 2
+go to NATIVE_OUTPUT, which the parent logs (shown with -v); the child's own log records keep the real stderr.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import pickle
 import signal
 import sys
@@ -19,10 +24,14 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
 
 
-def main(request: Path, answer: Path, level: int) -> None:
+def main(request: Path, answer: Path, level: int, native: Path) -> None:
     if sys.platform.startswith("linux"):  # end with the compile, even when it is killed (SIGKILL skips cleanup)
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=os.fdopen(os.dup(2), "w", buffering=1))
+    output = os.open(native, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for descriptor in (1, 2):
+        os.dup2(output, descriptor)
+    os.close(output)
     function, args = pickle.loads(request.read_bytes())
     try:
         result: tuple[str, Any] = ("ok", function(*args))
@@ -37,4 +46,4 @@ def main(request: Path, answer: Path, level: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))

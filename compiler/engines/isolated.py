@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from tensorsmith.core.errors import BuildError
 
+logger = logging.getLogger(__name__)
 Result = TypeVar("Result")
 CHILD = "tensorsmith.compiler.engines.child"  # its own module: `-m` of a module the package imports warns
 
@@ -32,11 +33,13 @@ def run_isolated(function: Callable[..., Result], args: tuple[Any, ...], what: s
     the caller's main script, which breaks any script that calls compile() without an `if __name__` guard."""
     with tempfile.TemporaryDirectory(prefix="tensorsmith-build-") as scratch:
         request, answer = Path(scratch) / "request.pickle", Path(scratch) / "answer.pickle"
+        native = Path(scratch) / "native-output.txt"  # what TensorRT prints itself, past its logger
         # our own objects, between our own processes: the pickle never crosses a trust boundary
         request.write_bytes(pickle.dumps((function, args)))
         level = str(logging.getLogger("tensorsmith").getEffectiveLevel())
-        command = [sys.executable, "-m", CHILD, str(request), str(answer), level]
+        command = [sys.executable, "-m", CHILD, str(request), str(answer), level, str(native)]
         code = subprocess.run(command, stdin=subprocess.DEVNULL, check=False).returncode
+        _log_native_output(native, what)
         try:
             status, payload = pickle.loads(answer.read_bytes())
         except (OSError, EOFError, pickle.UnpicklingError) as err:
@@ -49,3 +52,14 @@ def run_isolated(function: Callable[..., Result], args: tuple[Any, ...], what: s
         message, hint = payload
         raise BuildError(message, hint=hint)
     return payload
+
+
+def _log_native_output(path: Path, what: str) -> None:
+    """The lines the child's libraries printed, logged (seen with -v): never raw on the user's console."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return
+    for line in lines:
+        if line.strip():
+            logger.info("%s: %s", what, line.strip())
