@@ -10,6 +10,7 @@ where each fresh page of the page cache costs system time, the bytes not written
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -65,3 +66,12 @@ def _gaps(used: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
 def _minus(hole: tuple[int, int], taken: tuple[int, int]) -> list[tuple[int, int]]:
     parts = [(hole[0], min(hole[1], taken[0])), (max(hole[0], taken[1]), hole[1])]
     return [(start, stop) for start, stop in parts if stop > start]
+
+
+def nearly_all_read(files: set[Path], read: int, unread_at_most: float) -> Path | None:
+    """The one file a graph's stored weights are all read from, where they read all of it but `unread_at_most`
+    (a fraction): a file a new graph may keep, or share, as it is. None for several files, or too much unread."""
+    if len(files) != 1:
+        return None
+    (only,) = files
+    return only if read >= only.stat().st_size * (1 - unread_at_most) else None

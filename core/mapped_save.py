@@ -14,7 +14,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from tensorsmith.core import ir
-from tensorsmith.core.file_layout import plan_layout
+from tensorsmith.core.file_layout import nearly_all_read, plan_layout
 from tensorsmith.core.mapped_graph import (
     INLINE_BELOW,
     PACKED,
@@ -109,10 +109,8 @@ def _share_weights(constants: list[gs.Constant], sidecar: Path) -> None:
             read += values.length
         elif values.nbytes >= INLINE_BELOW:
             return
-    if len(files) != 1:
-        return
-    (shared,) = files
-    if read < shared.stat().st_size * (1 - ir.DEAD_AT_MOST):
+    shared = nearly_all_read(files, read, ir.DEAD_AT_MOST)
+    if shared is None:
         return
     try:
         os.link(shared, sidecar)

@@ -23,6 +23,7 @@ import onnx_graphsurgeon as gs
 import onnx_ir as ir
 
 from tensorsmith.core.errors import PassError
+from tensorsmith.core.file_layout import nearly_all_read
 from tensorsmith.core.importing import first_line
 from tensorsmith.core.ir import DEAD_AT_MOST, SUBGRAPH_ATTRIBUTES, save_ir
 from tensorsmith.core.library_logs import route_polygraphy_logs
@@ -128,10 +129,8 @@ def _weights_kept(model: ir.Model, owned: Path, path: Path) -> onnx.ModelProto |
                 return None  # a subgraph's weight: written whole
             elif tensor is not None:
                 made += tensor.nbytes  # a constant canonicalize folded (a rotary table, say): inside the structure
-    if len(files) != 1 or made > MADE_INSIDE_AT_MOST:
-        return None
-    (weights,) = files
-    if weights.parent != owned.resolve() or read < weights.stat().st_size * (1 - DEAD_AT_MOST):
+    weights = nearly_all_read(files, read, DEAD_AT_MOST)
+    if weights is None or made > MADE_INSIDE_AT_MOST or weights.parent != owned.resolve():
         return None
     sidecar = external_data_path(path)
     structure = ir.to_proto(model)
