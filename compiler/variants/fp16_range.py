@@ -60,4 +60,5 @@ def out_of_range_activations(
         except Exception as err:  # onnxruntime's own exception types
             logger.warning("fp16: activations not checked against fp16's range: %s", onnxruntime_reason(err))
             return {}
-    return {tensor.name: magnitude(tensor) for tensor in measured if magnitude(tensor) > limit}
+    magnitudes = {tensor.name: magnitude(tensor) for tensor in measured}
+    return {name: value for name, value in magnitudes.items() if value > limit}
