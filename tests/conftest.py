@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,10 +91,27 @@ def disable_optimizers_for_cpu(artifact: Path, optimizers: list[str]) -> None:
     (artifact / "manifest.json").write_text(json.dumps(manifest))
 
 
-# Artifacts that several test files read, compiled once per test session (per worker under pytest-xdist): the
-# expensive compiles are shared, never repeated file by file. Tests must not write into them.
+# Artifacts that several test files read, compiled once per test session, whichever pytest-xdist worker asks
+# first (the other waits for it, then reads the same directory): the expensive compiles are shared, never repeated
+# file by file or worker by worker. Tests must not write into them.
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 MINILM_INT8_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_120"]
+
+
+def compiled_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """`name`'s artifact directory, made by `make(out)` by the first worker of this session to ask for it."""
+    root = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's directory, above each worker's own
+    out, done = root / "compiled-once" / name, root / "compiled-once" / f"{name}.done"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (root / "compiled-once" / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, by the worker that made it or failed
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a failed attempt's
+            make(out)
+            done.touch()
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -99,9 +119,8 @@ def tinylm_cpu_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """samples/tinylm's checkpoint compiled for the cpu target, fp32 (its defaults, no evaluation text)."""
     from tensorsmith.compiler import CompileConfig, compile
 
-    out = tmp_path_factory.mktemp("tinylm-cpu") / "out"
-    compile(CompileConfig.create({"source": str(SAMPLES / "tinylm" / "checkpoint"), "targets": ["cpu"]}), out)
-    return out
+    config = CompileConfig.create({"source": str(SAMPLES / "tinylm" / "checkpoint"), "targets": ["cpu"]})
+    return compiled_once(tmp_path_factory, "tinylm-cpu", lambda out: compile(config, out))
 
 
 @pytest.fixture(scope="session")
@@ -109,10 +128,9 @@ def tinylm_dynamic_cache_artifact(tmp_path_factory: pytest.TempPathFactory) -> P
     """samples/tinylm for the cpu target with `kv_cache = "dynamic"`: Optimum's and GenAI's growing cache."""
     from tensorsmith.compiler import CompileConfig, compile
 
-    out = tmp_path_factory.mktemp("tinylm-dynamic") / "out"
     source = str(SAMPLES / "tinylm" / "checkpoint")
-    compile(CompileConfig.create({"source": source, "targets": ["cpu"], "generation": {"kv_cache": "dynamic"}}), out)
-    return out
+    config = CompileConfig.create({"source": source, "targets": ["cpu"], "generation": {"kv_cache": "dynamic"}})
+    return compiled_once(tmp_path_factory, "tinylm-dynamic", lambda out: compile(config, out))
 
 
 @pytest.fixture(scope="session")
@@ -122,10 +140,8 @@ def minilm_int8_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     prepare.prepare("minilm")
     minilm = SAMPLES / "minilm"
-    out = tmp_path_factory.mktemp("minilm-int8") / "int8"
     targets = [arg for target in ["cpu", *MINILM_INT8_TARGETS] for arg in ("--target", target)]
-    run_cli_json(
+    return compiled_once(tmp_path_factory, "minilm-int8", lambda out: run_cli_json(
         "compile", minilm / "tensorsmith.toml", "-o", out, "--precision", "int8",
         "--calibration", minilm / "calibration.npz", "--eval-data", minilm / "evaluation.npz", *targets,
-    )  # fmt: skip
-    return out
+    ))  # fmt: skip

@@ -17,7 +17,7 @@ from tensorsmith.runtime.loader import Model
 from tensorsmith.runtime.manifest import Manifest, read_manifest
 from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
 from tensorsmith.samples import prepare
-from tests.conftest import run_cli_json, small_mlp_onnx
+from tests.conftest import small_mlp_onnx
 
 needs_openvino = pytest.mark.skipif(openvino_unavailable() is not None, reason=str(openvino_unavailable()))
 MINILM = prepare.SAMPLES / "minilm"
@@ -153,17 +153,9 @@ def test_a_file_openvino_cannot_read_is_one_line_naming_it(tmp_path: Path) -> No
     assert "\n" not in str(raised.value) and "Exception from src/" not in str(raised.value)
 
 
-@pytest.fixture(scope="module")
-def minilm_int8(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """For the cpu only: the session's MiniLM int8 artifact (tests/conftest.py) also builds four engines, and
-    under pytest-xdist this file may run on the other worker, which would compile it a second time."""
-    prepare.prepare("minilm")
-    out = tmp_path_factory.mktemp("minilm-openvino") / "int8"
-    run_cli_json(
-        "compile", MINILM / "tensorsmith.toml", "-o", out, "--precision", "int8",
-        "--calibration", MINILM / "calibration.npz", "--target", "cpu",
-    )  # fmt: skip
-    return out
+@pytest.fixture
+def minilm_int8(minilm_int8_artifact: Path) -> Path:
+    return minilm_int8_artifact  # the session's, compiled once whichever worker asks first (tests/conftest.py)
 
 
 def held_out() -> dict[str, np.ndarray]:
