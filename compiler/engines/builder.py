@@ -8,15 +8,13 @@ from builder flags. Both modules are imported lazily, here only.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import logging
 import os
-import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -94,25 +92,6 @@ def _logger(trt: ModuleType, messages: list[tuple[Any, str]]) -> Any:
                 logger.debug("TensorRT: %s", message)
 
     return ForwardingLogger()
-
-
-@contextlib.contextmanager
-def native_stdout_to_stderr() -> Iterator[None]:
-    """TensorRT for RTX prints some warnings from native code straight to file descriptor 1; send them to 2
-    while it works, so `--json` keeps stdout one JSON object."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no stdout at all
-        yield
-        return
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def build_engine(
@@ -196,9 +175,8 @@ def _build_to_file(
     builder: Builder, onnx_path: Path, target: str, profiles: list[Profile], options: BuildConfig, plan_path: Path
 ) -> BuiltEngine:
     """In the child: build, write the plan to `plan_path` (a pipe takes no large pickles), return the rest."""
-    trt = import_builder(builder)
-    with native_stdout_to_stderr():
-        return _build(trt, onnx_path, target, profiles, builder, options, plan_path)
+    trt = import_builder(builder)  # what it prints itself goes to a file the parent logs (engines/child.py)
+    return _build(trt, onnx_path, target, profiles, builder, options, plan_path)
 
 
 def _build(

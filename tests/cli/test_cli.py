@@ -217,14 +217,21 @@ def build_clamped() -> Clamped:
     return Clamped()
 
 
-def test_native_builder_output_never_reaches_stdout(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    """--json keeps stdout one JSON object even when the builder prints from native code."""
+def test_native_builder_output_is_logged_never_printed(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """--json keeps stdout one JSON object, and no raw native line reaches the console, even when the builder
+    prints from native code: the build's child process sends it to a file the compile logs, shown with -v."""
     source = "tests.cli.test_cli:build_clamped"
-    result = run_cli("compile", source, "--input", "x:float32:batch,8", "--target", "sm_75", "-o", tmp_path / "out")
-    assert result.exit_code == 0, result.stderr
+    args = ["compile", source, "--input", "x:float32:batch,8", "--target", "sm_75", "--json"]
+    quiet = run_cli(*args, "-o", tmp_path / "quiet")
+    assert quiet.exit_code == 0, quiet.stderr
+    json.loads(quiet.stdout)
     captured = capfd.readouterr()
-    assert "precision-lose casting" in captured.err  # the builder did warn, on stderr
-    assert "precision-lose casting" not in captured.out
+    assert "precision-lose casting" not in captured.out + captured.err + quiet.stdout + quiet.stderr
+    verbose = run_cli("-v", *args, "-o", tmp_path / "verbose")
+    assert verbose.exit_code == 0, verbose.stderr
+    json.loads(verbose.stdout)
+    (line,) = [line for line in verbose.stderr.splitlines() if "precision-lose casting" in line]
+    assert "INFO tensorsmith.compiler.engines.isolated: building fp16.onnx for sm_75: WARNING:" in line, line
 
 
 class WarnsWhileTraced(torch.nn.Module):
