@@ -65,7 +65,7 @@ class PrecisionSearch:
         return list(self.session.run(self.output_names, {**self.feeds, SWITCHES: switches}))
 
     def evaluate(self, quantized: set[str]) -> float:
-        """The budget's metric with exactly `quantized` layers quantized (all zeros give fp32 exactly)."""
+        """The budget's metric with exactly `quantized` layers quantized (all zeros: the float graph's values)."""
         self.evaluations += 1
         return self.budget.measure(self.reference, self._run(quantized))
 

@@ -13,11 +13,13 @@ Only standard ONNX ops; fp8 (float8e4m3fn) needs opset 19.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.errors import PassError
@@ -106,9 +108,10 @@ class InsertQDQ:
     """Quantize the inputs of `nodes` (names; None: every MatMul/Gemm/Conv) to `precision` with the given
     per-tensor activation scales. A node whose activation has no scale stays in float, with the reason.
 
-    `switched=True` builds the graph the precision search evaluates: node k's inputs become
-    `x + s[k] · (QDQ(x) − x)` with `s` a new graph input (SWITCHES, one float per node, in the order of
-    `nodes`), so a single ONNX Runtime session evaluates any subset of quantized nodes by feeding 0s and 1s."""
+    `switched=True` builds the graph the precision search evaluates: each input of node k becomes an If on s[k]
+    (`switched`), QDQ(x) where it is 1, x where it is 0, with `s` a new graph input (SWITCHES, one float per node,
+    in the order of `nodes`), so a single ONNX Runtime session evaluates any subset of quantized nodes by feeding
+    0s and 1s, running only the Q/DQ of the nodes switched on."""
 
     precision: Precision
     activation_scales: Mapping[str, float]
@@ -141,21 +144,27 @@ class InsertQDQ:
                 continue
             switch = self._switch(graph, switches, switch_index[node.name]) if switches is not None else None
             for tensor in activations:
-                if tensor.name not in dequantized:
-                    dequantized[tensor.name] = quantize_activation(
-                        graph, tensor, self.activation_scales[tensor.name], self.precision, tensor.name + self.suffix
-                    )
-                replacement = dequantized[tensor.name]
-                if switch is not None:
-                    replacement = blend(graph, tensor, replacement, switch)
+                scale, named = self.activation_scales[tensor.name], tensor.name + self.suffix
+                if switch is not None:  # this node's own Q/DQ, run only where its switch is on
+                    own = f"{named}/{node.name}"
+                    quantize = functools.partial(quantize_activation, tensor=tensor, scale=scale,
+                                                 precision=self.precision, name=own)  # fmt: skip
+                    replacement = switched(graph, tensor, switch, own, quantize)
+                else:
+                    if tensor.name not in dequantized:
+                        dequantized[tensor.name] = quantize_activation(graph, tensor, scale, self.precision, named)
+                    replacement = dequantized[tensor.name]
+                dequantized.setdefault(tensor.name, replacement)
                 node.inputs[node.inputs.index(tensor)] = replacement
             weight_index = 1
             weight = constant_value(node.inputs[weight_index]) if len(node.inputs) > 1 else None
             if weight is not None and weight.dtype in FLOAT_TYPES and weight.ndim >= 2:
                 original = node.inputs[weight_index]
-                replacement = self._quantize_weight(graph, node, weight)
                 if switch is not None:
-                    replacement = blend(graph, original, replacement, switch)
+                    quantize = functools.partial(self._quantize_weight, node=node, weight=weight)
+                    replacement = switched(graph, original, switch, f"{node.name}/weight", quantize)
+                else:
+                    replacement = self._quantize_weight(graph, node, weight)
                 node.inputs[weight_index] = replacement
                 quantized_weights += 1
             quantized_nodes += 1
@@ -201,6 +210,28 @@ class InsertQDQ:
         )
         dequantized.dtype = weight.dtype
         return dequantized
+
+
+def switched(
+    graph: gs.Graph, original: gs.Tensor, switch: gs.Tensor, name: str, quantize: Callable[[gs.Graph], gs.Variable]
+) -> gs.Variable:
+    """`quantize`'s value (its nodes built into the branch it is given) where `switch` is non-zero, `original`
+    where it is 0: an If, whose quantizing branch ONNX Runtime runs only when taken. Blending every node's quantized
+    value with its float one computed all of them in every run of a search, one switch on or all: on MiniLM a
+    sensitivity run took 0.20 s (int8) and 0.33 s (fp8) against about 0.08 for the float graph."""
+    quantizing = gs.Graph(opset=graph.opset, name=f"{name}/quantized_branch")
+    value = quantize(quantizing)
+    quantizing.outputs = [value]
+    keeping = gs.Graph(opset=graph.opset, name=f"{name}/float_branch")
+    (same,) = keeping.layer(op="Identity", name=f"{name}/float", inputs=[original], outputs=[f"{name}/float"])
+    same.dtype = value.dtype
+    keeping.outputs = [same]
+    (on,) = graph.layer(op="Cast", name=f"{name}/on", inputs=[switch], outputs=[f"{name}/on"],
+                        attrs={"to": onnx.TensorProto.BOOL})  # fmt: skip
+    (chosen,) = graph.layer(op="If", name=f"{name}/switched", inputs=[on], outputs=[f"{name}/switched"],
+                            attrs={"then_branch": quantizing, "else_branch": keeping})  # fmt: skip
+    chosen.dtype = value.dtype
+    return chosen
 
 
 def blend(graph: gs.Graph, original: gs.Tensor, quantized: gs.Tensor, switch: gs.Tensor) -> gs.Variable:

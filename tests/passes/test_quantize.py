@@ -130,3 +130,29 @@ def test_weight_quantization_is_symmetric_per_channel() -> None:
 
 def test_cache_scale_encoding() -> None:
     assert float32_hex(1 / 127) == "3c010204"  # REFERENCE.md §5
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_the_switched_graph_quantizes_exactly_the_nodes_switched_on(opset20: onnx.ModelProto, precision: str) -> None:
+    """The precision search's graph (calibration/search.py): each node's Q/DQ in an If that runs only where its
+    switch is on; all off gives the float graph's outputs, one on the graph with only that node quantized (to the
+    last bits: a MatMul whose weight an If gives is not prepacked, so its sums may round otherwise)."""
+    from tensorsmith.passes.quantize import SWITCHES, quantizable_nodes
+
+    table = calibrate(opset20, CalibrationData([{"images": IMAGES}], SPECS), "entropy")
+    scales = table.int8_scales() if precision == "int8" else table.fp8_scales()
+    names = [node.name for node in quantizable_nodes(gs.import_onnx(opset20))]
+    switched, (report,) = apply(opset20, [InsertQDQ(precision, scales, nodes=names, switched=True)])  # type: ignore[arg-type]
+    assert report.counts["nodes_quantized"] == 4 and report.counts["activations_quantized"] == 5
+    assert ops(switched)["If"] == 5 + 3  # one per quantized input: 5 activations, 3 weights
+    assert "QuantizeLinear" not in ops(switched)  # only inside the branches
+    (floats,) = run_onnx(opset20, {"images": IMAGES})
+    off = np.zeros(len(names), np.float32)
+    (unswitched,) = run_onnx(switched, {"images": IMAGES, SWITCHES: off})
+    np.testing.assert_allclose(unswitched, floats, rtol=1e-5, atol=1e-7)
+    for index, name in enumerate(names):
+        alone, _ = apply(opset20, [InsertQDQ(precision, scales, nodes=[name])])  # type: ignore[arg-type]
+        (expected,) = run_onnx(alone, {"images": IMAGES})
+        (actual,) = run_onnx(switched, {"images": IMAGES, SWITCHES: np.eye(len(names), dtype=np.float32)[index]})
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-7, err_msg=name)
+        assert np.max(np.abs(actual - floats)) > 1e-4 * np.max(np.abs(floats)), name  # quantized: it moved
