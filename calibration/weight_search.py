@@ -2,9 +2,10 @@
 weight-only, or int8 / fp8 with calibrated activations where the targets run them) or its float precision,
 chosen so that the budget holds and the weights take the fewest bytes (what decoding pays).
 
-One ONNX Runtime session over a *switched* graph evaluates any assignment: layer i's weight is
-W + Σ_l s_il·(W_l − W), with W_l the weight as level l computes it (AWQ's scales folded back in for int4), and
-its input x + Σ_l s_il·(QDQ_l(x) − x) for the levels that quantize activations; the switches are a graph input.
+One ONNX Runtime session over a *switched* graph evaluates any assignment: layer i's weight is W_l where its
+switch s_il is on (W_l the weight as level l computes it, AWQ's scales folded back in for int4; W where none is),
+and its input QDQ_l(x) for the levels that quantize activations (an If: the Q/DQ runs only when on); the
+switches are a graph input.
 Sensitivity: the metric with one layer moved. At one byte a weight, a layer takes the level that loses least
 (weight-only int8 on a tie). Moves (float → one byte, one byte → int4) are ordered by metric lost per byte
 saved; the longest prefix of moves whose assignment meets the budget is found by bisection. The compiler then
@@ -13,6 +14,7 @@ verifies the real variant.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from tensorsmith.core.budget_search import largest_prefix
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.core.sessions import session_for
-from tensorsmith.passes.quantize import blend, quantize_activation
+from tensorsmith.passes.quantize import quantize_activation, switched
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +97,6 @@ class WeightSearch:
         switches = gs.Variable(SWITCHES, dtype=np.float32, shape=[len(self.slots)])
         graph.inputs.append(switches)
         nodes = {node.name: node for node in graph.nodes}
-        quantized_inputs: dict[tuple[str, str], gs.Variable] = {}  # (tensor, precision) → QDQ(tensor), shared
 
         def switch(index: int) -> gs.Variable:
             (value,) = graph.layer(op="Gather", inputs=[switches, np.array(index, np.int64)], outputs=["switch"])
@@ -104,27 +105,42 @@ class WeightSearch:
 
         for name in self.layers:
             node, option = nodes[name], options[name]
-            original = np.asarray(node.inputs[1].values, np.float32)
-            weight, activation = node.inputs[1], node.inputs[0]
-            for level, values in option.weights.items():
-                on = switch(self.slots[name, level])
-                delta = gs.Constant(f"{name}/delta_{level}", (values - original).astype(np.float32))
-                (moved,) = graph.layer(op="Mul", inputs=[delta, on], outputs=[f"{name}/moved_{level}"])
-                (weight,) = graph.layer(op="Add", inputs=[weight, moved], outputs=[f"{name}/weight_{level}"])
-                moved.dtype = weight.dtype = np.float32
+            node.inputs[1] = self._chosen_weight(graph, switches, name, node.inputs[1], option)
+            activation = node.inputs[0]
+            for level in option.weights:
                 if level in WITH_ACTIVATIONS:
-                    key = (node.inputs[0].name, level)
-                    if key not in quantized_inputs:
-                        scale = option.activation_scales[level]
-                        quantized_inputs[key] = quantize_activation(
-                            graph, node.inputs[0], scale, level, f"{node.inputs[0].name}/{level}"
-                        )
-                    activation = blend(graph, activation, quantized_inputs[key], on)
-            node.inputs[0], node.inputs[1] = activation, weight
+                    own = f"{node.inputs[0].name}/{level}/{name}"
+                    scale = option.activation_scales[level]
+                    quantize = functools.partial(quantize_activation, tensor=node.inputs[0], scale=scale,
+                                                 precision=level, name=own)  # fmt: skip
+                    activation = switched(graph, activation, switch(self.slots[name, level]), own, quantize)
+            node.inputs[0] = activation
         self.session = session_for(gs.export_onnx(graph))
         self.output_names = [output.name for output in self.session.get_outputs()]
         self.evaluations = 0
         self.reference = self._run({})
+
+    def _chosen_weight(
+        self, graph: gs.Graph, switches: gs.Variable, name: str, weight: gs.Tensor, option: LayerOptions
+    ) -> gs.Variable:
+        """Layer `name`'s weight at the level its switches choose: a Gather from its float weight and every level's,
+        stacked, at index Σ_l (l + 1)·s_l (one level of a layer is on at a time; none keeps the float weight). One
+        copy of the chosen weight a run; a sum of every level's difference scaled by its switch was two passes over
+        the weight a level, in every run."""
+        levels = list(option.weights)
+        stack = np.stack([np.asarray(weight.values, np.float32), *(option.weights[level] for level in levels)])
+        slots = np.array([self.slots[name, level] for level in levels], np.int64)
+        (own,) = graph.layer(op="Gather", inputs=[switches, slots], outputs=[f"{name}/switches"])
+        (counted,) = graph.layer(op="Mul", inputs=[own, np.arange(1, len(levels) + 1, dtype=np.float32)],
+                                 outputs=[f"{name}/counted"])  # fmt: skip
+        (total,) = graph.layer(op="ReduceSum", inputs=[counted], outputs=[f"{name}/level"], attrs={"keepdims": 0})
+        (index,) = graph.layer(op="Cast", inputs=[total], outputs=[f"{name}/level_index"],
+                               attrs={"to": onnx.TensorProto.INT64})  # fmt: skip
+        (chosen,) = graph.layer(op="Gather", inputs=[gs.Constant(f"{name}/weights_by_level", stack), index],
+                                outputs=[f"{name}/weight_chosen"], attrs={"axis": 0})  # fmt: skip
+        own.dtype, counted.dtype, total.dtype, chosen.dtype = np.float32, np.float32, np.float32, np.float32
+        index.dtype = np.int64
+        return chosen
 
     def _run(self, assignment: Mapping[str, str]) -> list[np.ndarray]:
         switches = np.zeros(len(self.slots), np.float32)

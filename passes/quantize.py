@@ -232,12 +232,3 @@ def switched(
                             attrs={"then_branch": quantizing, "else_branch": keeping})  # fmt: skip
     chosen.dtype = value.dtype
     return chosen
-
-
-def blend(graph: gs.Graph, original: gs.Tensor, quantized: gs.Tensor, switch: gs.Tensor) -> gs.Variable:
-    """original + switch · (quantized − original): the float value at 0, the quantized one at 1."""
-    (difference,) = graph.layer(op="Sub", inputs=[quantized, original], outputs=[f"{quantized.name}/delta"])
-    (scaled,) = graph.layer(op="Mul", inputs=[difference, switch], outputs=[f"{quantized.name}/switched_delta"])
-    (blended,) = graph.layer(op="Add", inputs=[original, scaled], outputs=[f"{quantized.name}/switched"])
-    blended.dtype = np.float32
-    return blended
