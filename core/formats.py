@@ -17,6 +17,7 @@ def per_channel_amax(weights: np.ndarray, axis: int) -> np.ndarray:
     return absolute_max(weights, reduce)
 
 
-def absolute_max(values: np.ndarray, axis: int | tuple[int, ...]) -> np.ndarray:
-    """max |x| along `axis`, without |x| in memory: a vocabulary table's absolute values were its size again."""
+def absolute_max(values: np.ndarray, axis: int | tuple[int, ...] | None = None) -> np.ndarray:
+    """max |x| along `axis` (None: over every element), without |x| in memory: a vocabulary table's absolute values
+    were its size again. A NaN anywhere it reduces gives NaN."""
     return np.maximum(np.max(values, axis=axis), -np.min(values, axis=axis))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.formats import absolute_max
 from tensorsmith.core.language import language_model_metrics
 
 Outputs = Sequence[np.ndarray]
@@ -62,11 +63,6 @@ def relative_error(reference: np.ndarray, actual: np.ndarray) -> float:
 def mean_cosine(reference: np.ndarray, actual: np.ndarray) -> float:
     """Mean over samples (axis 0) of the cosine between each sample's flattened outputs."""
     return float(np.mean(sample_cosines(reference, actual)))
-
-
-def _largest_magnitude(array: np.ndarray) -> float:
-    """max |x| without the |x| copy (NaN if any element is)."""
-    return _worst(-float(array.min()), float(array.max()))
 
 
 def _worst(*values: float) -> float:
@@ -126,8 +122,8 @@ class RunningAccuracy:
                 if r.size:
                     self._signal[index] += float(np.sum(signal))
                     self._noise[index] += float(np.sum(noise))
-                    self._scale[index] = _worst(self._scale[index], _largest_magnitude(r))
-                    self._difference[index] = _worst(self._difference[index], _largest_magnitude(difference))
+                    self._scale[index] = _worst(self._scale[index], float(absolute_max(r)))
+                    self._difference[index] = _worst(self._difference[index], float(absolute_max(difference)))
 
     def cosines(self, index: int) -> np.ndarray:
         """Output `index`'s cosine per sample so far."""

@@ -127,6 +127,7 @@ class InsertQDQ:
                 hint=f"compile with --opset {FP8_MIN_OPSET} or newer",
             )
         dequantized: dict[str, gs.Variable] = {}
+        activations_quantized: set[str] = set()
         skipped: dict[str, str] = {}
         quantized_nodes = quantized_weights = 0
         switch_index = {name: index for index, name in enumerate(self.nodes or [])}
@@ -150,11 +151,11 @@ class InsertQDQ:
                     quantize = functools.partial(quantize_activation, tensor=tensor, scale=scale,
                                                  precision=self.precision, name=own)  # fmt: skip
                     replacement = switched(graph, tensor, switch, own, quantize)
-                else:
+                else:  # one Q/DQ per activation, shared by the nodes that read it
                     if tensor.name not in dequantized:
                         dequantized[tensor.name] = quantize_activation(graph, tensor, scale, self.precision, named)
                     replacement = dequantized[tensor.name]
-                dequantized.setdefault(tensor.name, replacement)
+                activations_quantized.add(tensor.name)
                 node.inputs[node.inputs.index(tensor)] = replacement
             weight_index = 1
             weight = constant_value(node.inputs[weight_index]) if len(node.inputs) > 1 else None
@@ -175,7 +176,7 @@ class InsertQDQ:
             changed=quantized_nodes > 0,
             counts={
                 "nodes_quantized": quantized_nodes,
-                "activations_quantized": len(dequantized),
+                "activations_quantized": len(activations_quantized),
                 "weights_quantized": quantized_weights,
                 "nodes_skipped": len(skipped),
             },

@@ -60,6 +60,5 @@ def _log_native_output(path: Path, what: str) -> None:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return
-    for line in lines:
-        if line.strip():
-            logger.info("%s: %s", what, line.strip())
+    for line in filter(None, (line.strip() for line in lines)):
+        logger.info("%s: %s", what, line)
