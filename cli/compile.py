@@ -94,6 +94,11 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
 )
 @click.option("--engine-cache", type=click.Path(path_type=Path), help="Reuse engines built before (a directory).")
 @click.option(
+    "--export-cache",
+    type=click.Path(path_type=Path),
+    help="Reuse the fused graph of an earlier compile of the same checkpoint (a directory): skips the export.",
+)
+@click.option(
     "--trace-every-layer",
     is_flag=True,
     help="Trace each decoder layer in the export (default: two, the rest repeated from the second).",
@@ -128,6 +133,7 @@ def compile_command(
     kv_cache: str | None,
     kv_cache_precision: str | None,
     engine_cache: Path | None,
+    export_cache: Path | None,
     trace_every_layer: bool,
     no_fuse: bool,
     no_verify: bool,
@@ -157,6 +163,7 @@ def compile_command(
         "fuse": False if no_fuse else None,
         "trace_every_layer": True if trace_every_layer else None,
         "verify": False if no_verify else None,
+        "export_cache_dir": str(export_cache.resolve()) if export_cache else None,
     }
     if engine_cache is not None:
         overrides["build"] = {"engine_cache_dir": str(engine_cache.resolve())}

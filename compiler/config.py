@@ -145,6 +145,11 @@ class CompileConfig(_Strict):
         default_factory=GenerationConfig, description="[generation]: a decoder's lengths (Hugging Face sources)"
     )
     verify: bool = Field(True, description="compare the compiled graph with the source on ONNX Runtime")
+    export_cache_dir: Path | None = Field(
+        None,
+        description="reuse the fused graph of an earlier compile of the same checkpoint and export settings, skipping "
+        "the export (else $TENSORSMITH_EXPORT_CACHE; Hugging Face directories and .pt2 files)",
+    )
     tolerance: float = Field(1e-4, gt=0, description="max |difference| / max |reference| allowed by verify")
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
 

@@ -98,11 +98,28 @@ SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 MINILM_INT8_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_120"]
 
 
+def session_directory(factory: pytest.TempPathFactory) -> Path:
+    """The directory of this test session, shared by its xdist workers (each has its own below it)."""
+    root = factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One export cache for the session (compiler/frontend/export_cache.py): tests that compile the same checkpoint
+    with the same export settings (tinylm, for one precision after another) export it once. Its own tests pass
+    --export-cache, which the variable does not override."""
+    from tensorsmith.compiler.frontend.export_cache import ENV_VARIABLE
+
+    directory = session_directory(tmp_path_factory) / "export-cache"
+    directory.mkdir(exist_ok=True)
+    os.environ[ENV_VARIABLE] = str(directory)
+    return directory
+
+
 def compiled_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
     """`name`'s artifact directory, made by `make(out)` by the first worker of this session to ask for it."""
-    root = factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the session's directory, above each worker's own
+    root = session_directory(factory)
     out, done = root / "compiled-once" / name, root / "compiled-once" / f"{name}.done"
     out.parent.mkdir(parents=True, exist_ok=True)
     with (root / "compiled-once" / f"{name}.lock").open("w") as lock:

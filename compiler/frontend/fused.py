@@ -15,6 +15,7 @@ import onnx
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.export import ExportedModel, export_source
+from tensorsmith.compiler.frontend.export_cache import CachedFusedGraph, cache_key, configured_cache, restore, store
 from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
@@ -92,6 +93,14 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
     """Export, optimize, save and verify: the fp32 graph every variant starts from. `ranges`: verification's run
     also measures every float tensor's range (core/tensor_ranges.py), for the fp16 variant."""
     config = source.config
+    cache = configured_cache(config.resolve(config.export_cache_dir) if config.export_cache_dir else None)
+    key = cache_key(config, graph_passes(config)) if cache is not None else None
+    ranges = ranges or key is not None  # so that the entry serves a later fp16 compile (whose range check needs them)
+    if cache is not None and key is not None:
+        cached = restore(cache, key, directory / MODEL_NAME, ranges)
+        if cached is not None:
+            reporter.stage(f"exporting {config.source}: the fused graph from the export cache")
+            return _from_cache(config, cached, directory / MODEL_NAME)
     reporter.stage(f"exporting {config.source}")
     scratch = directory / ".export"  # a large export's weights, read by canonicalize, then deleted
     scratch.mkdir()
@@ -127,7 +136,19 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
         errors = verify(config, [o.name for o in outputs], reference, computed[1])
         accuracy = {"max_relative_error": max(errors.values(), default=0.0)}
     record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
+    if cache is not None and key is not None:
+        store(cache, key, model_path, record, described, reports, accuracy, tuned, computed, measured)
     return FusedGraph(model_path, record, inputs, outputs, described, reports, accuracy, tuned, computed, measured)
+
+
+def _from_cache(config: CompileConfig, cached: CachedFusedGraph, model_path: Path) -> FusedGraph:
+    """The fused graph an earlier compile stored, as this compile's: its source as this config names it."""
+    write_twin(model_path)
+    inputs, outputs = io_records(onnx.load(str(model_path), load_external_data=False))
+    source = cached.source.model_copy(update={"path": str(config.resolve(config.source))})
+    record = FileRecord(path=MODEL_NAME, sha256=cached.sha256)
+    return FusedGraph(model_path, record, inputs, outputs, source, cached.reports, cached.accuracy, cached.tuned,
+                      cached.verified, cached.ranges)  # fmt: skip
 
 
 def _verification_run(

@@ -1,0 +1,100 @@
+"""The export cache (compiler/frontend/export_cache.py): a second compile of the same checkpoint, wherever it lies,
+with other precisions or targets, gets the fused graph without exporting; other bytes, other export settings or a
+damaged entry export again; a factory source never uses it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensorsmith.compiler.frontend.export_cache import ENTRY_INFO
+from tests.compiler.test_checkpoint_dtypes import save_in
+from tests.conftest import run_cli, run_cli_json
+
+FROM_CACHE = "the fused graph from the export cache"
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import BertConfig
+
+    config = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=64)  # fmt: skip
+    directory = tmp_path_factory.mktemp("cached") / "bert"
+    save_in(torch.bfloat16, "BertModel", config, directory, scale=0.02)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def first(bert: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The cache after one fp32 cpu compile of `bert`, and that compile's manifest (tests copy the cache)."""
+    directory = tmp_path_factory.mktemp("first")
+    _, manifest = _compile(bert, directory / "out", directory / "cache", "--target", "cpu")
+    return directory / "cache", manifest
+
+
+def _copy(first: tuple[Path, dict], tmp_path: Path) -> tuple[Path, dict]:
+    return shutil.copytree(first[0], tmp_path / "cache"), first[1]
+
+
+def _compile(source: Path, out: Path, cache: Path, *flags: str) -> tuple[dict, dict]:
+    compiled = run_cli_json("compile", source, "-o", out, "--export-cache", cache, *flags)
+    return compiled, json.loads((out / "manifest.json").read_text())
+
+
+def _exported(manifest: dict) -> bool:
+    (step,) = [step["name"] for step in manifest["steps"] if step["name"].startswith("exporting")]
+    return FROM_CACHE not in step
+
+
+def test_a_second_compile_of_the_same_bytes_skips_the_export(
+    bert: Path, first: tuple[Path, dict], tmp_path: Path
+) -> None:
+    cache, manifest = _copy(first, tmp_path)
+    moved = shutil.copytree(bert, tmp_path / "elsewhere")  # the key is the bytes, not the path
+    compiled, second = _compile(moved, tmp_path / "second", cache, "--target", "cpu", "--target", "sm_86",
+                                "--precision", "fp16")  # fmt: skip
+    first = manifest
+    assert _exported(first) and not _exported(second)
+    assert second["model"] == first["model"]  # the same fused graph, its sha256 checked when it was copied
+    assert second["source"]["path"] == str(moved) and second["source"]["sha256"] == first["source"]["sha256"]
+    assert [p["name"] for p in second["passes"] if not p["variant"]] == [p["name"] for p in first["passes"]]
+    assert second["variants"][0]["accuracy"] == first["variants"][0]["accuracy"]  # verification's figures
+    assert {target["name"]: target["status"] for target in compiled["targets"]} == {"cpu": "not-needed",
+                                                                                    "sm_86": "built"}  # fmt: skip
+
+
+def test_other_bytes_or_export_settings_export_again(bert: Path, first: tuple[Path, dict], tmp_path: Path) -> None:
+    cache, _ = _copy(first, tmp_path)
+    _, opset = _compile(bert, tmp_path / "opset", cache, "--target", "cpu", "--opset", "21")
+    changed = shutil.copytree(bert, tmp_path / "changed")
+    config = json.loads((changed / "config.json").read_text())
+    (changed / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1e-5}))
+    _, other = _compile(changed, tmp_path / "other", cache, "--target", "cpu")
+    assert _exported(opset) and _exported(other)
+    assert len(list(cache.glob("*/*/" + ENTRY_INFO))) == 3
+
+
+def test_a_damaged_entry_exports_again(bert: Path, first: tuple[Path, dict], tmp_path: Path) -> None:
+    cache, _ = _copy(first, tmp_path)
+    (stored,) = cache.glob("*/*/model.onnx")
+    data = bytearray(stored.read_bytes())
+    data[-1] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    result = run_cli("-v", "compile", bert, "-o", tmp_path / "again", "--export-cache", cache, "--target", "cpu")
+    assert result.exit_code == 0, result.stderr
+    assert "is damaged: exporting again" in result.stderr
+    assert _exported(json.loads((tmp_path / "again" / "manifest.json").read_text()))
+
+
+def test_a_factory_source_always_exports(tmp_path: Path) -> None:
+    from tests.cli.test_bad_inputs import FACTORY, MLP_INPUT
+
+    cache = tmp_path / "cache"
+    for out in ("first", "second"):
+        run_cli_json("compile", FACTORY, *MLP_INPUT, "-o", tmp_path / out, "--export-cache", cache)
+    assert not cache.exists() or not any(cache.rglob(ENTRY_INFO))
