@@ -31,14 +31,10 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def first(bert: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """The cache after one fp32 cpu compile of `bert`, and that compile's manifest (tests copy the cache)."""
+    """The cache after one fp32 cpu compile of `bert`, and that compile's manifest."""
     directory = tmp_path_factory.mktemp("first")
     _, manifest = _compile(bert, directory / "out", directory / "cache", "--target", "cpu")
     return directory / "cache", manifest
-
-
-def _copy(first: tuple[Path, dict], tmp_path: Path) -> tuple[Path, dict]:
-    return shutil.copytree(first[0], tmp_path / "cache"), first[1]
 
 
 def _compile(source: Path, out: Path, cache: Path, *flags: str) -> tuple[dict, dict]:
@@ -54,7 +50,7 @@ def _exported(manifest: dict) -> bool:
 def test_a_second_compile_of_the_same_bytes_skips_the_export(
     bert: Path, first: tuple[Path, dict], tmp_path: Path
 ) -> None:
-    cache, manifest = _copy(first, tmp_path)
+    cache, manifest = first
     moved = shutil.copytree(bert, tmp_path / "elsewhere")  # the key is the bytes, not the path
     compiled, second = _compile(moved, tmp_path / "second", cache, "--target", "cpu", "--target", "sm_86",
                                 "--precision", "fp16")  # fmt: skip
@@ -68,24 +64,37 @@ def test_a_second_compile_of_the_same_bytes_skips_the_export(
                                                                                     "sm_86": "built"}  # fmt: skip
 
 
-def test_other_bytes_or_export_settings_export_again(bert: Path, first: tuple[Path, dict], tmp_path: Path) -> None:
-    cache, _ = _copy(first, tmp_path)
-    _, opset = _compile(bert, tmp_path / "opset", cache, "--target", "cpu", "--opset", "21")
-    changed = shutil.copytree(bert, tmp_path / "changed")
-    config = json.loads((changed / "config.json").read_text())
-    (changed / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1e-5}))
-    _, other = _compile(changed, tmp_path / "other", cache, "--target", "cpu")
-    assert _exported(opset) and _exported(other)
+def _program(path: Path, seed: int) -> Path:
+    """A small ExportedProgram saved as .pt2 (its export to ONNX is quick: no capture), weights from `seed`."""
+    torch.manual_seed(seed)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 3), torch.nn.GELU()).eval()
+    batch = torch.export.Dim("batch")
+    torch.export.save(torch.export.export(module, (torch.randn(4, 6),), dynamic_shapes=({0: batch},)), str(path))
+    return path
+
+
+def test_other_bytes_or_export_settings_export_again(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    program = _program(tmp_path / "model.pt2", seed=0)
+    flags = ("--input", "x:float32:batch,6", "--target", "cpu")
+    _, first = _compile(program, tmp_path / "first", cache, *flags)
+    _, again = _compile(program, tmp_path / "again", cache, *flags, "--budget", "cosine>=0.9")  # a back-end field
+    _, opset = _compile(program, tmp_path / "opset", cache, *flags, "--opset", "21")
+    _, other = _compile(_program(tmp_path / "other.pt2", seed=1), tmp_path / "other", cache, *flags)
+    assert [_exported(m) for m in (first, again, opset, other)] == [True, False, True, True]
     assert len(list(cache.glob("*/*/" + ENTRY_INFO))) == 3
 
 
-def test_a_damaged_entry_exports_again(bert: Path, first: tuple[Path, dict], tmp_path: Path) -> None:
-    cache, _ = _copy(first, tmp_path)
+def test_a_damaged_entry_exports_again(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    program = _program(tmp_path / "model.pt2", seed=0)
+    _compile(program, tmp_path / "first", cache, "--input", "x:float32:batch,6")
     (stored,) = cache.glob("*/*/model.onnx")
     data = bytearray(stored.read_bytes())
     data[-1] ^= 0xFF
     stored.write_bytes(bytes(data))
-    result = run_cli("-v", "compile", bert, "-o", tmp_path / "again", "--export-cache", cache, "--target", "cpu")
+    result = run_cli("-v", "compile", program, "--input", "x:float32:batch,6", "-o", tmp_path / "again",
+                     "--export-cache", cache)  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert "is damaged: exporting again" in result.stderr
     assert _exported(json.loads((tmp_path / "again" / "manifest.json").read_text()))
