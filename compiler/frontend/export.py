@@ -223,10 +223,20 @@ def _load_exported_program(config: CompileConfig) -> Any:
         ) from err
 
 
-def export_source(source: Source, feeds: dict[str, np.ndarray], scratch: Path | None = None) -> ExportedModel:
+def factory_module(config: CompileConfig) -> torch.nn.Module:
+    """A factory source's module, its checkpoint loaded and its forward() checked against the declared inputs."""
+    module = _build_module(config)
+    _check_forward_arguments(module, config.inputs)
+    return module
+
+
+def export_source(
+    source: Source, feeds: dict[str, np.ndarray], scratch: Path | None = None, module: torch.nn.Module | None = None
+) -> ExportedModel:
     """Export the source to ONNX with `feeds` as example inputs (ONNX sources were loaded by `open_source`). With
     a `scratch` directory, the dynamo exporter's large graphs are written there and returned as their structure,
-    the weights referenced by path (exporters.released_proto)."""
+    the weights referenced by path (exporters.released_proto). A factory source's `module`, where the caller built
+    it already (factory_module)."""
     config = source.config
     if source.onnx_model is not None:
         return ExportedModel(source.onnx_model, "none")
@@ -244,6 +254,4 @@ def export_source(source: Source, feeds: dict[str, np.ndarray], scratch: Path | 
         exported = _export_torch(program, config, feeds, scratch=scratch)
         exported.reference = _torch_reference(program.module(), [decl.name for decl in config.inputs])
         return exported
-    module = _build_module(config)
-    _check_forward_arguments(module, config.inputs)
-    return _export_torch(module, config, feeds, scratch=scratch)
+    return _export_torch(module or factory_module(config), config, feeds, scratch=scratch)

@@ -9,8 +9,10 @@ end reads (all but `BACK_END_FIELDS`), the graph passes it runs, tensorsmith's o
 packages that export, rewrite and run the graph. A hit copies the graph and its weights into the artifact and checks
 them against the sha256 they were stored with; nothing is served for a key that differs in any of those.
 
-A factory source (`pkg.module:function`) is code whose result can change without any file the key could hash (what
-it imports, what it downloads): it always exports. So does an ONNX source, which has no export to skip.
+A factory source (`pkg.module:function`) is code: its key has the module the factory returned, as its weights and
+buffers (bytes) and the source files of the factory and of every nn.Module class in it. Code those classes call from
+other files is not in the key (with such a factory, leave the cache off or clear it). An ONNX source has no export
+to skip: it never uses the cache.
 
 Opt in like the engine cache: `export_cache_dir` in tensorsmith.toml, `--export-cache DIR` or
 $TENSORSMITH_EXPORT_CACHE (CI: keep the directory with actions/cache).
@@ -28,6 +30,7 @@ from dataclasses import asdict
 from functools import cache
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,6 +38,9 @@ from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.core.tensor_ranges import TensorRange
 from tensorsmith.passes import GraphPass, PassReport
 from tensorsmith.runtime.manifest import FileRecord, SourceRecord, external_data_path, sha256_of
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +73,18 @@ def configured_cache(directory: Path | None) -> ExportCache | None:
     return ExportCache(directory) if directory is not None else None
 
 
-def cache_key(config: CompileConfig, passes: list[GraphPass]) -> str | None:
-    """The fused graph's key, or None for a source the cache never serves (a factory, an ONNX file)."""
-    if config.source_kind not in ("huggingface", "exported_program"):
+def cache_key(config: CompileConfig, passes: list[GraphPass], module: torch.nn.Module | None = None) -> str | None:
+    """The fused graph's key, or None for an ONNX source. A factory source's key needs its built `module`."""
+    if config.source_kind == "factory":
+        assert module is not None, "a factory's key is its module's"
+        source = _module_digest(config.source, module)
+    elif config.source_kind in ("huggingface", "exported_program"):
+        source = _source_digest(config.resolve(config.source))
+    else:
         return None
-    front_end = config.model_dump(mode="json", exclude=set(BACK_END_FIELDS) | {"source"})
+    front_end = config.model_dump(mode="json", exclude=set(BACK_END_FIELDS) | {"source", "checkpoint"})
     described = {
-        "source": _source_digest(config.resolve(config.source)),
+        "source": source,
         "config": front_end,
         "passes": [[graph_pass.name, getattr(graph_pass, "reason", None)] for graph_pass in passes],
         "code": _code_digest(),
@@ -88,6 +99,27 @@ def _source_digest(path: Path) -> str:
         return sha256_of(path)
     files = sorted(child for child in path.iterdir() if child.is_file())
     return hashlib.sha256("".join(f"{f.name}:{_file_digest(f)}\n" for f in files).encode()).hexdigest()
+
+
+def _module_digest(factory: str, module: torch.nn.Module) -> str:
+    """The factory's name, the source files of the factory and of the module's classes, and every parameter's and
+    buffer's name, dtype, shape and bytes."""
+    import inspect
+
+    import torch
+
+    from tensorsmith.core.importing import import_factory
+
+    digest = hashlib.sha256(factory.encode())
+    files = {inspect.getsourcefile(import_factory(factory))}
+    files |= {inspect.getsourcefile(type(child)) for child in module.modules()}
+    for name in sorted(str(f) for f in files if f):
+        digest.update(f"{name}:{_file_digest(Path(name))}\n".encode())
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
+        flat = tensor.detach().contiguous().reshape(-1)
+        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    return digest.hexdigest()
 
 
 def _file_digest(path: Path) -> str:

@@ -14,11 +14,12 @@ import numpy as np
 import onnx
 
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.frontend.export import ExportedModel, export_source
+from tensorsmith.compiler.frontend.export import ExportedModel, export_source, factory_module
 from tensorsmith.compiler.frontend.export_cache import CachedFusedGraph, cache_key, configured_cache, restore, store
 from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
+from tensorsmith.compiler.report.summary import FROM_EXPORT_CACHE
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.importing import first_line
@@ -94,17 +95,20 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
     also measures every float tensor's range (core/tensor_ranges.py), for the fp16 variant."""
     config = source.config
     cache = configured_cache(config.resolve(config.export_cache_dir) if config.export_cache_dir else None)
-    key = cache_key(config, graph_passes(config)) if cache is not None else None
+    # a factory's key is its module's (export_cache.py): built first, and exported from on a miss
+    module = factory_module(config) if cache is not None and config.source_kind == "factory" else None
+    key = cache_key(config, graph_passes(config), module) if cache is not None else None
     ranges = ranges or key is not None  # so that the entry serves a later fp16 compile (whose range check needs them)
     if cache is not None and key is not None:
         cached = restore(cache, key, directory / MODEL_NAME, ranges)
         if cached is not None:
-            reporter.stage(f"exporting {config.source}: the fused graph from the export cache")
+            reporter.stage(f"exporting {config.source}: {FROM_EXPORT_CACHE}")
             return _from_cache(config, cached, directory / MODEL_NAME)
     reporter.stage(f"exporting {config.source}")
     scratch = directory / ".export"  # a large export's weights, read by canonicalize, then deleted
     scratch.mkdir()
-    exported = export_source(source, example_feeds(config) if config.inputs else {}, scratch)
+    exported = export_source(source, example_feeds(config) if config.inputs else {}, scratch, module)
+    del module
     described = source_record(config, exported)
     # The source's outputs now, so that the source model (a torch module: the fp32 weights again) and the
     # exported graph go before the passes make their copies.

@@ -23,6 +23,7 @@ FUSED = {"attention_scale": "folded into the Q projection"}  # what a rule did, 
 METRICS = {"cosine": "cosine {:.6g}", "min-cosine": "min cosine {:.6g}", "sqnr-db": "SQNR {:.4g} dB",
            "max_relative_error": "max relative error {:.4g}", "perplexity-ratio": "perplexity ratio {:.4g}",
            "next-token-agreement": "next-token agreement {:.4g}"}  # fmt: skip
+FROM_EXPORT_CACHE = "the fused graph from the export cache"  # the export step's name ends so on a hit
 NAMED = 3  # float layers named per reason; the rest counted
 
 
@@ -181,6 +182,8 @@ def artifact_lines(manifest: Manifest, plan: PrecisionPlan | None = None) -> lis
     canonicalized = next((record for record in manifest.passes if record.name == "canonicalize"), None)
     opset = canonicalized.details.get("opset_after") if canonicalized is not None else None
     lines = [f"source: {source_sentence(manifest.source, opset if isinstance(opset, int) else None)}"]
+    if any(step.name.endswith(FROM_EXPORT_CACHE) for step in manifest.steps):
+        lines[0] += f"; {FROM_EXPORT_CACHE}"
     lines += [f"pass {pass_sentence(record)}" for record in manifest.passes]
     recipes = plan.recipes if plan is not None else {}
     for variant in manifest.variants:

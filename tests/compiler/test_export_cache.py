@@ -1,6 +1,6 @@
 """The export cache (compiler/frontend/export_cache.py): a second compile of the same checkpoint, wherever it lies,
 with other precisions or targets, gets the fused graph without exporting; other bytes, other export settings or a
-damaged entry export again; a factory source never uses it."""
+damaged entry export again; a factory is keyed by its module's weights and source files."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from tensorsmith.compiler.frontend.export_cache import ENTRY_INFO
+from tensorsmith.compiler.report.summary import FROM_EXPORT_CACHE
 from tests.compiler.test_checkpoint_dtypes import save_in
 from tests.conftest import run_cli, run_cli_json
-
-FROM_CACHE = "the fused graph from the export cache"
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +36,14 @@ def first(bert: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, d
     return directory / "cache", manifest
 
 
-def _compile(source: Path, out: Path, cache: Path, *flags: str) -> tuple[dict, dict]:
+def _compile(source: Path | str, out: Path, cache: Path, *flags: str) -> tuple[dict, dict]:
     compiled = run_cli_json("compile", source, "-o", out, "--export-cache", cache, *flags)
     return compiled, json.loads((out / "manifest.json").read_text())
 
 
 def _exported(manifest: dict) -> bool:
     (step,) = [step["name"] for step in manifest["steps"] if step["name"].startswith("exporting")]
-    return FROM_CACHE not in step
+    return FROM_EXPORT_CACHE not in step
 
 
 def test_a_second_compile_of_the_same_bytes_skips_the_export(
@@ -100,10 +99,37 @@ def test_a_damaged_entry_exports_again(tmp_path: Path) -> None:
     assert _exported(json.loads((tmp_path / "again" / "manifest.json").read_text()))
 
 
-def test_a_factory_source_always_exports(tmp_path: Path) -> None:
-    from tests.cli.test_bad_inputs import FACTORY, MLP_INPUT
+def test_a_factory_is_keyed_by_its_module_code_and_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same module again hits; other weights, or another content of the file that defines the factory and its
+    class, miss."""
+    from tensorsmith.compiler.frontend import export_cache
 
     cache = tmp_path / "cache"
-    for out in ("first", "second"):
-        run_cli_json("compile", FACTORY, *MLP_INPUT, "-o", tmp_path / out, "--export-cache", cache)
-    assert not cache.exists() or not any(cache.rglob(ENTRY_INFO))
+    flags = ("--input", "x:float32:batch,6", "--target", "cpu")
+    factory = "tests.compiler.test_export_cache:small_factory"
+    _, first = _compile(factory, tmp_path / "first", cache, *flags)
+    _, same = _compile(factory, tmp_path / "same", cache, *flags)
+    monkeypatch.setenv("SMALL_FACTORY_SEED", "1")
+    _, weights = _compile(factory, tmp_path / "weights", cache, *flags)
+    monkeypatch.delenv("SMALL_FACTORY_SEED")
+    original = export_cache._file_digest  # another file content for the class's source file: a miss
+    monkeypatch.setattr(export_cache, "_file_digest",
+                        lambda path: "edited" if path.name == "test_export_cache.py" else original(path))  # fmt: skip
+    _, edited = _compile(factory, tmp_path / "edited", cache, *flags)
+    assert [_exported(m) for m in (first, same, weights, edited)] == [True, False, True, True]
+
+
+class _Small(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.linear(x))
+
+
+def small_factory() -> torch.nn.Module:
+    import os
+
+    torch.manual_seed(int(os.environ.get("SMALL_FACTORY_SEED", "0")))
+    return _Small().eval()
