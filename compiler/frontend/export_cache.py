@@ -55,6 +55,7 @@ BACK_END_FIELDS = frozenset({
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript", "onnx-ir", "onnx-graphsurgeon", "onnxruntime", "numpy")
 TENSORSMITH_PACKAGES = ("core", "compiler", "passes", "calibration", "runtime", "cli", "samples")
 ENTRY_INFO = "fused.json"
+FROM_EXPORT_CACHE = "the fused graph from the export cache"  # how a hit's export step and the summary end
 ENTRY_ARRAYS = "verified.npz"
 
 
@@ -118,7 +119,8 @@ def _module_digest(factory: str, module: torch.nn.Module) -> str:
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
         flat = tensor.detach().contiguous().reshape(-1)
-        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+        if flat.numel():
+            digest.update(flat.view(torch.uint8).numpy().data)  # the bytes, not a copy
     return digest.hexdigest()
 
 

@@ -15,11 +15,17 @@ import onnx
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.export import ExportedModel, export_source, factory_module
-from tensorsmith.compiler.frontend.export_cache import CachedFusedGraph, cache_key, configured_cache, restore, store
+from tensorsmith.compiler.frontend.export_cache import (
+    FROM_EXPORT_CACHE,
+    CachedFusedGraph,
+    cache_key,
+    configured_cache,
+    restore,
+    store,
+)
 from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
-from tensorsmith.compiler.report.summary import FROM_EXPORT_CACHE
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.importing import first_line

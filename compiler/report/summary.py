@@ -3,6 +3,7 @@ themselves), and the report's account of its source."""
 
 from __future__ import annotations
 
+from tensorsmith.compiler.frontend.export_cache import FROM_EXPORT_CACHE
 from tensorsmith.compiler.variants.precision_plan import SEARCHED, LayerChoice, PrecisionPlan, RecipePlan
 from tensorsmith.core.precisions import Family, precision
 from tensorsmith.runtime.manifest import Manifest, PassRecord, SourceRecord, TargetRecord, VariantRecord
@@ -23,7 +24,6 @@ FUSED = {"attention_scale": "folded into the Q projection"}  # what a rule did, 
 METRICS = {"cosine": "cosine {:.6g}", "min-cosine": "min cosine {:.6g}", "sqnr-db": "SQNR {:.4g} dB",
            "max_relative_error": "max relative error {:.4g}", "perplexity-ratio": "perplexity ratio {:.4g}",
            "next-token-agreement": "next-token agreement {:.4g}"}  # fmt: skip
-FROM_EXPORT_CACHE = "the fused graph from the export cache"  # the export step's name ends so on a hit
 NAMED = 3  # float layers named per reason; the rest counted
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorsmith.compiler.frontend.export_cache import ENTRY_INFO
-from tensorsmith.compiler.report.summary import FROM_EXPORT_CACHE
+from tensorsmith.compiler.frontend.export_cache import ENTRY_INFO, FROM_EXPORT_CACHE
 from tests.compiler.test_checkpoint_dtypes import save_in
 from tests.conftest import run_cli, run_cli_json
 
