@@ -148,7 +148,7 @@ class CompileConfig(_Strict):
     export_cache_dir: Path | None = Field(
         None,
         description="reuse the fused graph of an earlier compile of the same checkpoint and export settings, skipping "
-        "the export (else $TENSORSMITH_EXPORT_CACHE; Hugging Face directories and .pt2 files)",
+        "the export (else $TENSORSMITH_EXPORT_CACHE; compiler/frontend/export_cache.py says what the key holds)",
     )
     tolerance: float = Field(1e-4, gt=0, description="max |difference| / max |reference| allowed by verify")
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)

@@ -155,7 +155,13 @@ def _from_cache(config: CompileConfig, cached: CachedFusedGraph, model_path: Pat
     """The fused graph an earlier compile stored, as this compile's: its source as this config names it."""
     write_twin(model_path)
     inputs, outputs = io_records(onnx.load(str(model_path), load_external_data=False))
-    source = cached.source.model_copy(update={"path": str(config.resolve(config.source))})
+    if config.source_kind == "factory":  # the same module may come from a checkpoint elsewhere
+        checkpoint = config.resolve(config.checkpoint) if config.checkpoint else None
+        named = {"path": config.source, "checkpoint": str(checkpoint) if checkpoint else None,
+                 "sha256": sha256_of(checkpoint) if checkpoint else None}  # fmt: skip
+    else:
+        named = {"path": str(config.resolve(config.source))}
+    source = cached.source.model_copy(update=named)
     record = FileRecord(path=MODEL_NAME, sha256=cached.sha256)
     return FusedGraph(model_path, record, inputs, outputs, source, cached.reports, cached.accuracy, cached.tuned,
                       cached.verified, cached.ranges)  # fmt: skip

@@ -116,6 +116,7 @@ def test_a_factory_is_keyed_by_its_module_code_and_weights(tmp_path: Path, monke
                         lambda path: "edited" if path.name == "test_export_cache.py" else original(path))  # fmt: skip
     _, edited = _compile(factory, tmp_path / "edited", cache, *flags)
     assert [_exported(m) for m in (first, same, weights, edited)] == [True, False, True, True]
+    assert same["source"] == first["source"] and same["source"]["path"] == factory  # as this compile names it
 
 
 class _Small(torch.nn.Module):
