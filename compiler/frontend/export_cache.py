@@ -11,8 +11,9 @@ them against the sha256 they were stored with; nothing is served for a key that 
 
 A factory source (`pkg.module:function`) is code: its key has the module the factory returned, as its weights and
 buffers (bytes) and the source files of the factory and of every nn.Module class in it. Code those classes call from
-other files is not in the key (with such a factory, leave the cache off or clear it). An ONNX source has no export
-to skip: it never uses the cache.
+other files and plain Python attributes the factory sets are not in the key (with such a factory, leave the cache
+off or clear it). An ONNX source has no export to skip: it never uses the cache. Entries are never evicted: the
+directory is the user's to clear, like the engine cache's.
 
 Opt in like the engine cache: `export_cache_dir` in tensorsmith.toml, `--export-cache DIR` or
 $TENSORSMITH_EXPORT_CACHE (CI: keep the directory with actions/cache).
@@ -249,6 +250,7 @@ def restore(cache: ExportCache, key: str, model: Path, ranges: bool) -> CachedFu
         logger.warning("export cache entry %s is damaged: exporting again", entry)
         for path in _files(model):
             path.unlink()
+        shutil.rmtree(entry, ignore_errors=True)  # so that this compile's export takes its place
         return None
     arrays: dict[str, np.ndarray] = {}
     if info["verified"]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tensorsmith.compiler.frontend.export_cache import ENTRY_INFO, FROM_EXPORT_CACHE
+from tensorsmith.runtime.manifest import sha256_of
 from tests.compiler.test_checkpoint_dtypes import save_in
 from tests.conftest import run_cli, run_cli_json
 
@@ -96,6 +97,7 @@ def test_a_damaged_entry_exports_again(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     assert "is damaged: exporting again" in result.stderr
     assert _exported(json.loads((tmp_path / "again" / "manifest.json").read_text()))
+    assert sha256_of(stored) == json.loads((stored.parent / ENTRY_INFO).read_text())["sha256"]  # stored anew
 
 
 def test_a_factory_is_keyed_by_its_module_code_and_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
