@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict
 from functools import cache
 from importlib import metadata
@@ -58,6 +59,7 @@ TENSORSMITH_PACKAGES = ("core", "compiler", "passes", "calibration", "runtime", 
 ENTRY_INFO = "fused.json"
 FROM_EXPORT_CACHE = "the fused graph from the export cache"  # how a hit's export step and the summary end
 ENTRY_ARRAYS = "verified.npz"
+COPY_CHUNK = 16 << 20  # bytes read, hashed and written at a time when a hit is copied
 
 
 class ExportCache:
@@ -75,13 +77,30 @@ def configured_cache(directory: Path | None) -> ExportCache | None:
     return ExportCache(directory) if directory is not None else None
 
 
-def cache_key(config: CompileConfig, passes: list[GraphPass], module: torch.nn.Module | None = None) -> str | None:
-    """The fused graph's key, or None for an ONNX source. A factory source's key needs its built `module`."""
+def source_files(config: CompileConfig) -> dict[str, str] | None:
+    """The sha256 of each file of a Hugging Face directory (config, weights, index, tokenizer) or of a .pt2 file, by
+    name: hashed once, for the key and the manifest's source record. None for a factory or an ONNX file."""
+    if config.source_kind not in ("huggingface", "exported_program"):
+        return None
+    path = config.resolve(config.source)
+    files = sorted(child for child in path.iterdir() if child.is_file()) if path.is_dir() else [path]
+    return {file.name: sha256_of(file) for file in files}
+
+
+def cache_key(
+    config: CompileConfig,
+    passes: list[GraphPass],
+    module: torch.nn.Module | None = None,
+    files: Mapping[str, str] | None = None,
+) -> str | None:
+    """The fused graph's key, or None for an ONNX source. A factory source's key needs its built `module`, a
+    directory's or a .pt2's its `files` (source_files)."""
     if config.source_kind == "factory":
         assert module is not None, "a factory's key is its module's"
-        source = _module_digest(config.source, module)
+        source: object = _module_digest(config.source, module)
     elif config.source_kind in ("huggingface", "exported_program"):
-        source = _source_digest(config.resolve(config.source))
+        assert files is not None, "a file source's key is its files'"
+        source = dict(files)
     else:
         return None
     front_end = config.model_dump(mode="json", exclude=set(BACK_END_FIELDS) | {"source", "checkpoint"})
@@ -93,14 +112,6 @@ def cache_key(config: CompileConfig, passes: list[GraphPass], module: torch.nn.M
         "versions": _versions(),
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _source_digest(path: Path) -> str:
-    """A .pt2 file's sha256; a directory's over every file in it (config, weights, index, tokenizer), in name order."""
-    if path.is_file():
-        return sha256_of(path)
-    files = sorted(child for child in path.iterdir() if child.is_file())
-    return hashlib.sha256("".join(f"{f.name}:{_file_digest(f)}\n" for f in files).encode()).hexdigest()
 
 
 def _module_digest(factory: str, module: torch.nn.Module) -> str:
@@ -116,18 +127,13 @@ def _module_digest(factory: str, module: torch.nn.Module) -> str:
     files = {inspect.getsourcefile(import_factory(factory))}
     files |= {inspect.getsourcefile(type(child)) for child in module.modules()}
     for name in sorted(str(f) for f in files if f):
-        digest.update(f"{name}:{_file_digest(Path(name))}\n".encode())
+        digest.update(f"{name}:{sha256_of(Path(name))}\n".encode())
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
         flat = tensor.detach().contiguous().reshape(-1)
         if flat.numel():
             digest.update(flat.view(torch.uint8).numpy().data)  # the bytes, not a copy
     return digest.hexdigest()
-
-
-def _file_digest(path: Path) -> str:
-    with path.open("rb") as stream:
-        return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
 @cache
@@ -213,6 +219,18 @@ def store(
         logger.warning("export cache %s: not stored (%s)", cache.directory, err)
 
 
+def _copy_hashed(files: list[Path], directory: Path) -> str:
+    """Copy `files` into `directory`, returning the sha256 of their bytes in order (sha256_of's, for a graph and its
+    external data): one read of the weights, not a copy and then a check."""
+    digest = hashlib.sha256()
+    for path in files:
+        with path.open("rb") as source, (directory / path.name).open("wb") as copy:
+            while chunk := source.read(COPY_CHUNK):
+                digest.update(chunk)
+                copy.write(chunk)
+    return digest.hexdigest()
+
+
 class CachedFusedGraph:
     """An entry read back: the graph copied to the artifact, and what the compile recorded of it."""
 
@@ -244,9 +262,8 @@ def restore(cache: ExportCache, key: str, model: Path, ranges: bool) -> CachedFu
     if ranges and info["ranges"] is None:
         return None  # stored by a compile that did not measure them: this one writes an entry that has them
     stored = entry / str(info["model"])
-    for path in _files(stored):
-        shutil.copyfile(path, model.parent / path.name)  # the artifact's names: the entry was stored under them
-    if sha256_of(model) != info["sha256"]:
+    # the artifact's names: the entry was stored under them
+    if _copy_hashed(_files(stored), model.parent) != info["sha256"]:
         logger.warning("export cache entry %s is damaged: exporting again", entry)
         for path in _files(model):
             path.unlink()

@@ -7,6 +7,7 @@ import gc
 import hashlib
 import logging
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tensorsmith.compiler.frontend.export_cache import (
     cache_key,
     configured_cache,
     restore,
+    source_files,
     store,
 )
 from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
@@ -103,7 +105,8 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
     cache = configured_cache(config.resolve(config.export_cache_dir) if config.export_cache_dir else None)
     # a factory's key is its module's (export_cache.py): built first, and exported from on a miss
     module = factory_module(config) if cache is not None and config.source_kind == "factory" else None
-    key = cache_key(config, graph_passes(config), module) if cache is not None else None
+    files = source_files(config) if cache is not None else None  # hashed once: the key's and the manifest's
+    key = cache_key(config, graph_passes(config), module, files) if cache is not None else None
     ranges = ranges or key is not None  # so that the entry serves a later fp16 compile (whose range check needs them)
     if cache is not None and key is not None:
         cached = restore(cache, key, directory / MODEL_NAME, ranges)
@@ -115,7 +118,7 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
     scratch.mkdir()
     exported = export_source(source, example_feeds(config) if config.inputs else {}, scratch, module)
     del module
-    described = source_record(config, exported)
+    described = source_record(config, exported, files)
     # The source's outputs now, so that the source model (a torch module: the fp32 weights again) and the
     # exported graph go before the passes make their copies.
     expected = expected_outputs(config, exported) if config.verify else None
@@ -180,7 +183,11 @@ def _verification_run(
     return run_onnx(path, feeds), None
 
 
-def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecord:
+def source_record(
+    config: CompileConfig, exported: ExportedModel, files: Mapping[str, str] | None = None
+) -> SourceRecord:
+    """What the manifest says of the source. `files`: the sha256 of its files by name, where already computed
+    (export_cache.source_files)."""
     if config.source_kind == "factory":
         checkpoint = config.resolve(config.checkpoint) if config.checkpoint else None
         return SourceRecord(
@@ -197,7 +204,7 @@ def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecor
     return SourceRecord(
         kind=config.source_kind,
         path=str(path),
-        sha256=_directory_digest(path) if path.is_dir() else sha256_of(path),
+        sha256=_directory_digest(path, files) if path.is_dir() else files[path.name] if files else sha256_of(path),
         exporter=exported.exporter,
         fallback_reason=exported.fallback_reason,
         traced_layers=exported.traced_layers,
@@ -206,10 +213,12 @@ def source_record(config: CompileConfig, exported: ExportedModel) -> SourceRecor
     )
 
 
-def _directory_digest(path: Path) -> str:
-    """A model directory's: over its config and weights files' own sha256s, in name order."""
-    files = [path / "config.json", *sorted(path.glob("*.safetensors"))]
-    return hashlib.sha256("".join(f"{f.name}:{sha256_of(f)}\n" for f in files).encode()).hexdigest()
+def _directory_digest(path: Path, files: Mapping[str, str] | None = None) -> str:
+    """A model directory's: over its config and weights files' own sha256s, in name order (taken from `files`
+    where given)."""
+    names = ["config.json", *sorted(f.name for f in path.glob("*.safetensors"))]
+    digests = files if files is not None else {name: sha256_of(path / name) for name in names}
+    return hashlib.sha256("".join(f"{name}:{digests[name]}\n" for name in names).encode()).hexdigest()
 
 
 def expected_outputs(

@@ -113,8 +113,8 @@ def test_a_factory_is_keyed_by_its_module_code_and_weights(tmp_path: Path, monke
     monkeypatch.setenv("SMALL_FACTORY_SEED", "1")
     _, weights = _compile(factory, tmp_path / "weights", cache, *flags)
     monkeypatch.delenv("SMALL_FACTORY_SEED")
-    original = export_cache._file_digest  # another file content for the class's source file: a miss
-    monkeypatch.setattr(export_cache, "_file_digest",
+    original = export_cache.sha256_of  # another file content for the class's source file: a miss
+    monkeypatch.setattr(export_cache, "sha256_of",
                         lambda path: "edited" if path.name == "test_export_cache.py" else original(path))  # fmt: skip
     _, edited = _compile(factory, tmp_path / "edited", cache, *flags)
     assert [_exported(m) for m in (first, same, weights, edited)] == [True, False, True, True]
