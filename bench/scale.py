@@ -10,8 +10,9 @@ median of 3 after a warm-up), tensorsmith's cpu variant against GenAI's cpu mode
         [--sides='tensorsmith fp16,GenAI']   # only the sides whose names start so
 
 Sides: `tensorsmith compile DIR --target cpu --target sm_86 --target sm_120` (fp16 GPU variants, the fp32 cpu
-variant) and the same with `--precision int4 --calibration heldout.txt` (AWQ); `--target sm_86 --precision int4
---int4-algorithm rtn` (the 3B shape's row: no calibration pass); GenAI's `-p fp32 -e cpu`,
+variant) and the same with `--precision int4 --calibration heldout.txt` (AWQ), each also with `--export-cache`
+(the fp16 compile filling it, the int4 compile reading it: a CI matrix's second compile); `--target sm_86
+--precision int4 --int4-algorithm rtn` (the 3B shape's row: no calibration pass); GenAI's `-p fp32 -e cpu`,
 `-p int4 -e cpu` and `-p fp16 -e cuda` (the builder writes the CUDA model on a machine without a GPU; it builds
 no engine); Model Optimizer's ONNX INT4 (`awq_lite`, block 128; `bash bench/modelopt-site.sh` installs it) of
 the fp32 model.onnx that the `tensorsmith fp16` side wrote (Model Optimizer starts from ONNX, not a checkpoint),
@@ -88,11 +89,16 @@ def _sides(checkpoint: Path, work: Path) -> dict[str, list[str]]:
     python, tensorsmith = sys.executable, str(Path(sys.executable).with_name("tensorsmith"))
     targets = [part for target in ["cpu", *GPU_TARGETS] for part in ("--target", target)]
     ours = [tensorsmith, "compile", str(checkpoint), *targets, "--json"]
+    cached = ["--export-cache", str(work / "export-cache")]
     builder = [python, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-c", str(work / "cache")]
     return {
         "tensorsmith fp16": [*ours, "-o", str(work / "ts-fp16")],
+        # a CI matrix's second compile: the fp16 compile fills the export cache, the int4 one reads it
+        "tensorsmith fp16, filling the export cache": [*ours, "-o", str(work / "ts-fp16-cached"), *cached],
         "tensorsmith int4 (AWQ)": [*ours, "-o", str(work / "ts-int4"), "--precision", "int4",
                                    "--calibration", str(TEXT)],
+        "tensorsmith int4 (AWQ) from the export cache": [*ours, "-o", str(work / "ts-int4-cached"), "--precision",
+                                                         "int4", "--calibration", str(TEXT), *cached],
         "tensorsmith int4 RTN (sm_86)": [tensorsmith, "compile", str(checkpoint), "--target", "sm_86", "--json",
                                          "-o", str(work / "ts-int4-rtn"), "--precision", "int4",
                                          "--int4-algorithm", "rtn"],
