@@ -103,6 +103,11 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
     is_flag=True,
     help="Trace each decoder layer in the export (default: two, the rest repeated from the second).",
 )
+@click.option(
+    "--no-resource-check",
+    is_flag=True,
+    help="Compile even where the memory and disk estimated before any work exceed what this machine has.",
+)
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes (LayerNorm, GELU, attention scale).")
 @click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -135,6 +140,7 @@ def compile_command(
     engine_cache: Path | None,
     export_cache: Path | None,
     trace_every_layer: bool,
+    no_resource_check: bool,
     no_fuse: bool,
     no_verify: bool,
     as_json: bool,
@@ -162,6 +168,7 @@ def compile_command(
         "evaluation": str(evaluation.resolve()) if evaluation else None,
         "fuse": False if no_fuse else None,
         "trace_every_layer": True if trace_every_layer else None,
+        "check_resources": False if no_resource_check else None,
         "verify": False if no_verify else None,
         "export_cache_dir": str(export_cache.resolve()) if export_cache else None,
     }

@@ -103,6 +103,11 @@ class CompileConfig(_Strict):
         description="trace each of a decoder's layers in the export, instead of two with the rest repeated from "
         "the second (for layers that differ in ways config.json does not say)",
     )
+    check_resources: bool = Field(
+        True,
+        description="estimate a checkpoint's memory and disk needs before any work and refuse a compile that cannot "
+        "fit this machine (compiler/resources.py)",
+    )
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
     precision: Request = Field(
         FP32.name,

@@ -19,6 +19,11 @@ def release_freed_memory() -> None:
     process (transformers' modules hold reference cycles)."""
     if (current_rss() or 0) > COLLECT_ABOVE:
         gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim), without a garbage collection."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):  # musl and other C libraries have no malloc_trim
             ctypes.CDLL("libc.so.6").malloc_trim(0)

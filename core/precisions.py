@@ -30,6 +30,15 @@ class Element(str, Enum):
     INT4 = "int4"
     FP4_E2M1 = "float4e2m1"
 
+    @property
+    def bits(self) -> int:
+        """Bits of one stored value (a block's scales not counted)."""
+        return _ELEMENT_BITS[self]
+
+
+_ELEMENT_BITS = {Element.FP32: 32, Element.FP16: 16, Element.BF16: 16, Element.INT8: 8, Element.FP8_E4M3: 8,
+                 Element.INT4: 4, Element.FP4_E2M1: 4}  # fmt: skip
+
 
 class Quantizes(str, Enum):
     NOTHING = "nothing"  # a float precision: the whole graph computes in it

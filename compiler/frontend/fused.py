@@ -147,7 +147,7 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
         results, measured = _verification_run(model_path, feeds, ranges)
         computed = feeds, results
         errors = verify(config, [o.name for o in outputs], reference, computed[1])
-        accuracy = {"max_relative_error": max(errors.values(), default=0.0)}
+        accuracy = {"max_relative_error": float(np.max(list(errors.values()), initial=0.0))}
     record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
     if cache is not None and key is not None:
         store(cache, key, model_path, record, described, reports, accuracy, tuned, computed, measured)
@@ -241,7 +241,14 @@ def verify(
         errors = compare_outputs(names, reference, compiled)
     except ValueError as err:
         raise VerificationError(f"the compiled graph does not match {config.source}: {err}") from err
-    worst = max(errors, key=errors.__getitem__) if errors else None
+    # a NaN error (NaN or infinity in either side's outputs) is the worst of all, never under the tolerance
+    worst = max(errors, key=lambda name: np.inf if np.isnan(errors[name]) else errors[name]) if errors else None
+    if worst is not None and np.isnan(errors[worst]):
+        side = "the source's" if not np.isfinite(reference[names.index(worst)]).all() else "the compiled graph's"
+        raise VerificationError(
+            f"output '{worst}' of {config.source} is not finite ({side} holds NaN or infinity)",
+            hint="check the weights for NaN or infinity; compile with --no-verify to inspect the artifact anyway",
+        )
     if worst is not None and errors[worst] > config.tolerance:
         raise VerificationError(
             f"output '{worst}' differs from {config.source} by {errors[worst]:.2e} of its scale "

@@ -20,7 +20,7 @@ import ast
 import contextlib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -178,7 +178,7 @@ def weights_as_inputs(model: ir.Model, stack: LayerStack) -> Iterator[dict[str, 
 def stamp_layers(
     model: ir.Model,
     stack: LayerStack,
-    tensors: dict[str, torch.Tensor],
+    weight_tensor: Callable[[str], ir.TensorProtocol | None],
     lifted: dict[str, ir.TensorProtocol],
     past_names: list[str],
     present_names: list[str],
@@ -186,9 +186,9 @@ def stamp_layers(
     """Grow `model`, traced with TRACED_LAYERS layers and its weights lifted by `weights_as_inputs`, to
     `stack.count` layers in place.
 
-    `tensors`: the full module's parameters and buffers by name (the weights' names in the trace); the new
-    layers' weights are added to `lifted`; `past_names`/`present_names`: the graph inputs and outputs of every
-    layer, two a layer, in order."""
+    `weight_tensor`: a weight's tensor by its name in the trace (the module's parameter or buffer name), None
+    for a name the module does not have; the new layers' weights are added to `lifted`; `past_names` and
+    `present_names`: the graph inputs and outputs of every layer, two a layer, in order."""
     graph = model.graph
     template, first = _layer_nodes(graph, f"{stack.path}.1"), _layer_nodes(graph, f"{stack.path}.0")
     if not template:
@@ -231,9 +231,10 @@ def stamp_layers(
         for old in weights:
             assert old.name is not None
             name = f"{stack.path}.{layer}.{old.name[len(weight_prefix) :]}"
-            if name not in tensors:
+            tensor = weight_tensor(name)
+            if tensor is None:
                 raise StampingRefused(f"the module has no {name}")
-            lifted[name] = ir.Tensor(tensors[name].detach().numpy(), name=name)  # the module's memory, not a copy
+            lifted[name] = tensor
             value_map[old] = _input_like(graph, old, name)
         suffix = f"__layer{layer}"
 

@@ -1,0 +1,214 @@
+"""A decoder's weights read from its checkpoint one tensor at a time, never as a float32 module.
+
+transformers builds a checkpoint's module in float32 (the reference the compile is measured against): at
+Llama-3.1-8B's shape 32 GB, on a 24 GB machine, before the export even starts. A decoder whose layers are stamped
+(layer_stamping.py) needs no weight to be traced: its module is built with *empty* parameters (float32 tensors
+whose memory is never touched, so it is never resident), traced, and every weight of the exported graph is an
+onnx-ir LazyTensor that reads its tensor from the memory-mapped safetensors shard, widened to float32, only when a
+stage writes or reads it, and drops it after. The torch reference that verification runs goes the same way: each
+module's own parameters are read from the checkpoint just before it runs and released after
+(`weights_while_running`), so at most one module's weights are float32 at a time.
+
+Every tensor read is checked for NaN and infinity, naming the tensor and its file: a checkpoint with corrupted
+bytes is refused as it is read, at no pass of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx_ir as ir
+
+from tensorsmith.core.errors import ExportError
+from tensorsmith.core.memory import trim_heap
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+SHARD_INDEX = "model.safetensors.index.json"
+FLOAT_CODES = ("F16", "BF16", "F32", "F64")  # safetensors' dtype codes of the float weights read as float32
+
+
+class CheckpointWeights:
+    """The tensors of a model directory's safetensors files (one file, or the shards an index names), by name,
+    read on demand as float32 numpy arrays."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        index = directory / SHARD_INDEX
+        owner = json.loads(index.read_text())["weight_map"] if index.is_file() else None
+        self._files: dict[str, Path] = {}
+        self._slices: dict[str, Any] = {}
+        for path in sorted(directory.glob("*.safetensors")):
+            opened = _opened(path)
+            for name in opened.keys():  # noqa: SIM118 (not iterable)
+                if owner is None or owner.get(name) == path.name:
+                    self._files[name], self._slices[name] = path, opened.get_slice(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._slices
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self._slices[name].get_shape())
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The tensor as stored, floats widened to float32; NaN or infinity refused, naming the tensor."""
+        import torch
+
+        stored = self._slices[name][:]
+        if not stored.is_floating_point():
+            return stored
+        if not bool(torch.isfinite(stored).all()):
+            bad = int((~torch.isfinite(stored)).sum())
+            raise ExportError(
+                f"checkpoint tensor {name} in {self._files[name]} holds {bad} NaN or infinite values",
+                hint="the file is damaged or the training diverged: re-download or re-save it",
+            )
+        return stored.float()
+
+    def array(self, name: str) -> np.ndarray:
+        return self.tensor(name).numpy()
+
+    def lazy(self, name: str, graph_name: str) -> ir.TensorProtocol:
+        """The checkpoint's `name` as an onnx-ir tensor named `graph_name`: a float weight is read (as float32)
+        when a stage reads or writes it; an integer buffer (small) at once."""
+        if self._slices[name].get_dtype() not in FLOAT_CODES:
+            return ir.tensor(self.array(name), name=graph_name)
+        return ir.LazyTensor(lambda: ir.tensor(self.array(name)), dtype=ir.DataType.FLOAT,
+                             shape=ir.Shape(self.shape(name)), name=graph_name)  # fmt: skip
+
+
+def _opened(path: Path) -> Any:
+    """A shard read with pread, not mapped: each mapped page read would stay resident while the file is open (at
+    8B, every weight's bf16 bytes by the end of the export)."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(path), framework="pt", device="cpu", backend="pread")
+    except TypeError:  # a safetensors before 0.6 has no pread backend
+        return safe_open(str(path), framework="pt", device="cpu")
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (buffers stay real: a rotary embedding's
+    frequencies are computed as the module is built): nothing of the weights is allocated or initialized."""
+    import torch
+
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, parameter: torch.nn.Parameter | None) -> None:
+        register(module, name, parameter)
+        if parameter is not None and parameter.device.type != "meta":
+            module._parameters[name] = torch.nn.Parameter(parameter.to("meta"), requires_grad=False)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def checkpoint_names(module: torch.nn.Module, weights: CheckpointWeights, prefix: str = "") -> dict[str, str] | None:
+    """Each parameter and persistent buffer of `module` by its name in the module, the checkpoint's name of its
+    tensor: its own (less `prefix`), or for a tied one (an output projection sharing the embedding table) the
+    name of the tensor it shares. None where some tensor has no name in the checkpoint (a family whose loader
+    renames keys): such a module is loaded whole, as transformers loads it."""
+    found: dict[str, str] = {}
+    by_identity: dict[int, str] = {}
+    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    for name, tensor in named:
+        key = name.removeprefix(prefix)
+        if key in weights:
+            found[name], by_identity[id(tensor)] = key, key
+    non_persistent = {f"{path}.{name}".lstrip(".") for path, child in module.named_modules()
+                      for name in getattr(child, "_non_persistent_buffers_set", ())}  # fmt: skip
+    for name, tensor in named:
+        if name in found or name in non_persistent:
+            continue
+        if id(tensor) not in by_identity:
+            return None
+        found[name] = by_identity[id(tensor)]
+    return found
+
+
+def empty_parameters(module: torch.nn.Module) -> None:
+    """Replace `module`'s meta parameters by float32 tensors of their shapes whose memory is never touched (not
+    resident until written), keeping tied parameters tied."""
+    import torch
+
+    replaced: dict[int, torch.nn.Parameter] = {}
+    for child in module.modules():
+        for name, parameter in list(child._parameters.items()):
+            if parameter is None or parameter.device.type != "meta":
+                continue
+            if id(parameter) not in replaced:
+                empty = torch.empty(parameter.shape, dtype=torch.float32)
+                replaced[id(parameter)] = torch.nn.Parameter(empty, requires_grad=False)
+            child._parameters[name] = replaced[id(parameter)]
+
+
+def load_buffers(module: torch.nn.Module, weights: CheckpointWeights, names: dict[str, str]) -> None:
+    """The persistent buffers the checkpoint holds, loaded for real (positions, masks: small)."""
+    for path, buffer in list(module.named_buffers()):
+        if path in names:
+            owner, _, attribute = path.rpartition(".")
+            module.get_submodule(owner).register_buffer(attribute, weights.tensor(names[path]).to(buffer.dtype))
+
+
+@contextlib.contextmanager
+def weights_while_running(module: torch.nn.Module, weights: CheckpointWeights, names: dict[str, str]) -> Iterator[None]:
+    """While inside, each submodule with parameters of its own reads them from the checkpoint just before its
+    forward runs and gives them back after: a forward of the whole module holds one module's weights at a time."""
+    import torch
+
+    def own(child: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(name, parameter) for name, parameter in child._parameters.items() if parameter is not None]
+
+    paths = {id(parameter): name for name, parameter in module.named_parameters(remove_duplicate=False)}
+    shapes = {id(parameter): parameter.shape for parameter in module.parameters()}
+    handles = []
+    for child in module.modules():
+        parameters = own(child)
+        if not parameters:
+            continue
+
+        def load(_: torch.nn.Module, __: Any, parameters: list[tuple[str, torch.nn.Parameter]] = parameters) -> None:
+            for _name, parameter in parameters:
+                parameter.data = weights.tensor(names[paths[id(parameter)]]).reshape(shapes[id(parameter)])
+
+        def release(_: torch.nn.Module, __: Any, ___: Any, parameters: list[Any] = parameters) -> None:
+            for _name, parameter in parameters:  # no placeholder of the full shape: freed memory it took would stay
+                parameter.data = torch.empty(0)
+            trim_heap()  # glibc keeps the freed weights' pages in its heap: 25 MB more a layer at hidden 1024
+
+        handles += [child.register_forward_pre_hook(load), child.register_forward_hook(release)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def float_parameters(directory: Path) -> int:
+    """The float weights' count in a model directory's safetensors files, from their headers alone."""
+    from safetensors import safe_open
+
+    index = directory / SHARD_INDEX
+    owner = json.loads(index.read_text())["weight_map"] if index.is_file() else None
+    count = 0
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="numpy") as opened:
+            for name in opened.keys():  # noqa: SIM118 (not iterable)
+                piece = opened.get_slice(name)
+                if (owner is None or owner.get(name) == path.name) and piece.get_dtype() in FLOAT_CODES:
+                    count += int(np.prod(piece.get_shape(), dtype=np.int64))
+    return count

@@ -1,0 +1,105 @@
+"""Will the compile fit? Memory and disk estimated from the checkpoint's headers and the variant plan, before any
+work, so that a model too large for the machine is refused in one line with the figures, never killed by the
+kernel an hour in.
+
+The estimate follows what the compile holds today, measured at the 135M, 1B and 3B shapes (docs/benchmarks.md):
+the fused graph is float32 (its weights are mapped from its file while the passes run over it), the sessions that
+measure it read its narrow twin, and each variant is written next to it. So the peak grows with the parameter
+count times four bytes: `MEMORY_PER_FP32_BYTE` of it for the heaviest variant the plan writes, beside
+`BASE_MEMORY` for torch, transformers, ONNX Runtime and the sessions' working memory. Disk holds the float32 graph,
+its twin, every variant and every engine at once (the artifact is written next to its final place, then renamed).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tensorsmith.compiler.engines.records import available_memory
+from tensorsmith.compiler.frontend.checkpoint_weights import float_parameters
+from tensorsmith.compiler.targets import Recipe
+from tensorsmith.compiler.variants.plan import VariantPlan
+from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.precisions import Family
+
+GB = 10**9
+BASE_MEMORY = int(1.5 * GB)
+# peak resident bytes per byte of the float32 weights, by what the heaviest variant does: measured 1.0 (3B INT4
+# RTN: 12.36 GB for 12.3 GB of fp32 weights, 1B INT4: 6.30 for 4.9), 1.5 (1B fp16: 8.80; its fp16 session widens
+# every MatMul weight), 2.0 for an fp32 variant measured whole and a decoder's weight search (its stacked levels)
+MEMORY_PER_FP32_BYTE = {Family.WEIGHT_ONLY: 1.0, Family.CALIBRATED: 1.5, Family.FLOAT: 1.5}
+FP32_OR_SEARCH = 2.0
+TWIN_ABOVE = 1 << 30  # bytes the narrow twin saves at least, or it is not written (core/narrow_twin.py)
+QUANTIZED_OVERHEAD = 1.25  # a quantized variant's scales and the layers it keeps in float
+
+
+@dataclass(frozen=True)
+class ResourceEstimate:
+    parameters: int  # float weights in the checkpoint
+    memory: int  # peak resident bytes, estimated
+    disk: int  # bytes written under the output's parent, estimated
+    available_memory: int
+    free_disk: int
+    disk_path: Path
+
+    @property
+    def fits(self) -> bool:
+        return self.memory <= self.available_memory and self.disk <= self.free_disk
+
+    def largest_fitting(self) -> int:
+        """Parameters that the cheapest plan (INT4, one target) fits in this machine's memory."""
+        return max(0, int((self.available_memory - BASE_MEMORY) / (4 * MEMORY_PER_FP32_BYTE[Family.WEIGHT_ONLY])))
+
+
+def _memory_factor(recipe: Recipe, request_is_search: bool) -> float:
+    if request_is_search or (recipe.quantized is None and recipe.floats.element.bits == 32):
+        return FP32_OR_SEARCH
+    family = recipe.quantized.family if recipe.quantized is not None else Family.FLOAT
+    return MEMORY_PER_FP32_BYTE[family]
+
+
+def _variant_bytes(recipe: Recipe, parameters: int) -> int:
+    if recipe.quantized is None:
+        return parameters * recipe.floats.element.bits // 8
+    return int(parameters * recipe.quantized.element.bits / 8 * QUANTIZED_OVERHEAD)
+
+
+def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool) -> ResourceEstimate:
+    """What compiling the checkpoint in `directory` into `out` by `plan` holds at its peak, and writes. `search`:
+    a decoder's `auto`, whose weight search holds every level of a layer at once."""
+    parameters = float_parameters(directory)
+    fp32 = 4 * parameters
+    recipes = plan.recipes()
+    memory = BASE_MEMORY + int(fp32 * max(_memory_factor(recipe, search) for recipe in recipes))
+    twin = fp32 // 2 if fp32 // 2 >= TWIN_ABOVE else 0
+    variants = sum(_variant_bytes(recipe, parameters) for recipe in recipes if recipe.quantized or
+                   recipe.floats.element.bits < 32)  # fmt: skip
+    engines = sum(_variant_bytes(recipe, parameters) for recipe, targets in recipes.items()
+                  for target in targets if not recipe.on_cpu)  # fmt: skip
+    parent = out.resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    free = shutil.disk_usage(parent).free
+    return ResourceEstimate(parameters, memory, fp32 + twin + variants + engines, available_memory(), free, parent)
+
+
+def check_resources(directory: Path, plan: VariantPlan, out: Path, search: bool) -> ResourceEstimate:
+    """The estimate, or a ConfigError saying what the compile needs, what the machine has and what would fit."""
+    found = estimate(directory, plan, out, search)
+    if found.fits:
+        return found
+    targets = ", ".join(plan.by_target)
+    short = []
+    if found.memory > found.available_memory:
+        short.append(f"{found.memory / GB:.1f} GB of memory (this machine has {found.available_memory / GB:.1f} GB "
+                     "available)")  # fmt: skip
+    if found.disk > found.free_disk:
+        short.append(f"{found.disk / GB:.0f} GB of disk ({found.free_disk / GB:.0f} GB free on {found.disk_path})")
+    fitting = found.largest_fitting()
+    raise ConfigError(
+        f"{directory}: compiling {found.parameters / 1e9:.2f}B parameters ({plan.request} for {targets}) needs about "
+        f"{' and '.join(short)}",
+        hint=f"this machine compiles decoders up to about {fitting / 1e9:.1f}B parameters (--precision int4); fewer "
+        "targets and int4 cut the disk needed; --no-resource-check tries anyway",
+    )

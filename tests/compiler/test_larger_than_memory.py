@@ -1,0 +1,205 @@
+"""Checkpoints larger than the machine: a decoder exported without a float32 module (its weights read from the
+checkpoint one tensor at a time), a compile that cannot fit refused before any work, damaged shards and weights
+named in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.compiler.frontend import export
+from tensorsmith.compiler.frontend.fused import verify
+from tensorsmith.compiler.resources import check_resources
+from tensorsmith.compiler.variants.plan import plan_variants
+from tensorsmith.core.errors import ConfigError, ExportError, VerificationError
+from tensorsmith.runtime import load
+
+LLAMA = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+def _llama(directory: Path, layers: int, hidden: int = 64, intermediate: int = 128, vocab: int = 256) -> Path:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                                      vocab_size=vocab, **LLAMA)  # fmt: skip
+    transformers.LlamaForCausalLM(config).eval().to(torch.bfloat16).save_pretrained(directory)
+    return directory
+
+
+def test_a_decoder_exports_and_verifies_without_loading_its_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stamped export never builds the float32 module (build_module would load every weight), and the
+    compiled artifact still generates transformers' tokens."""
+    import transformers
+
+    checkpoint = _llama(tmp_path / "checkpoint", layers=4)
+
+    def refused(*_: object) -> None:
+        raise AssertionError("the whole module was loaded")
+
+    monkeypatch.setattr(export, "build_module", refused)
+    result = compile(CompileConfig.create({"source": str(checkpoint), "targets": ["cpu"]}), tmp_path / "out")
+    assert result.manifest.source.traced_layers == 2
+    prompt = np.array([[5, 9, 17, 33, 2, 71]], np.int64)
+    reference = transformers.LlamaForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    expected = reference.generate(torch.from_numpy(prompt), max_new_tokens=8, do_sample=False)
+    with load(tmp_path / "out") as model:
+        assert model.generate(prompt, max_new_tokens=8).tolist() == expected.tolist()
+
+
+EXPORT_PEAK = """
+import sys
+from pathlib import Path
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.frontend.export import export_source
+from tensorsmith.compiler.frontend.feeds import example_feeds
+from tensorsmith.compiler.frontend.source import open_source
+
+source = open_source(CompileConfig.create({"source": sys.argv[1], "targets": ["cpu"], "check_resources": False}))
+feeds = example_feeds(source.config)
+scratch = Path(sys.argv[2]); scratch.mkdir()
+exported = export_source(source, feeds, scratch)
+exported.reference(example_feeds(source.config, seed=1, size_offset=1))
+# the kernel's high-water mark of this process: ru_maxrss starts from the parent's size at the fork
+print(next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+"""
+
+
+def test_the_export_s_peak_does_not_grow_with_the_layers(tmp_path: Path) -> None:
+    """The bound itself: exporting (and running the reference of) a decoder of 12 layers peaks less than one
+    layer's float32 weights + 64 MB above the same decoder of 4 layers, each in its own process. Loading the
+    module whole, as transformers does, adds 8 layers' float32 weights (537 MB) and their bf16 file."""
+    peaks = {}
+    for layers in (4, 12):
+        checkpoint = _llama(tmp_path / f"l{layers}", layers=layers, hidden=1024, intermediate=4096)
+        run = subprocess.run([sys.executable, "-c", EXPORT_PEAK, str(checkpoint), str(tmp_path / f"s{layers}")],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        peaks[layers] = int(run.stdout.split()[-1])
+    layer_fp32 = 4 * (2 * 1024 * 1024 + 2 * 1024 * 512 + 3 * 1024 * 4096)
+    assert peaks[12] - peaks[4] < layer_fp32 + (64 << 20), peaks
+
+
+def _sparse_safetensors(path: Path, tensors: dict[str, list[int]]) -> None:
+    """A bf16 safetensors file of these shapes whose data is a hole: its header is real, its bytes take no disk."""
+    header: dict[str, object] = {}
+    offset = 0
+    for name, shape in tensors.items():
+        size = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with path.open("wb") as file:
+        file.write(len(text).to_bytes(8, "little") + text)
+        file.truncate(8 + len(text) + offset)
+
+
+def _eight_billion(directory: Path) -> Path:
+    """A checkpoint of Llama-3.1-8B's shapes (32 layers, hidden 4096, vocabulary 128256) as sparse files."""
+    directory.mkdir()
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+              "tie_word_embeddings": False, "dtype": "bfloat16"}  # fmt: skip
+    (directory / "config.json").write_text(json.dumps(config))
+    weight_map = {}
+    for shard in range(4):
+        tensors = {}
+        for layer in range(8 * shard, 8 * shard + 8):
+            prefix = f"model.layers.{layer}."
+            tensors.update({f"{prefix}self_attn.q_proj.weight": [4096, 4096],
+                            f"{prefix}self_attn.k_proj.weight": [1024, 4096],
+                            f"{prefix}self_attn.v_proj.weight": [1024, 4096],
+                            f"{prefix}self_attn.o_proj.weight": [4096, 4096],
+                            f"{prefix}mlp.gate_proj.weight": [14336, 4096],
+                            f"{prefix}mlp.up_proj.weight": [14336, 4096],
+                            f"{prefix}mlp.down_proj.weight": [4096, 14336],
+                            f"{prefix}input_layernorm.weight": [4096],
+                            f"{prefix}post_attention_layernorm.weight": [4096]})  # fmt: skip
+        if shard == 3:
+            tensors.update({"model.embed_tokens.weight": [128256, 4096], "lm_head.weight": [128256, 4096],
+                            "model.norm.weight": [4096]})  # fmt: skip
+        name = f"model-0000{shard + 1}-of-00004.safetensors"
+        _sparse_safetensors(directory / name, tensors)
+        weight_map.update(dict.fromkeys(tensors, name))
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return directory
+
+
+def test_a_checkpoint_larger_than_the_machine_is_refused_before_any_work(tmp_path: Path) -> None:
+    """8.03B parameters need about 33.6 GB as the compile holds them today: one line with the figures and what
+    fits, exit status 1, nothing written (the estimate reads the shards' headers only)."""
+    checkpoint = _eight_billion(tmp_path / "llama-8b")
+    flags = ["--precision", "int4", "--int4-algorithm", "rtn", "--target", "cpu", "--target", "sm_86"]
+    command = [sys.executable, "-m", "tensorsmith.cli.main", "compile", str(checkpoint), "-o", str(tmp_path / "out")]
+    run = subprocess.run([*command, *flags], capture_output=True, text=True)
+    assert run.returncode == 1, run.stderr
+    first = run.stderr.strip().splitlines()[0]
+    assert "8.03B parameters" in first and "GB of memory" in first, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "hint: this machine compiles decoders up to" in first
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*.partial*"))
+
+
+def test_the_estimate_grows_with_the_parameters_and_the_plan(tmp_path: Path) -> None:
+    checkpoint = _eight_billion(tmp_path / "llama-8b")
+    int4 = CompileConfig.create({"source": str(checkpoint), "precision": "int4", "int4_algorithm": "rtn",
+                                 "targets": ["cpu", "sm_86"]})  # fmt: skip
+    fp16 = CompileConfig.create({"source": str(checkpoint), "precision": "fp16", "targets": ["sm_86", "sm_120"]})
+    with pytest.raises(ConfigError) as refused:
+        check_resources(checkpoint, plan_variants(int4, decoder=True), tmp_path / "out", search=False)
+    assert "8.03B parameters (int4 for cpu, sm_86)" in str(refused.value)
+    with pytest.raises(ConfigError) as refused_fp16:
+        check_resources(checkpoint, plan_variants(fp16, decoder=True), tmp_path / "out", search=False)
+    memory = [float(str(error.value).split("needs about ")[1].split(" GB")[0]) for error in (refused, refused_fp16)]
+    assert memory[0] < memory[1]  # fp16's session widens its weights: more than int4's
+
+
+def test_a_shard_missing_or_cut_short_is_named(tmp_path: Path) -> None:
+    checkpoint = _eight_billion(tmp_path / "llama-8b")
+    config = {"source": str(checkpoint), "check_resources": False}
+    shard = checkpoint / "model-00002-of-00004.safetensors"
+    with shard.open("r+b") as file:
+        file.truncate(shard.stat().st_size - 4096)
+    with pytest.raises(ConfigError, match=r"model-00002-of-00004.safetensors is truncated or damaged"):
+        compile(CompileConfig.create(config), tmp_path / "out")
+    shard.unlink()
+    with pytest.raises(ConfigError, match=r"names model-00002-of-00004.safetensors for 72 tensors, and .* not exist"):
+        compile(CompileConfig.create(config), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_weights_holding_nan_are_refused_naming_the_tensor(tmp_path: Path) -> None:
+    """4 KB of 0xFF in a weight (2,048 bf16 NaNs) is refused as the tensor is read, naming it."""
+    from safetensors import safe_open
+
+    checkpoint = _llama(tmp_path / "checkpoint", layers=4, hidden=64, intermediate=128)
+    path = checkpoint / "model.safetensors"
+    with safe_open(str(path), framework="pt") as opened:
+        names = list(opened.keys())
+    header_length = int.from_bytes(path.read_bytes()[:8], "little")
+    header = json.loads(path.read_bytes()[8 : 8 + header_length])
+    name = "model.layers.2.mlp.up_proj.weight"
+    assert name in names
+    start = 8 + header_length + header[name]["data_offsets"][0]
+    with path.open("r+b") as file:
+        file.seek(start)
+        file.write(b"\xff" * 4096)
+    with pytest.raises(ExportError, match=rf"{name} in .*model.safetensors holds 2048 NaN or infinite values"):
+        compile(CompileConfig.create({"source": str(checkpoint), "targets": ["cpu"]}), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_verification_whose_error_is_nan_fails() -> None:
+    config = CompileConfig.create({"source": "model.onnx"})
+    reference = [np.ones((2, 3), np.float32)]
+    with pytest.raises(VerificationError, match="not finite"):
+        verify(config, ["logits"], reference, [np.full((2, 3), np.nan, np.float32)])
