@@ -1,19 +1,35 @@
 """Decoders of public models' shapes, for the benchmarks at real scale: config.json values of the released
-models, seeded random weights, saved in bf16 with `save_pretrained` (as the models are published), with the
-tinylm sample's tokenizer (a vocabulary of 2,048 inside theirs; the benchmarks measure shapes, not text).
+models, seeded random weights in bf16 laid out as `save_pretrained` lays them out (safetensors shards of 2 GB
+and their index), with the tinylm sample's tokenizer (a vocabulary of 2,048 inside theirs; the benchmarks
+measure shapes, not text).
+
+The weights are drawn and written tensor by tensor, one shard in memory at a time, so that an 8B checkpoint
+is written on a machine with less memory than the model: the model itself is only built on the meta device,
+to learn the keys, shapes and ties that `save_pretrained` would write.
 
     python -m bench.shapes smollm-135m /tmp/shapes/smollm-135m
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    import transformers
 
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "tinylm" / "checkpoint"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+MAX_SHARD_SIZE = "2GB"
+# float32 values drawn per step (128 MB), then rounded into the bf16 tensor: a proper normal's tails without a
+# float32 copy of the largest tensor. Part of the format: changing it changes the weights a seed gives.
+_CHUNK = 1 << 25
 
 _LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
           "attention_bias": False, "mlp_bias": False, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
@@ -21,7 +37,8 @@ _QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_
           "bos_token_id": 1, "eos_token_id": 2, "use_sliding_window": False}  # fmt: skip
 
 # The released config.json values that fix the shapes (HuggingFaceTB/SmolLM-135M, Qwen/Qwen2.5-0.5B,
-# meta-llama/Llama-3.2-1B, Qwen/Qwen2.5-3B); token ids moved to the sample tokenizer's.
+# meta-llama/Llama-3.2-1B, Qwen/Qwen2.5-3B, Qwen/Qwen2.5-7B, meta-llama/Llama-3.1-8B, Qwen/Qwen2.5-14B);
+# token ids moved to the sample tokenizer's.
 SHAPES: dict[str, dict[str, Any]] = {
     "smollm-135m": {**_LLAMA, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
                     "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
@@ -41,28 +58,129 @@ SHAPES: dict[str, dict[str, Any]] = {
                    "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
                    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                    "tie_word_embeddings": True},
+    "qwen2.5-7b": {**_QWEN2, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                   "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                   "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                   "tie_word_embeddings": False},
+    "llama-3.1-8b": {**_LLAMA, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                     "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                     "tie_word_embeddings": False},
+    "qwen2.5-14b": {**_QWEN2, "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,
+                    "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 152064,
+                    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                    "tie_word_embeddings": False},
 }  # fmt: skip
+
+
+def shape_config(shape: str) -> transformers.PretrainedConfig:
+    import transformers
+
+    values = dict(SHAPES[shape])
+    return transformers.AutoConfig.for_model(values.pop("model_type"), **values)
 
 
 def make_checkpoint(shape: str, directory: Path, seed: int = 0) -> Path:
     """Write the checkpoint (bf16 safetensors, sharded as save_pretrained shards) unless it is there already."""
-    import torch
-    import transformers
-
     if (directory / "config.json").is_file():
         return directory
-    values = dict(SHAPES[shape])
-    config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
-    torch.manual_seed(seed)
-    with torch.device("cpu"):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     scratch = directory.with_name(directory.name + ".partial")
     shutil.rmtree(scratch, ignore_errors=True)
-    model.save_pretrained(scratch)
+    write_checkpoint(shape_config(shape), scratch, seed)
     for name in TOKENIZER_FILES:
         shutil.copy(SAMPLE / name, scratch / name)
     scratch.rename(directory)
     return directory
+
+
+def meta_model(config: transformers.PretrainedConfig) -> transformers.PreTrainedModel:
+    """The model's structure without its memory: what its state_dict holds, and which of it is tied."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+
+
+def saved_state_dict(model: transformers.PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The (meta) tensors `save_pretrained` writes, in its order: the state_dict less the ignored and tied keys."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    state_dict = model.state_dict()
+    for key in model._keys_to_ignore_on_save or ():
+        state_dict.pop(key, None)
+    return remove_tied_weights_from_state_dict(state_dict, model)
+
+
+def write_checkpoint(
+    config: transformers.PretrainedConfig, directory: Path, seed: int = 0, max_shard_size: int | str = MAX_SHARD_SIZE
+) -> None:
+    """Write config, generation config and seeded weights as `save_pretrained(directory, max_shard_size=...)`
+    would write the model, one shard in memory at a time."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    model = meta_model(config)
+    state_dict = saved_state_dict(model)
+    split = split_torch_state_dict_into_shards(
+        state_dict, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.dtype = "bfloat16"  # as save_pretrained records the dtype it saved
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(directory)
+    if model.can_generate():
+        model.generation_config.save_pretrained(directory)
+    shards = split.filename_to_tensors
+    for number, (filename, names) in enumerate(shards.items(), 1):
+        start = time.perf_counter()
+        tensors = {name: initial_tensor(model, name, state_dict[name], seed) for name in names}
+        save_file(tensors, directory / filename, metadata={"format": "pt"})
+        size = sum(tensor.nbytes for tensor in tensors.values())
+        del tensors
+        print(
+            f"{directory.name}: {filename} ({number}/{len(shards)}, {size / 1e9:.2f} GB) "
+            f"in {time.perf_counter() - start:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    if split.is_sharded:
+        index = {
+            "metadata": {"total_parameters": model.num_parameters(), **split.metadata},
+            "weight_map": split.tensor_to_filename,
+        }
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def initial_tensor(model: transformers.PreTrainedModel, name: str, meta: torch.Tensor, seed: int) -> torch.Tensor:
+    """The tensor `name` as transformers' `_init_weights` would set it (normal(0, initializer_range) for Linear and
+    Embedding weights, ones for norm weights, zeros for biases), drawn from a generator seeded by seed and name
+    alone, so that the bytes do not depend on the order or the shard plan."""
+    import torch
+    from torch import nn
+
+    module_name, _, attribute = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    kind = type(module).__name__
+    tensor = torch.empty(meta.shape, dtype=meta.dtype)
+    if attribute == "bias":
+        return tensor.zero_()
+    if attribute == "weight" and ("RMSNorm" in kind or "LayerNorm" in kind):
+        return tensor.fill_(1.0)
+    if attribute != "weight" or not isinstance(module, (nn.Linear, nn.Embedding)):
+        raise ValueError(f"no initialisation known for {name} ({kind})")
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+    std = getattr(model.config, "initializer_range", None) or 0.02
+    flat = tensor.view(-1)
+    for begin in range(0, flat.numel(), _CHUNK):
+        chunk = flat[begin : begin + _CHUNK]
+        chunk.copy_(torch.empty(chunk.numel(), dtype=torch.float32).normal_(0.0, std, generator=generator))
+    if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+        tensor[module.padding_idx].zero_()
+    return tensor
 
 
 if __name__ == "__main__":
