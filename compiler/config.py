@@ -99,15 +99,9 @@ class CompileConfig(_Strict):
         "auto", description="auto: dynamo, then TorchScript if dynamo fails"
     )
     trace_every_layer: bool = Field(
-        False,
-        description="trace each of a decoder's layers in the export, instead of two with the rest repeated from "
-        "the second (for layers that differ in ways config.json does not say)",
+        False, description="trace every decoder layer in the export, not two with the rest stamped from the second"
     )
-    check_resources: bool = Field(
-        True,
-        description="estimate a checkpoint's memory and disk needs before any work and refuse a compile that cannot "
-        "fit this machine (compiler/resources.py)",
-    )
+    check_resources: bool = Field(True, description="refuse, before any work, a checkpoint that cannot fit here")
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
     precision: Request = Field(
         FP32.name,

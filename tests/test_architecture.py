@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("compiler.engines",),  # stage: variants → engines
     ("compiler.artifact",),  # staging, inspection, Triton
     ("compiler.report",),
+    ("compiler.resources",),  # will the compile fit: estimated from the checkpoint and the plan
     ("compiler.early_engines",),  # engines started during the variants stage
     ("compiler.pipeline", "compiler.add_engine", "compiler.calibrate"),  # compile(), `build`, `calibrate`: stages
     ("compiler",),  # the package's public face: compile, CompileConfig

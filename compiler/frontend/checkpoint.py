@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tensorsmith.core.errors import ExportError
+from tensorsmith.core.errors import ConfigError, ExportError
+from tensorsmith.core.importing import first_line
 
 if TYPE_CHECKING:
     import torch
@@ -136,3 +138,39 @@ def load_checkpoint(module: torch.nn.Module, path: Path) -> None:
                           hint=SAVE_FLOAT)  # fmt: skip
     module.load_state_dict(state, strict=True)
     logger.info("loaded %d tensors from %s", len(state), path)
+
+
+def check_shards(directory: Path) -> None:
+    """A sharded checkpoint's index names only files that are there, and each of them holds the tensors the index
+    says: a shard missing or cut short is named before any work (transformers would report missing keys, or the
+    kernel a bus error, minutes later)."""
+    from safetensors import SafetensorError, safe_open
+
+    from tensorsmith.compiler.frontend.checkpoint_weights import SHARD_INDEX
+
+    index = directory / SHARD_INDEX
+    if not index.is_file():
+        return
+    try:
+        owner = json.loads(index.read_text())["weight_map"]
+        expected: dict[str, set[str]] = {}
+        for tensor, file in owner.items():
+            expected.setdefault(str(file), set()).add(str(tensor))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise ConfigError(f"{index} is not a safetensors index ({first_line(err)})",
+                          hint="re-save the model with save_pretrained") from err  # fmt: skip
+    for file, tensors in sorted(expected.items()):
+        path = directory / file
+        if not path.is_file():
+            raise ConfigError(f"{index} names {file} for {len(tensors)} tensors, and {path} does not exist",
+                              hint="copy every shard of the checkpoint (the index lists them)")  # fmt: skip
+        try:
+            with safe_open(str(path), framework="numpy") as opened:
+                missing = sorted(tensors - set(opened.keys()))
+        except (SafetensorError, OSError) as err:
+            raise ConfigError(f"checkpoint shard {path} is truncated or damaged ({first_line(err)})",
+                              hint="copy the shard again: its size must match its header") from err  # fmt: skip
+        if missing:
+            raise ConfigError(f"{index} places {missing[0]} in {file}, which does not hold it"
+                              + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                              hint="the index and the shards come from different saves: copy them again")  # fmt: skip

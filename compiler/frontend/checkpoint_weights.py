@@ -110,7 +110,7 @@ def parameters_on_meta() -> Iterator[None]:
         if parameter is not None and parameter.device.type != "meta":
             module._parameters[name] = torch.nn.Parameter(parameter.to("meta"), requires_grad=False)
 
-    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

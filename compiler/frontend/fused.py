@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.frontend.export import ExportedModel, export_source, factory_module
+from tensorsmith.compiler.frontend.export import export_source, factory_module
 from tensorsmith.compiler.frontend.export_cache import (
     FROM_EXPORT_CACHE,
     CachedFusedGraph,
@@ -25,6 +25,7 @@ from tensorsmith.compiler.frontend.export_cache import (
     source_files,
     store,
 )
+from tensorsmith.compiler.frontend.exported import ExportedModel
 from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs

@@ -19,15 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
-from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, check_safetensors_dtypes
-from tensorsmith.compiler.frontend.checkpoint_weights import (
-    SHARD_INDEX,
-    CheckpointWeights,
-    checkpoint_names,
-    empty_parameters,
-    load_buffers,
-    parameters_on_meta,
-)
+from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, check_safetensors_dtypes, check_shards
+from tensorsmith.compiler.frontend.checkpoint_weights import SHARD_INDEX
 from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line
@@ -113,43 +106,9 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
             f"{path} has no .safetensors weights" + (f" (only {', '.join(pickled)})" if pickled else ""),
             hint="re-save the model with save_pretrained(dir, safe_serialization=True); pickled weights are not read",
         )
-    _check_shards(model)
+    check_shards(model.directory)
     _check_dtypes(model)
     return model
-
-
-def _check_shards(model: HuggingFaceModel) -> None:
-    """A sharded checkpoint's index names only files that are there, and each of them holds the tensors the index
-    says: a shard missing or cut short is named before any work (transformers would report missing keys, or the
-    kernel a bus error, minutes later)."""
-    from safetensors import SafetensorError, safe_open
-
-    index = model.directory / SHARD_INDEX
-    if not index.is_file():
-        return
-    try:
-        owner = json.loads(index.read_text())["weight_map"]
-        expected: dict[str, set[str]] = {}
-        for tensor, file in owner.items():
-            expected.setdefault(str(file), set()).add(str(tensor))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-        raise ConfigError(f"{index} is not a safetensors index ({first_line(err)})",
-                          hint="re-save the model with save_pretrained") from err  # fmt: skip
-    for file, tensors in sorted(expected.items()):
-        path = model.directory / file
-        if not path.is_file():
-            raise ConfigError(f"{index} names {file} for {len(tensors)} tensors, and {path} does not exist",
-                              hint="copy every shard of the checkpoint (the index lists them)")  # fmt: skip
-        try:
-            with safe_open(str(path), framework="numpy") as opened:
-                missing = sorted(tensors - set(opened.keys()))
-        except (SafetensorError, OSError) as err:
-            raise ConfigError(f"checkpoint shard {path} is truncated or damaged ({first_line(err)})",
-                              hint="copy the shard again: its size must match its header") from err  # fmt: skip
-        if missing:
-            raise ConfigError(f"{index} places {missing[0]} in {file}, which does not hold it"
-                              + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""),
-                              hint="the index and the shards come from different saves: copy them again")  # fmt: skip
 
 
 def _with_kv_heads(config: dict[str, Any]) -> dict[str, Any]:
@@ -236,7 +195,7 @@ def _transformers() -> Any:
     return transformers
 
 
-def _model_class(model: HuggingFaceModel) -> Any:
+def model_class(model: HuggingFaceModel) -> Any:
     transformers = _transformers()
     cls = getattr(transformers, model.architecture, None)
     if cls is None:
@@ -249,7 +208,7 @@ def _model_class(model: HuggingFaceModel) -> Any:
 
 
 def _forward_parameters(model: HuggingFaceModel) -> list[str]:
-    return list(inspect.signature(_model_class(model).forward).parameters)
+    return list(inspect.signature(model_class(model).forward).parameters)
 
 
 def _dtype_argument(transformers: Any) -> str:
@@ -281,34 +240,10 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
     return slices
 
 
-def _experts_option(model: HuggingFaceModel) -> dict[str, str]:
+def experts_option(model: HuggingFaceModel) -> dict[str, str]:
     """Mixtral-style experts: transformers' default grouped_mm kernel has no ONNX export; batched_mm gathers each
     token's top-k experts' weights and exports to standard ops."""
     return {"experts_implementation": "batched_mm"} if "num_local_experts" in model.config else {}
-
-
-def build_empty_decoder(model: HuggingFaceModel, weights: CheckpointWeights) -> tuple[torch.nn.Module, dict[str, str]]:
-    """The decoder's module with no weight loaded (checkpoint_weights.py): its parameters are float32 tensors
-    never written, the checkpoint's persistent buffers loaded; with each tensor's name in the checkpoint by its
-    name in the module. An ExportError where some parameter has no name in the checkpoint (transformers renames
-    that family's keys as it loads them): the caller loads the module whole instead."""
-    import torch
-
-    cls = _model_class(model)
-    try:
-        config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
-        with parameters_on_meta():
-            loaded = cls._from_config(config, dtype=torch.float32, attn_implementation="eager",
-                                      **_experts_option(model))  # fmt: skip
-    except Exception as err:  # transformers raises many types for a config it cannot build
-        raise ExportError(f"transformers could not build {model.directory}: {first_line(err)}") from err
-    names = checkpoint_names(loaded, weights)
-    if names is None:
-        raise ExportError(f"{model.directory}: some of {model.architecture}'s tensors have other names in the file")
-    empty_parameters(loaded)
-    load_buffers(loaded, weights, names)
-    module = kv_cache_module(loaded.eval())
-    return module, {f"model.{name}": key for name, key in names.items()}  # kv_cache_module holds it as `model`
 
 
 def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
@@ -319,8 +254,8 @@ def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
     import torch
 
     options = {_dtype_argument(_transformers()): torch.float32, "attn_implementation": "eager",
-               **_experts_option(model), **_no_hub_kernels(_transformers())}  # fmt: skip
-    cls = _model_class(model)
+               **experts_option(model), **_no_hub_kernels(_transformers())}  # fmt: skip
+    cls = model_class(model)
     try:
         try:
             config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)

@@ -1,0 +1,186 @@
+"""A decoder's export as two traced layers and the rest stamped from the second (layer_stamping.py), its weights
+either the loaded module's or read from the checkpoint one tensor at a time (checkpoint_weights.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.frontend.checkpoint_weights import (
+    CheckpointWeights,
+    checkpoint_names,
+    empty_parameters,
+    load_buffers,
+    parameters_on_meta,
+    weights_while_running,
+)
+from tensorsmith.compiler.frontend.decoder import kv_cache_module, kv_layout, past_names, present_names
+from tensorsmith.compiler.frontend.exported import ExportedModel, torch_reference
+from tensorsmith.compiler.frontend.exporters import dynamo_program, exporter_cause, released_proto
+from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, experts_option, model_class
+from tensorsmith.compiler.frontend.layer_stamping import (
+    MIN_LAYERS,
+    TRACED_LAYERS,
+    StampingRefused,
+    check_alike,
+    find_layer_stack,
+    per_layer_variation,
+    stamp_layers,
+    truncated,
+    weights_as_inputs,
+)
+from tensorsmith.core.errors import ExportError
+from tensorsmith.core.importing import first_line
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger("tensorsmith.compiler.frontend.export")  # one logger for the export, as before
+
+
+def build_empty_decoder(model: HuggingFaceModel, weights: CheckpointWeights) -> tuple[torch.nn.Module, dict[str, str]]:
+    """The decoder's module with no weight loaded (checkpoint_weights.py): its parameters are float32 tensors
+    never written, the checkpoint's persistent buffers loaded; with each tensor's name in the checkpoint by its
+    name in the module. An ExportError where some parameter has no name in the checkpoint (transformers renames
+    that family's keys as it loads them): the caller loads the module whole instead."""
+    import torch
+
+    cls = model_class(model)
+    try:
+        config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
+        with parameters_on_meta():
+            loaded = cls._from_config(config, dtype=torch.float32, attn_implementation="eager",
+                                      **experts_option(model))  # fmt: skip
+    except Exception as err:  # transformers raises many types for a config it cannot build
+        raise ExportError(f"transformers could not build {model.directory}: {first_line(err)}") from err
+    names = checkpoint_names(loaded, weights)
+    if names is None:
+        raise ExportError(f"{model.directory}: some of {model.architecture}'s tensors have other names in the file")
+    empty_parameters(loaded)
+    load_buffers(loaded, weights, names)
+    module = kv_cache_module(loaded.eval())
+    return module, {f"model.{name}": key for name, key in names.items()}  # kv_cache_module holds it as `model`
+
+
+WeightTensor = Callable[[str], Any]  # a module's tensor name → the graph's tensor (onnx-ir) of its weight
+
+
+def module_tensors(module: torch.nn.Module) -> WeightTensor:
+    """The module's own parameters and buffers as the stamped layers' weights: views of its memory, not copies."""
+    import onnx_ir as ir
+
+    tensors = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers())}
+    return lambda name: ir.Tensor(tensors[name].detach().numpy(), name=name)
+
+
+def _checkpoint_tensors(module: torch.nn.Module, weights: CheckpointWeights, names: dict[str, str]) -> WeightTensor:
+    """The stamped layers' weights read from the checkpoint when written (a non-persistent buffer, which the
+    checkpoint does not hold, from the module)."""
+    own = module_tensors(module)
+    return lambda name: weights.lazy(names[name], name) if name in names else own(name)
+
+
+def _stamping_refusal(module: torch.nn.Module, model: HuggingFaceModel, config: CompileConfig) -> str | None:
+    """Why the decoder's layers are traced whole, or None where two are traced and the rest stamped."""
+    if config.exporter == "torchscript" or config.trace_every_layer:
+        return "asked for"
+    layers = kv_layout(model.config)[0]
+    reason = per_layer_variation(model.config, layers)
+    if reason is None and layers < MIN_LAYERS:
+        reason = f"{layers} layers"  # the whole trace costs little
+    if reason is None and find_layer_stack(module, layers) is None:
+        reason = "no module list of the layers"
+    return reason
+
+
+def export_stamped(
+    module: torch.nn.Module,
+    model: HuggingFaceModel,
+    config: CompileConfig,
+    feeds: dict[str, np.ndarray],
+    scratch: Path | None,
+    weight_tensor: WeightTensor,
+) -> ExportedModel | None:
+    """A decoder traced with two layers and the rest stamped from the second (layer_stamping.py); None where the
+    layers may differ or the trace of two fails, for the whole stack to be traced instead. `weight_tensor` gives
+    every weight of the graph, the traced layers' included (the module's may be empty: checkpoint_weights.py)."""
+    reason = _stamping_refusal(module, model, config)
+    layers = kv_layout(model.config)[0]
+    stack = find_layer_stack(module, layers)
+    if reason is not None or stack is None:
+        logger.info("tracing every layer: %s", reason)
+        return None
+    pasts, presents = past_names(layers), present_names(layers)
+    trimmed = config.model_copy(update={
+        "inputs": [decl for decl in config.inputs if decl.name not in pasts[2 * TRACED_LAYERS :]],
+        "outputs": [name for name in config.outputs if name not in presents[2 * TRACED_LAYERS :]]})  # fmt: skip
+    configs = list({id(m.config): m.config for m in module.modules()
+                    if hasattr(getattr(m, "config", None), "num_hidden_layers")}.values())  # fmt: skip
+    tensors = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers())}
+    warned: list[str] = []
+    try:
+        with truncated(stack, configs):
+            program = dynamo_program(module, trimmed, feeds, trimmed.outputs or None, warned, optimize=False)
+        for name, value in program.model.graph.initializers.items():
+            if name in tensors and tensors[name].is_floating_point():  # before the optimizer reads any weight
+                value.const_value = weight_tensor(name)
+        check_alike(program.model, stack)
+        with weights_as_inputs(program.model, stack) as lifted:
+            program.optimize()  # as the exporter optimizes a whole trace: the fusions match what its rewrites make
+            known = set(tensors)
+            stamp_layers(program.model, stack, lambda name: weight_tensor(name) if name in known else None, lifted,
+                         pasts, presents)  # fmt: skip
+    except StampingRefused as err:
+        logger.info("tracing every layer: %s", err)
+        return None
+    except ExportError:
+        raise  # a damaged checkpoint tensor, named
+    except Exception as err:  # the exporter's errors of any type: the whole trace gives its own, for the user
+        logger.info("tracing every layer: the trace of %d failed (%s)", TRACED_LAYERS, exporter_cause(err))
+        logger.debug("the trace of two layers", exc_info=True)
+        return None
+    reference = torch_reference(module, [decl.name for decl in config.inputs])
+    try:
+        exported = released_proto(program.model, scratch)  # the weights are read, checked and written here
+    except Exception as err:  # onnx-ir wraps what a lazy weight raised in its SerdeError
+        raise _named_cause(err) from err
+    return ExportedModel(exported, "dynamo", None, reference, warned, traced_layers=TRACED_LAYERS)
+
+
+def _named_cause(err: BaseException) -> BaseException:
+    """The ExportError (a checkpoint tensor named) behind `err`, or `err` itself."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, ExportError):
+        cause = cause.__cause__ or cause.__context__
+    return cause or err
+
+
+def export_decoder_from_checkpoint(
+    model: HuggingFaceModel, config: CompileConfig, feeds: dict[str, np.ndarray], scratch: Path | None
+) -> ExportedModel | None:
+    """A decoder exported without loading its weights: an empty module traced with two layers, every weight of
+    the graph read from the checkpoint as it is written, and a reference that reads one module's weights at a
+    time (checkpoint_weights.py). None where the layers cannot be stamped or the module's tensors have other
+    names in the checkpoint: the module is then loaded whole."""
+    weights = CheckpointWeights(model.directory)
+    try:
+        module, names = build_empty_decoder(model, weights)
+    except ExportError as err:
+        logger.info("loading %s whole: %s", model.directory, err)
+        return None
+    exported = export_stamped(module, model, config, feeds, scratch, _checkpoint_tensors(module, weights, names))
+    if exported is None:
+        return None
+    run = torch_reference(module, [decl.name for decl in config.inputs])
+
+    def reference(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with weights_while_running(module, weights, names):
+            return run(feeds)
+
+    exported.reference = reference
+    return exported
