@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import json
 import logging
@@ -28,6 +29,8 @@ from typing import IO
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.files import current_umask, replace_file
 from tensorsmith.runtime.manifest import MANIFEST_NAME, Manifest
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, a quota, a file size limit
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +169,12 @@ def staged_artifact(out: Path, marker: str = MANIFEST_NAME) -> Iterator[Path]:
         staging.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the published artifact gets normal ones
         owner = _own(staging)
         try:
-            yield staging
+            try:
+                yield staging
+            except OSError as err:
+                if err.errno not in DISK_FULL:
+                    raise
+                raise _disk_full(err, out, staging) from err
             owner.close()
             (staging / OWNER_FILE).unlink()
             _publish(staging, out)
@@ -174,6 +182,24 @@ def staged_artifact(out: Path, marker: str = MANIFEST_NAME) -> Iterator[Path]:
             owner.close()
             shutil.rmtree(staging, ignore_errors=True)
     logger.info("wrote %s", out)
+
+
+def _newest_file(directory: Path) -> Path:
+    """The file written last under `directory` (the one a write without a file name failed on), or `directory`."""
+    files = [path for path in directory.rglob("*") if path.is_file() and path.name != OWNER_FILE]
+    return max(files, key=lambda path: path.stat().st_mtime_ns, default=directory)
+
+
+def _disk_full(err: OSError, out: Path, staging: Path) -> ConfigError:
+    """A write the disk (or a file size limit) refused, as one line naming the file: the staging directory is
+    removed as the error passes, so nothing is left half-written."""
+    where = Path(err.filename) if err.filename else _newest_file(staging)
+    shown = out / where.relative_to(staging) if where.is_relative_to(staging) else where
+    free = shutil.disk_usage(out.parent).free / 1e9
+    error = ConfigError(f"writing {shown} failed: {err.strerror or 'no space left'}; nothing was written to {out}",
+                        hint=f"{free:.1f} GB are free there now: free some, or write the artifact to another disk "
+                        "with -o")  # fmt: skip
+    return error
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:

@@ -203,3 +203,25 @@ def test_a_verification_whose_error_is_nan_fails() -> None:
     reference = [np.ones((2, 3), np.float32)]
     with pytest.raises(VerificationError, match="not finite"):
         verify(config, ["logits"], reference, [np.full((2, 3), np.nan, np.float32)])
+
+
+def test_a_disk_that_fills_up_mid_compile_is_one_line_and_nothing_is_left(tmp_path: Path) -> None:
+    """A write refused mid-compile (here a file size limit: EFBIG, as ENOSPC would be) names the file in one line,
+    exits 1, and leaves neither the artifact nor its staging directory."""
+    import resource
+    import signal
+
+    checkpoint = _llama(tmp_path / "checkpoint", layers=4)
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    out = tmp_path / "artifacts" / "tiny"
+    command = [sys.executable, "-m", "tensorsmith.cli.main", "compile", str(checkpoint), "-o", str(out)]
+    run = subprocess.run([*command, "--target", "cpu"], capture_output=True, text=True, preexec_fn=limited)
+    assert run.returncode == 1, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]  # the rest: progress lines
+    assert len(lines) == 1 and lines[0].startswith(f"error: writing {out}/"), run.stderr
+    assert "File too large" in lines[0] and f"nothing was written to {out}" in lines[0]
+    assert not out.exists() and list(out.parent.iterdir()) == []
