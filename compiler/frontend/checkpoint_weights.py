@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ class CheckpointWeights:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self.on_read: Callable[[], None] = lambda: None  # told of each tensor read (the export's progress)
         index = directory / SHARD_INDEX
         owner = json.loads(index.read_text())["weight_map"] if index.is_file() else None
         self._files: dict[str, Path] = {}
@@ -52,6 +53,9 @@ class CheckpointWeights:
             for name in opened.keys():  # noqa: SIM118 (not iterable)
                 if owner is None or owner.get(name) == path.name:
                     self._files[name], self._slices[name] = path, opened.get_slice(name)
+
+    def __len__(self) -> int:
+        return len(self._slices)
 
     def __contains__(self, name: object) -> bool:
         return name in self._slices
@@ -64,6 +68,7 @@ class CheckpointWeights:
         import torch
 
         stored = self._slices[name][:]
+        self.on_read()
         if not stored.is_floating_point():
             return stored
         widened = stored.float()

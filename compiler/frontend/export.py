@@ -22,6 +22,7 @@ from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.stamped_export import export_decoder_from_checkpoint, export_stamped, module_tensors
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line, import_factory
+from tensorsmith.core.progress import LogReporter, Reporter
 
 if TYPE_CHECKING:
     import torch
@@ -128,7 +129,11 @@ def factory_module(config: CompileConfig) -> torch.nn.Module:
 
 
 def export_source(
-    source: Source, feeds: dict[str, np.ndarray], scratch: Path | None = None, module: torch.nn.Module | None = None
+    source: Source,
+    feeds: dict[str, np.ndarray],
+    scratch: Path | None = None,
+    module: torch.nn.Module | None = None,
+    reporter: Reporter | None = None,
 ) -> ExportedModel:
     """Export the source to ONNX with `feeds` as example inputs (ONNX sources were loaded by `open_source`). With
     a `scratch` directory, the dynamo exporter's large graphs are written there and returned as their structure,
@@ -144,7 +149,8 @@ def export_source(
         )
     if source.huggingface is not None:
         if source.is_decoder and not (config.exporter == "torchscript" or config.trace_every_layer):
-            streamed = export_decoder_from_checkpoint(source.huggingface, config, feeds, scratch)
+            shown = reporter or LogReporter()
+            streamed = export_decoder_from_checkpoint(source.huggingface, config, feeds, scratch, shown)
             if streamed is not None:
                 return streamed
         module = build_module(source.huggingface, [decl.name for decl in config.inputs])

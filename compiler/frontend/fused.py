@@ -117,7 +117,7 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
     reporter.stage(f"exporting {config.source}")
     scratch = directory / ".export"  # a large export's weights, read by canonicalize, then deleted
     scratch.mkdir()
-    exported = export_source(source, example_feeds(config) if config.inputs else {}, scratch, module)
+    exported = export_source(source, example_feeds(config) if config.inputs else {}, scratch, module, reporter)
     del module
     described = source_record(config, exported, files)
     # The source's outputs now, so that the source model (a torch module: the fp32 weights again) and the

@@ -3,8 +3,9 @@ either the loaded module's or read from the checkpoint one tensor at a time (che
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from tensorsmith.compiler.frontend.layer_stamping import (
 )
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.importing import first_line
+from tensorsmith.core.progress import Reporter
 
 if TYPE_CHECKING:
     import torch
@@ -161,26 +163,51 @@ def _named_cause(err: BaseException) -> BaseException:
 
 
 def export_decoder_from_checkpoint(
-    model: HuggingFaceModel, config: CompileConfig, feeds: dict[str, np.ndarray], scratch: Path | None
+    model: HuggingFaceModel,
+    config: CompileConfig,
+    feeds: dict[str, np.ndarray],
+    scratch: Path | None,
+    reporter: Reporter,
 ) -> ExportedModel | None:
     """A decoder exported without loading its weights: an empty module traced with two layers, every weight of
     the graph read from the checkpoint as it is written, and a reference that reads one module's weights at a
-    time (checkpoint_weights.py). None where the layers cannot be stamped or the module's tensors have other
-    names in the checkpoint: the module is then loaded whole."""
+    time (checkpoint_weights.py); each shown as a counted task. None where the layers cannot be stamped or the
+    module's tensors have other names in the checkpoint: the module is then loaded whole."""
     weights = CheckpointWeights(model.directory)
     try:
         module, names = build_empty_decoder(model, weights)
     except ExportError as err:
         logger.info("loading %s whole: %s", model.directory, err)
         return None
-    exported = export_stamped(module, model, config, feeds, scratch, _checkpoint_tensors(module, weights, names))
+    with _counted(reporter, "writing the checkpoint's weights into the graph", weights):
+        exported = export_stamped(module, model, config, feeds, scratch, _checkpoint_tensors(module, weights, names))
     if exported is None:
         return None
     run = torch_reference(module, [decl.name for decl in config.inputs])
 
     def reference(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        with weights_while_running(module, weights, names):
+        shown = _counted(reporter, "the source's outputs, one module's weights at a time", weights)
+        with shown, weights_while_running(module, weights, names):
             return run(feeds)
 
     exported.reference = reference
     return exported
+
+
+@contextlib.contextmanager
+def _counted(reporter: Reporter, description: str, weights: CheckpointWeights) -> Iterator[None]:
+    """`weights`' reads while inside, as a task of as many steps as the checkpoint has tensors."""
+    total, done = len(weights), 0
+
+    def read() -> None:  # a tied or folded weight is read twice: the count stops at the total
+        nonlocal done
+        if done < total:
+            done += 1
+            advance(1)
+
+    with reporter.task(description, total) as advance:
+        weights.on_read = read
+        try:
+            yield
+        finally:
+            weights.on_read = lambda: None
