@@ -64,6 +64,7 @@ class RichReporter:
             Task,
             TextColumn,
             TimeElapsedColumn,
+            TimeRemainingColumn,
         )
         from rich.text import Text
 
@@ -81,6 +82,7 @@ class RichReporter:
             Counted(BarColumn()),
             Counted(MofNCompleteColumn()),
             TimeElapsedColumn(),
+            Counted(TimeRemainingColumn()),  # the ETA of a counted task
             console=console,
             transient=True,
         )

@@ -26,7 +26,7 @@ def variant_for(manifest: Manifest, plan: PrecisionPlan | None, target: str) -> 
     for record in manifest.targets:
         if record.name == target:
             return manifest.variant(record.variant)
-    names = [variant.name for variant in manifest.variants]
+    names = [variant.name for variant in manifest.variants if variant.shipped]  # one measured, not shipped: none
     row = get_target(target)
     if plan is not None:
         wanted = row.recipe(plan.precision, weight_only=manifest.generation is not None).variant  # a decoder's auto

@@ -169,7 +169,7 @@ def _check_same_compile(part: Path, manifest: Manifest, theirs: Manifest) -> Non
 def _compile_fields(manifest: Manifest) -> dict[str, object]:
     """The records that identify a compile: its source, the compiled graph, and each variant's bytes."""
     fields: dict[str, object] = {f"source.{key}": value for key, value in manifest.source.model_dump().items()}
-    fields["model.sha256"] = manifest.model.sha256
+    fields["model.sha256"] = manifest.model.sha256 if manifest.model else None
     for variant in manifest.variants:
         fields[f"variants.{variant.name}.sha256"] = variant.sha256
     return fields

@@ -33,7 +33,14 @@ from tensorsmith.core.narrow_twin import drop_twin
 from tensorsmith.core.precisions import AUTO, FP16, precision
 from tensorsmith.core.progress import LogReporter, Reporter, Step, TimedReporter
 from tensorsmith.core.sessions import quiet_onnxruntime
-from tensorsmith.runtime.manifest import FileRecord, Manifest, PassRecord, StepRecord, TargetRecord
+from tensorsmith.runtime.manifest import (
+    FileRecord,
+    Manifest,
+    PassRecord,
+    StepRecord,
+    TargetRecord,
+    external_data_path,
+)
 
 
 @dataclass
@@ -76,6 +83,8 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         fused = fused_graph(source, staging, timed, ranges=fp16)  # the fp16 variant's range check, in verification
         early.fused((fused.inputs, fused.outputs))
         variants = build_variants(plan, fused, config, staging, timed, early.written)
+        if not plan.ships_reference:  # measured against, run by no target: left out of the artifact at the end
+            variants = variants.with_records([variants.records[0].model_copy(update={"shipped": False})])
         layout = None
         if source.huggingface is not None and source.is_decoder:  # its variant files become generation graphs
             records, layout = generation_graphs(variants.records, variants.by_target, source.huggingface, config,
@@ -87,12 +96,20 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
                                 source.is_decoder, early)  # fmt: skip
         targets = [_with_note(target, plan.notes.get(target.name)) for target in targets]
         drop_twin(fused.path)  # measuring is done: the twin is not part of the artifact
+        if not plan.ships_reference:
+            _drop_graph(fused.path)
         tokenizer = copy_tokenizer(source.huggingface, staging) if source.huggingface else []
         manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer, layout)
         write_manifest(staging, manifest)
         timed.stage(f"writing the report and {out}")
         write_report(staging, out.resolve().name)
     return CompileResult(out, manifest, round(time.perf_counter() - started, 3), config.opset, variants.unmet)
+
+
+def _drop_graph(path: Path) -> None:
+    """A graph file and its weights' file, where it has one."""
+    path.unlink()
+    external_data_path(path).unlink(missing_ok=True)
 
 
 def _with_note(target: TargetRecord, note: str | None) -> TargetRecord:
@@ -109,8 +126,9 @@ def _manifest(
     tokenizer: list[FileRecord],
     layout: CacheLayout | None,
 ) -> Manifest:
-    model = next((FileRecord(path=r.path, sha256=r.sha256) for r in variants.records if r.path == fused.record.path),
-                 fused.record)  # the reference's file, rewritten to a generation graph for a decoder  # fmt: skip
+    # the reference's file, rewritten to a generation graph for a decoder; none where it is not shipped
+    model = next((FileRecord(path=r.path, sha256=r.sha256) if r.shipped else None for r in variants.records
+                  if r.path == fused.record.path), fused.record)  # fmt: skip
     dims = layout.dims if layout else source.config.dims
     reports = [*fused.reports, *variants.reports, *(layout.reports if layout else [])]
     return Manifest(

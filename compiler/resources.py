@@ -3,11 +3,12 @@ work, so that a model too large for the machine is refused in one line with the 
 kernel an hour in.
 
 The estimate follows what the compile holds today, measured at the 135M, 1B and 3B shapes (docs/benchmarks.md):
-the fused graph is float32 (its weights are mapped from its file while the passes run over it), the sessions that
-measure it read its narrow twin, and each variant is written next to it. So the peak grows with the parameter
-count times four bytes: `MEMORY_PER_FP32_BYTE` of it for the heaviest variant the plan writes, beside
-`BASE_MEMORY` for torch, transformers, ONNX Runtime and the sessions' working memory. Disk holds the float32 graph,
-its twin, every variant and every engine at once (the artifact is written next to its final place, then renamed).
+the fused graph is float32 on disk, the sessions that measure it hold its narrow twin (16-bit weights), and each
+variant is written and measured next to it. So the peak grows with the parameter count times four bytes:
+`MEMORY_PER_FP32_BYTE` of it for the heaviest variant the plan writes, beside `BASE_MEMORY` for torch,
+transformers, ONNX Runtime and the sessions' working memory. Disk holds the float32 graph, its twin, every variant
+and every engine at once (the artifact is written next to its final place, then renamed; a reference no target
+runs is removed only at the end).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from tensorsmith.core.precisions import Family
 
 GB = 10**9
 BASE_MEMORY = int(1.5 * GB)
-# peak resident bytes per byte of the float32 weights, by what the heaviest variant does: measured 1.0 (3B INT4
-# RTN: 12.36 GB for 12.3 GB of fp32 weights, 1B INT4: 6.30 for 4.9), 1.5 (1B fp16: 8.80; its fp16 session widens
-# every MatMul weight), 2.0 for an fp32 variant measured whole and a decoder's weight search (its stacked levels)
-MEMORY_PER_FP32_BYTE = {Family.WEIGHT_ONLY: 1.0, Family.CALIBRATED: 1.5, Family.FLOAT: 1.5}
+# peak resident bytes per byte of the float32 weights, by what the heaviest variant does, from the compiles measured
+# since the export reads no float32 module (docs/benchmarks.md): weight-only 1.0 (1B INT4 AWQ's variant step, 0.97;
+# 3B INT4 RTN for sm_86 alone: 0.46), float 0.75 (1B fp16 for cpu + sm_86: 0.64), calibrated 1.0 (not measured at
+# scale: as weight-only), 2.0 for an fp32 variant measured whole and a decoder's weight search (its stacked levels)
+MEMORY_PER_FP32_BYTE = {Family.WEIGHT_ONLY: 1.0, Family.CALIBRATED: 1.0, Family.FLOAT: 0.75}
 FP32_OR_SEARCH = 2.0
 TWIN_ABOVE = 1 << 30  # bytes the narrow twin saves at least, or it is not written (core/narrow_twin.py)
 QUANTIZED_OVERHEAD = 1.25  # a quantized variant's scales and the layers it keeps in float
@@ -80,8 +82,12 @@ def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool) -> Res
     parent = out.resolve().parent
     while not parent.exists():
         parent = parent.parent
-    free = shutil.disk_usage(parent).free
-    return ResourceEstimate(parameters, memory, fp32 + twin + variants + engines, available_memory(), free, parent)
+    return ResourceEstimate(parameters, memory, fp32 + twin + variants + engines, available_memory(),
+                            free_disk(parent), parent)  # fmt: skip
+
+
+def free_disk(path: Path) -> int:
+    return shutil.disk_usage(path).free
 
 
 def check_resources(directory: Path, plan: VariantPlan, out: Path, search: bool) -> ResourceEstimate:

@@ -12,7 +12,7 @@ import numpy as np
 
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.device import Device, detect_device
-from tensorsmith.runtime.errors import RuntimeLoadError
+from tensorsmith.runtime.errors import ArtifactError, RuntimeLoadError
 from tensorsmith.runtime.kv_cache import CacheSession
 from tensorsmith.runtime.manifest import EngineRecord, Manifest, VariantRecord, read_manifest, verified_file
 from tensorsmith.runtime.selection import select_engine
@@ -123,6 +123,9 @@ def _cpu_variant(directory: Path, manifest: Manifest) -> tuple[Path, VariantReco
         if target.name == CPU_TARGET:
             variant = manifest.variant(target.variant)
             return verified_file(directory, variant.path, variant.sha256), variant
+    if manifest.model is None:
+        raise ArtifactError(f"{directory} has neither a cpu target nor the fp32 reference graph to run on the CPU",
+                            hint="compile it again with --target cpu")  # fmt: skip
     return verified_file(directory, manifest.model.path, manifest.model.sha256), None
 
 

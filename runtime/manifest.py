@@ -85,6 +85,7 @@ class VariantRecord(FileRecord):
         description="ONNX Runtime session config entries the compile chose by measurement (CPU only), e.g. "
         "session.qdq_matmulnbits_accuracy_level for an INT4 variant",
     )
+    shipped: bool = Field(True, description="false: measured while compiling, not in the artifact (no target runs it)")
 
 
 class EngineRecord(FileRecord):
@@ -126,7 +127,11 @@ class Manifest(_Record):
     schema_version: int = SCHEMA_VERSION
     tensorsmith_version: str
     source: SourceRecord
-    model: FileRecord
+    model: FileRecord | None = Field(
+        None,
+        description="the fp32 reference graph; none where the cpu target runs another variant and no target runs it "
+        "(measured while compiling, then left out: the artifact holds what its targets run)",
+    )
     inputs: list[TensorRecord]
     outputs: list[TensorRecord]
     dims: dict[str, dict[str, int | None]] = Field(

@@ -104,7 +104,8 @@ def variant_sentence(variant: VariantRecord) -> str:
     """e.g. 'fp16 (variants/fp16.onnx): cosine 0.99998, max relative error 0.0012 (the verification inputs)'."""
     figures = ", ".join(METRICS.get(key, key + " {:.4g}").format(value) for key, value in variant.accuracy.items())
     measured = f"{figures} ({variant.evaluated_on})" if figures and variant.evaluated_on else figures
-    return f"{variant.name} ({variant.path}): {measured or 'not verified'}"
+    where = variant.path if variant.shipped else "measured, not shipped: no target runs it"
+    return f"{variant.name} ({where}): {measured or 'not verified'}"
 
 
 def _percent(share: float) -> str:

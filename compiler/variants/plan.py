@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import Recipe, get_target
-from tensorsmith.core.precisions import Family, Precision
+from tensorsmith.core.precisions import FP32, Family, Precision
+
+CPU_TARGET = "cpu"
 
 
 def family_of(recipe: Recipe) -> Family:
@@ -21,6 +23,14 @@ class VariantPlan:
     request: str  # the `--precision` asked for
     by_target: dict[str, Recipe]
     notes: dict[str, str] = field(default_factory=dict)  # target → why it gets another recipe than asked (sm_75)
+
+    @property
+    def ships_reference(self) -> bool:
+        """Whether the artifact keeps the fp32 reference graph: a target runs it, or no cpu target runs another
+        variant (the runtime's fallback on a machine without the targets' GPUs is the cpu target's variant, else the
+        reference)."""
+        runs_fp32 = any(recipe.quantized is None and recipe.floats is FP32 for recipe in self.by_target.values())
+        return runs_fp32 or CPU_TARGET not in self.by_target
 
     def recipes(self) -> dict[Recipe, list[str]]:
         """Each recipe with the targets that share its variant, first-come order."""

@@ -21,13 +21,11 @@ from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.variants import calibrated_builder, float_builder, weight_only_builder  # noqa: F401
 from tensorsmith.compiler.variants.builders import BUILDERS, BuildJob, FamilyVariants
 from tensorsmith.compiler.variants.cpu_backend import choose_cpu_backend
-from tensorsmith.compiler.variants.plan import VariantPlan
+from tensorsmith.compiler.variants.plan import CPU_TARGET, VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord
-
-CPU_TARGET = "cpu"
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.compiler import CompileConfig, compile, resources
 from tensorsmith.compiler.frontend import export
 from tensorsmith.compiler.frontend.fused import verify
-from tensorsmith.compiler.resources import check_resources
+from tensorsmith.compiler.resources import check_resources, estimate
 from tensorsmith.compiler.variants.plan import plan_variants
 from tensorsmith.core.errors import ConfigError, ExportError, VerificationError
 from tensorsmith.runtime import load
@@ -151,16 +151,20 @@ def test_a_checkpoint_larger_than_the_machine_is_refused_before_any_work(tmp_pat
 
 def test_the_estimate_grows_with_the_parameters_and_the_plan(tmp_path: Path) -> None:
     checkpoint = _eight_billion(tmp_path / "llama-8b")
-    int4 = CompileConfig.create({"source": str(checkpoint), "precision": "int4", "int4_algorithm": "rtn",
-                                 "targets": ["cpu", "sm_86"]})  # fmt: skip
-    fp16 = CompileConfig.create({"source": str(checkpoint), "precision": "fp16", "targets": ["sm_86", "sm_120"]})
-    with pytest.raises(ConfigError) as refused:
-        check_resources(checkpoint, plan_variants(int4, decoder=True), tmp_path / "out", search=False)
-    assert "8.03B parameters (int4 for cpu, sm_86)" in str(refused.value)
-    with pytest.raises(ConfigError) as refused_fp16:
-        check_resources(checkpoint, plan_variants(fp16, decoder=True), tmp_path / "out", search=False)
-    memory = [float(str(error.value).split("needs about ")[1].split(" GB")[0]) for error in (refused, refused_fp16)]
-    assert memory[0] < memory[1]  # fp16's session widens its weights: more than int4's
+    config = {"source": str(checkpoint), "precision": "int4", "int4_algorithm": "rtn"}
+    both = estimate(checkpoint, plan_variants(CompileConfig.create({**config, "targets": ["cpu", "sm_86"]}), True),
+                    tmp_path / "out", search=False)  # fmt: skip
+    gpu = estimate(checkpoint, plan_variants(CompileConfig.create({**config, "targets": ["sm_86"]}), True),
+                   tmp_path / "out", search=False)  # fmt: skip
+    assert both.parameters == gpu.parameters == 8_030_261_248
+    assert both.disk > gpu.disk > 4 * both.parameters  # a variant less; the float32 graph in both
+    assert both.memory > 4 * both.parameters  # INT4 holds about the float32 weights' bytes today (resources.py)
+    with pytest.MonkeyPatch.context() as patch:  # a 24 GB machine with room on its disk: the memory is short
+        patch.setattr(resources, "available_memory", lambda: 23 * 10**9)
+        patch.setattr(resources, "free_disk", lambda path: 10**12)
+        with pytest.raises(ConfigError, match=r"8.03B parameters \(int4 for cpu, sm_86\) needs about 33.6 GB of me"):
+            check_resources(checkpoint, plan_variants(CompileConfig.create({**config, "targets": ["cpu", "sm_86"]}),
+                                                      True), tmp_path / "out", search=False)  # fmt: skip
 
 
 def test_a_shard_missing_or_cut_short_is_named(tmp_path: Path) -> None:
@@ -225,3 +229,19 @@ def test_a_disk_that_fills_up_mid_compile_is_one_line_and_nothing_is_left(tmp_pa
     assert len(lines) == 1 and lines[0].startswith(f"error: writing {out}/"), run.stderr
     assert "File too large" in lines[0] and f"nothing was written to {out}" in lines[0]
     assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_the_artifact_holds_what_its_targets_run(tmp_path: Path) -> None:
+    """With a cpu target that runs INT4, no target runs the fp32 reference: it is measured, recorded as not
+    shipped, and left out (at 8B it is 32 GB). A GPU-only artifact keeps it: the runtime's fallback without the
+    GPU."""
+    checkpoint = _llama(tmp_path / "checkpoint", layers=4)
+    int4 = {"source": str(checkpoint), "precision": "int4", "int4_algorithm": "rtn"}
+    result = compile(CompileConfig.create({**int4, "targets": ["cpu", "sm_86"]}), tmp_path / "both")
+    reference = result.manifest.variants[0]
+    assert result.manifest.model is None and not reference.shipped and reference.accuracy["max_relative_error"] < 1e-4
+    assert not list((tmp_path / "both").glob("model.onnx*"))
+    with load(tmp_path / "both") as model:
+        assert model.generate(np.array([[5, 9, 17]], np.int64), max_new_tokens=4).shape == (1, 7)
+    gpu_only = compile(CompileConfig.create({**int4, "targets": ["sm_86"]}), tmp_path / "gpu")
+    assert gpu_only.manifest.model is not None and (tmp_path / "gpu" / "model.onnx").is_file()
