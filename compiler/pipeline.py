@@ -83,7 +83,9 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         fused = fused_graph(source, staging, timed, ranges=fp16)  # the fp16 variant's range check, in verification
         early.fused((fused.inputs, fused.outputs))
         variants = build_variants(plan, fused, config, staging, timed, early.written)
-        if not plan.ships_reference:  # measured against, run by no target: left out of the artifact at the end
+        # a large decoder's reference, measured against and run by no target, is left out of the artifact at the end
+        left_out = source.is_decoder and not plan.ships_reference and external_data_path(fused.path).is_file()
+        if left_out:
             variants = variants.with_records([variants.records[0].model_copy(update={"shipped": False})])
         layout = None
         if source.huggingface is not None and source.is_decoder:  # its variant files become generation graphs
@@ -96,7 +98,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
                                 source.is_decoder, early)  # fmt: skip
         targets = [_with_note(target, plan.notes.get(target.name)) for target in targets]
         drop_twin(fused.path)  # measuring is done: the twin is not part of the artifact
-        if not plan.ships_reference:
+        if left_out:
             _drop_graph(fused.path)
         tokenizer = copy_tokenizer(source.huggingface, staging) if source.huggingface else []
         manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer, layout)

@@ -42,44 +42,55 @@ class CheckpointWeights:
     read on demand as float32 numpy arrays."""
 
     def __init__(self, directory: Path) -> None:
+        from safetensors import safe_open
+
         self.directory = directory
         self.on_read: Callable[[], None] = lambda: None  # told of each tensor read (the export's progress)
         index = directory / SHARD_INDEX
         owner = json.loads(index.read_text())["weight_map"] if index.is_file() else None
         self._files: dict[str, Path] = {}
-        self._slices: dict[str, Any] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._codes: dict[str, str] = {}  # safetensors' dtype codes
         for path in sorted(directory.glob("*.safetensors")):
-            opened = _opened(path)
-            for name in opened.keys():  # noqa: SIM118 (not iterable)
-                if owner is None or owner.get(name) == path.name:
-                    self._files[name], self._slices[name] = path, opened.get_slice(name)
+            with safe_open(str(path), framework="pt") as opened:
+                for name in opened.keys():  # noqa: SIM118 (not iterable)
+                    if owner is None or owner.get(name) == path.name:
+                        piece = opened.get_slice(name)
+                        self._files[name], self._codes[name] = path, piece.get_dtype()
+                        self._shapes[name] = tuple(int(d) for d in piece.get_shape())
 
     def __len__(self) -> int:
-        return len(self._slices)
+        return len(self._files)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._slices
+        return name in self._files
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in self._slices[name].get_shape())
+        return self._shapes[name]
 
     def tensor(self, name: str) -> torch.Tensor:
         """The tensor as stored, floats widened to float32; NaN or infinity refused, naming the tensor."""
         import torch
+        from safetensors import safe_open
 
-        stored = self._slices[name][:]
+        # The shard is mapped for this read only: a mapped page read stays resident while its file is open (every
+        # weight's bf16 bytes by the end of an 8B export), and pread, which maps nothing, copied into fresh memory
+        # at a third of the speed (1B: 9-11 s against 3.2-3.7 s). The copy is made before the map goes.
+        with safe_open(str(self._files[name]), framework="pt") as opened:
+            stored = opened.get_slice(name)[:]
+            copied = stored.to(torch.float32, copy=True) if stored.is_floating_point() else stored.clone()
+        del stored
         self.on_read()
-        if not stored.is_floating_point():
-            return stored
-        widened = stored.float()
+        if not copied.is_floating_point():
+            return copied
         # a NaN or an infinity anywhere makes the sum one: a single pass, no mask (isfinite over every value took
         # 0.77 s for 262M values); the values are counted only then (a finite sum can overflow, in theory)
-        if not bool(torch.isfinite(widened.sum())) and (bad := int((~torch.isfinite(widened)).sum())):
+        if not bool(torch.isfinite(copied.sum())) and (bad := int((~torch.isfinite(copied)).sum())):
             raise ExportError(
                 f"checkpoint tensor {name} in {self._files[name]} holds {bad} NaN or infinite values",
                 hint="the file is damaged or the training diverged: re-download or re-save it",
             )
-        return widened
+        return copied
 
     def array(self, name: str) -> np.ndarray:
         return self.tensor(name).numpy()
@@ -87,21 +98,10 @@ class CheckpointWeights:
     def lazy(self, name: str, graph_name: str) -> ir.TensorProtocol:
         """The checkpoint's `name` as an onnx-ir tensor named `graph_name`: a float weight is read (as float32)
         when a stage reads or writes it; an integer buffer (small) at once."""
-        if self._slices[name].get_dtype() not in FLOAT_CODES:
+        if self._codes[name] not in FLOAT_CODES:
             return ir.tensor(self.array(name), name=graph_name)
         return ir.LazyTensor(lambda: ir.tensor(self.array(name)), dtype=ir.DataType.FLOAT,
                              shape=ir.Shape(self.shape(name)), name=graph_name)  # fmt: skip
-
-
-def _opened(path: Path) -> Any:
-    """A shard read with pread, not mapped: each mapped page read would stay resident while the file is open (at
-    8B, every weight's bf16 bytes by the end of the export)."""
-    from safetensors import safe_open
-
-    try:
-        return safe_open(str(path), framework="pt", device="cpu", backend="pread")
-    except TypeError:  # a safetensors before 0.6 has no pread backend
-        return safe_open(str(path), framework="pt", device="cpu")
 
 
 @contextlib.contextmanager

@@ -26,9 +26,9 @@ class VariantPlan:
 
     @property
     def ships_reference(self) -> bool:
-        """Whether the artifact keeps the fp32 reference graph: a target runs it, or no cpu target runs another
+        """Whether the artifact must keep the fp32 reference graph: a target runs it, or no cpu target runs another
         variant (the runtime's fallback on a machine without the targets' GPUs is the cpu target's variant, else the
-        reference)."""
+        reference). A large decoder's artifact leaves it out otherwise (compiler/pipeline.py)."""
         runs_fp32 = any(recipe.quantized is None and recipe.floats is FP32 for recipe in self.by_target.values())
         return runs_fp32 or CPU_TARGET not in self.by_target
 

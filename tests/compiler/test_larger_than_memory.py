@@ -18,6 +18,7 @@ from tensorsmith.compiler.frontend import export
 from tensorsmith.compiler.frontend.fused import verify
 from tensorsmith.compiler.resources import check_resources, estimate
 from tensorsmith.compiler.variants.plan import plan_variants
+from tensorsmith.core import ir
 from tensorsmith.core.errors import ConfigError, ExportError, VerificationError
 from tensorsmith.runtime import load
 
@@ -231,12 +232,13 @@ def test_a_disk_that_fills_up_mid_compile_is_one_line_and_nothing_is_left(tmp_pa
     assert not out.exists() and list(out.parent.iterdir()) == []
 
 
-def test_the_artifact_holds_what_its_targets_run(tmp_path: Path) -> None:
+def test_a_large_decoder_s_artifact_holds_what_its_targets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a cpu target that runs INT4, no target runs the fp32 reference: it is measured, recorded as not
     shipped, and left out (at 8B it is 32 GB). A GPU-only artifact keeps it: the runtime's fallback without the
-    GPU."""
-    checkpoint = _llama(tmp_path / "checkpoint", layers=4)
+    GPU. (Small models keep it: a toy's reference costs nothing.)"""
+    checkpoint = _llama(tmp_path / "checkpoint", layers=4, vocab=320)  # not the export cache's other 4-layer entry
     int4 = {"source": str(checkpoint), "precision": "int4", "int4_algorithm": "rtn"}
+    monkeypatch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)  # a large decoder's: its weights outside its graph files
     result = compile(CompileConfig.create({**int4, "targets": ["cpu", "sm_86"]}), tmp_path / "both")
     reference = result.manifest.variants[0]
     assert result.manifest.model is None and not reference.shipped and reference.accuracy["max_relative_error"] < 1e-4
