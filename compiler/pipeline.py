@@ -20,6 +20,7 @@ from tensorsmith.compiler.frontend.decoder import generation_record
 from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
 from tensorsmith.compiler.frontend.huggingface import copy_tokenizer
 from tensorsmith.compiler.frontend.source import Source, open_source
+from tensorsmith.compiler.frontend.stamped_export import streams_weights
 from tensorsmith.compiler.report.collect import write_report
 from tensorsmith.compiler.resources import check_resources
 from tensorsmith.compiler.variants.data import check_data
@@ -77,7 +78,8 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
                           "model", hint="use cosine, min-cosine, max-abs or sqnr-db")  # fmt: skip
     plan = plan_variants(config, decoder=source.is_decoder)
     if source.huggingface is not None and config.check_resources:  # a checkpoint too large fails here, in one line
-        check_resources(source.huggingface.directory, plan, out, search=source.is_decoder and config.precision == AUTO)
+        check_resources(source.huggingface.directory, plan, out, search=source.is_decoder and config.precision == AUTO,
+                        streamed=streams_weights(source.huggingface, config))  # fmt: skip
     with staged_artifact(out) as staging, EarlyEngines(config, staging, source.huggingface) as early:
         fp16 = any(recipe.floats is FP16 and recipe.quantized is None for recipe in plan.recipes())
         fused = fused_graph(source, staging, timed, ranges=fp16)  # the fp16 variant's range check, in verification

@@ -17,7 +17,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorsmith.compiler.engines.records import available_memory
 from tensorsmith.compiler.frontend.checkpoint_weights import float_parameters
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.plan import VariantPlan
@@ -41,17 +40,22 @@ class ResourceEstimate:
     parameters: int  # float weights in the checkpoint
     memory: int  # peak resident bytes, estimated
     disk: int  # bytes written under the output's parent, estimated
-    available_memory: int
+    available_memory: int | None  # None where this system does not say (the memory is then not checked)
     free_disk: int
     disk_path: Path
 
     @property
+    def memory_short(self) -> bool:
+        return self.available_memory is not None and self.memory > self.available_memory
+
+    @property
     def fits(self) -> bool:
-        return self.memory <= self.available_memory and self.disk <= self.free_disk
+        return not self.memory_short and self.disk <= self.free_disk
 
     def largest_fitting(self) -> int:
         """Parameters that the cheapest plan (INT4, one target) fits in this machine's memory."""
-        return max(0, int((self.available_memory - BASE_MEMORY) / (4 * MEMORY_PER_FP32_BYTE[Family.WEIGHT_ONLY])))
+        available = self.available_memory or 0
+        return max(0, int((available - BASE_MEMORY) / (4 * MEMORY_PER_FP32_BYTE[Family.WEIGHT_ONLY])))
 
 
 def _memory_factor(recipe: Recipe, request_is_search: bool) -> float:
@@ -67,13 +71,15 @@ def _variant_bytes(recipe: Recipe, parameters: int) -> int:
     return int(parameters * recipe.quantized.element.bits / 8 * QUANTIZED_OVERHEAD)
 
 
-def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool) -> ResourceEstimate:
+def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool, streamed: bool = True) -> ResourceEstimate:
     """What compiling the checkpoint in `directory` into `out` by `plan` holds at its peak, and writes. `search`:
-    a decoder's `auto`, whose weight search holds every level of a layer at once."""
+    a decoder's `auto`, whose weight search holds every level of a layer at once; `streamed`: the export reads the
+    weights from the checkpoint (a stamped decoder), else it loads the float32 module whole beside the rest."""
     parameters = float_parameters(directory)
     fp32 = 4 * parameters
     recipes = plan.recipes()
-    memory = BASE_MEMORY + int(fp32 * max(_memory_factor(recipe, search) for recipe in recipes))
+    factor = max((_memory_factor(recipe, search) for recipe in recipes), default=FP32_OR_SEARCH)
+    memory = BASE_MEMORY + int(fp32 * factor) + (0 if streamed else fp32)
     twin = fp32 // 2 if fp32 // 2 >= TWIN_ABOVE else 0
     variants = sum(_variant_bytes(recipe, parameters) for recipe in recipes if recipe.quantized or
                    recipe.floats.element.bits < 32)  # fmt: skip
@@ -90,22 +96,42 @@ def free_disk(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def check_resources(directory: Path, plan: VariantPlan, out: Path, search: bool) -> ResourceEstimate:
+def available_memory() -> int | None:
+    """What this process may still take: Linux's MemAvailable, or less where a cgroup (a container) limits it;
+    None elsewhere."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    try:  # cgroup v2: the container's limit less what it holds
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def check_resources(
+    directory: Path, plan: VariantPlan, out: Path, search: bool, streamed: bool = True
+) -> ResourceEstimate:
     """The estimate, or a ConfigError saying what the compile needs, what the machine has and what would fit."""
-    found = estimate(directory, plan, out, search)
+    found = estimate(directory, plan, out, search, streamed)
     if found.fits:
         return found
     targets = ", ".join(plan.by_target)
     short = []
-    if found.memory > found.available_memory:
-        short.append(f"{found.memory / GB:.1f} GB of memory (this machine has {found.available_memory / GB:.1f} GB "
-                     "available)")  # fmt: skip
+    if found.memory_short:
+        short.append(f"{found.memory / GB:.1f} GB of memory (this machine has {(found.available_memory or 0) / GB:.1f} "
+                     "GB available)")  # fmt: skip
     if found.disk > found.free_disk:
         short.append(f"{found.disk / GB:.0f} GB of disk ({found.free_disk / GB:.0f} GB free on {found.disk_path})")
-    fitting = found.largest_fitting()
+    memory_hint = (f"this machine's memory holds decoders up to about {found.largest_fitting() / 1e9:.1f}B parameters "
+                   "(--precision int4); " if found.memory_short else "")  # fmt: skip
     raise ConfigError(
         f"{directory}: compiling {found.parameters / 1e9:.2f}B parameters ({plan.request} for {targets}) needs about "
         f"{' and '.join(short)}",
-        hint=f"this machine compiles decoders up to about {fitting / 1e9:.1f}B parameters (--precision int4); fewer "
-        "targets and int4 cut the disk needed; --no-resource-check tries anyway",
+        hint=f"{memory_hint}fewer targets and int4 cut the disk needed; --no-resource-check tries anyway",
     )

@@ -14,8 +14,8 @@ from tensorsmith.runtime.specs import TensorSpec
 
 # 2 added source.warnings, dim_names, default_dims, tokenizer and generation (all optional), and the source kind
 # "huggingface"; version 1 manifests still read.
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3  # 3: a variant may be measured and not shipped; model may be null
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 
 

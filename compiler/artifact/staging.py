@@ -174,7 +174,11 @@ def staged_artifact(out: Path, marker: str = MANIFEST_NAME) -> Iterator[Path]:
             except OSError as err:
                 if err.errno not in DISK_FULL:
                     raise
-                raise _disk_full(err, out, staging) from err
+                try:
+                    said = _disk_full(err, out, staging)
+                except Exception:  # naming the file must never hide the error itself
+                    raise err from None
+                raise said from err
             owner.close()
             (staging / OWNER_FILE).unlink()
             _publish(staging, out)
@@ -193,9 +197,13 @@ def _newest_file(directory: Path) -> Path:
 def _disk_full(err: OSError, out: Path, staging: Path) -> ConfigError:
     """A write the disk (or a file size limit) refused, as one line naming the file: the staging directory is
     removed as the error passes, so nothing is left half-written."""
-    where = Path(err.filename) if err.filename else _newest_file(staging)
+    named = err.filename2 or err.filename  # a copy's destination is the second name
+    where = Path(os.fsdecode(named)) if named else _newest_file(staging)
     shown = out / where.relative_to(staging) if where.is_relative_to(staging) else where
-    free = shutil.disk_usage(out.parent).free / 1e9
+    existing = where
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free / 1e9
     error = ConfigError(f"writing {shown} failed: {err.strerror or 'no space left'}; nothing was written to {out}",
                         hint=f"{free:.1f} GB are free there now: free some, or write the artifact to another disk "
                         "with -o")  # fmt: skip

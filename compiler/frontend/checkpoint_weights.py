@@ -127,24 +127,37 @@ def parameters_on_meta() -> Iterator[None]:
 def checkpoint_names(module: torch.nn.Module, weights: CheckpointWeights, prefix: str = "") -> dict[str, str] | None:
     """Each parameter and persistent buffer of `module` by its name in the module, the checkpoint's name of its
     tensor: its own (less `prefix`), or for a tied one (an output projection sharing the embedding table) the
-    name of the tensor it shares. None where some tensor has no name in the checkpoint (a family whose loader
-    renames keys): such a module is loaded whole, as transformers loads it."""
-    found: dict[str, str] = {}
+    name of the tensor its first name has, as transformers ties them. None where some tensor has no name in the
+    checkpoint, or one of another shape (a family whose loader renames or converts keys): such a module is loaded
+    whole, as transformers loads it."""
     by_identity: dict[int, str] = {}
     named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
     for name, tensor in named:
         key = name.removeprefix(prefix)
-        if key in weights:
-            found[name], by_identity[id(tensor)] = key, key
+        if id(tensor) not in by_identity and key in weights:
+            if weights.shape(key) != tuple(tensor.shape):
+                return None
+            by_identity[id(tensor)] = key
     non_persistent = {f"{path}.{name}".lstrip(".") for path, child in module.named_modules()
                       for name in getattr(child, "_non_persistent_buffers_set", ())}  # fmt: skip
+    found: dict[str, str] = {}
     for name, tensor in named:
-        if name in found or name in non_persistent:
-            continue
-        if id(tensor) not in by_identity:
+        if id(tensor) in by_identity:
+            found[name] = by_identity[id(tensor)]
+        elif name not in non_persistent:
             return None
-        found[name] = by_identity[id(tensor)]
     return found
+
+
+def converts_keys(module: Any) -> bool:
+    """Whether transformers converts some checkpoint tensors as it loads this model (a transpose, experts merged),
+    beyond renaming them: such tensors cannot be read as stored."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter
+    except ImportError:  # a transformers before 5: it converted nothing then
+        return False
+    return any(isinstance(transform, WeightConverter) for transform in get_model_conversion_mapping(module))
 
 
 def empty_parameters(module: torch.nn.Module) -> None:
@@ -168,7 +181,18 @@ def load_buffers(module: torch.nn.Module, weights: CheckpointWeights, names: dic
     for path, buffer in list(module.named_buffers()):
         if path in names:
             owner, _, attribute = path.rpartition(".")
-            module.get_submodule(owner).register_buffer(attribute, weights.tensor(names[path]).to(buffer.dtype))
+            child = module.get_submodule(owner)
+            child.register_buffer(attribute, weights.tensor(names[path]).to(buffer.dtype),
+                                  persistent=attribute not in child._non_persistent_buffers_set)  # fmt: skip
+
+
+def release_parameters(module: torch.nn.Module) -> None:
+    """Every parameter emptied (after the export traced them): a read outside the hooks below fails, instead of
+    computing with memory never written."""
+    import torch
+
+    for parameter in module.parameters():
+        parameter.data = torch.empty(0)
 
 
 @contextlib.contextmanager
@@ -181,7 +205,6 @@ def weights_while_running(module: torch.nn.Module, weights: CheckpointWeights, n
         return [(name, parameter) for name, parameter in child._parameters.items() if parameter is not None]
 
     paths = {id(parameter): name for name, parameter in module.named_parameters(remove_duplicate=False)}
-    shapes = {id(parameter): parameter.shape for parameter in module.parameters()}
     handles = []
     for child in module.modules():
         parameters = own(child)
@@ -190,7 +213,7 @@ def weights_while_running(module: torch.nn.Module, weights: CheckpointWeights, n
 
         def load(_: torch.nn.Module, __: Any, parameters: list[tuple[str, torch.nn.Parameter]] = parameters) -> None:
             for _name, parameter in parameters:
-                parameter.data = weights.tensor(names[paths[id(parameter)]]).reshape(shapes[id(parameter)])
+                parameter.data = weights.tensor(names[paths[id(parameter)]])
 
         def release(_: torch.nn.Module, __: Any, ___: Any, parameters: list[Any] = parameters) -> None:
             for _name, parameter in parameters:  # no placeholder of the full shape: freed memory it took would stay

@@ -15,15 +15,17 @@ from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.checkpoint_weights import (
     CheckpointWeights,
     checkpoint_names,
+    converts_keys,
     empty_parameters,
     load_buffers,
     parameters_on_meta,
+    release_parameters,
     weights_while_running,
 )
 from tensorsmith.compiler.frontend.decoder import kv_cache_module, kv_layout, past_names, present_names
 from tensorsmith.compiler.frontend.exported import ExportedModel, torch_reference
 from tensorsmith.compiler.frontend.exporters import dynamo_program, exporter_cause, released_proto
-from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, experts_option, model_class
+from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, build_module, experts_option, model_class
 from tensorsmith.compiler.frontend.layer_stamping import (
     MIN_LAYERS,
     TRACED_LAYERS,
@@ -61,10 +63,14 @@ def build_empty_decoder(model: HuggingFaceModel, weights: CheckpointWeights) -> 
     except Exception as err:  # transformers raises many types for a config it cannot build
         raise ExportError(f"transformers could not build {model.directory}: {first_line(err)}") from err
     names = checkpoint_names(loaded, weights)
-    if names is None:
-        raise ExportError(f"{model.directory}: some of {model.architecture}'s tensors have other names in the file")
-    empty_parameters(loaded)
-    load_buffers(loaded, weights, names)
+    if names is None or converts_keys(loaded):
+        raise ExportError(f"{model.directory}: transformers renames or converts some of {model.architecture}'s "
+                          "tensors as it loads them")  # fmt: skip
+    try:
+        empty_parameters(loaded)  # address space only, but a strict overcommit policy may refuse it
+        load_buffers(loaded, weights, names)
+    except (RuntimeError, MemoryError) as err:
+        raise ExportError(f"{model.directory}: the empty module could not be made ({first_line(err)})") from err
     module = kv_cache_module(loaded.eval())
     return module, {f"model.{name}": key for name, key in names.items()}  # kv_cache_module holds it as `model`
 
@@ -150,7 +156,10 @@ def export_stamped(
     try:
         exported = released_proto(program.model, scratch)  # the weights are read, checked and written here
     except Exception as err:  # onnx-ir wraps what a lazy weight raised in its SerdeError
-        raise _named_cause(err) from err
+        cause = _named_cause(err)
+        if cause is err:
+            raise
+        raise cause from err
     return ExportedModel(exported, "dynamo", None, reference, warned, traced_layers=TRACED_LAYERS)
 
 
@@ -160,6 +169,15 @@ def _named_cause(err: BaseException) -> BaseException:
     while cause is not None and not isinstance(cause, ExportError):
         cause = cause.__cause__ or cause.__context__
     return cause or err
+
+
+def streams_weights(model: HuggingFaceModel, config: CompileConfig) -> bool:
+    """Whether the export will read `model`'s weights from its checkpoint (no float32 module): a decoder whose
+    config.json says its layers are alike, as far as config.json tells (the trace may still refuse)."""
+    if not model.is_decoder or config.exporter == "torchscript" or config.trace_every_layer:
+        return False
+    layers = kv_layout(model.config)[0]
+    return layers >= MIN_LAYERS and per_layer_variation(model.config, layers) is None
 
 
 def export_decoder_from_checkpoint(
@@ -183,12 +201,18 @@ def export_decoder_from_checkpoint(
         exported = export_stamped(module, model, config, feeds, scratch, _checkpoint_tensors(module, weights, names))
     if exported is None:
         return None
-    run = torch_reference(module, [decl.name for decl in config.inputs])
+    release_parameters(module)  # traced: from here a weight is read only inside its module's forward
+    inputs = [decl.name for decl in config.inputs]
+    run = torch_reference(module, inputs)
 
     def reference(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         shown = _counted(reporter, "the source's outputs, one module's weights at a time", weights)
-        with shown, weights_while_running(module, weights, names):
-            return run(feeds)
+        try:
+            with shown, weights_while_running(module, weights, names):
+                return run(feeds)
+        except RuntimeError as err:  # a weight read outside its module's forward: released, so it fails loudly
+            logger.info("the source's outputs from the whole module: %s", first_line(err))
+            return torch_reference(build_module(model, inputs), inputs)(feeds)
 
     exported.reference = reference
     return exported

@@ -104,16 +104,17 @@ def _sparse_safetensors(path: Path, tensors: dict[str, list[int]]) -> None:
         file.truncate(8 + len(text) + offset)
 
 
-def _eight_billion(directory: Path) -> Path:
-    """A checkpoint of Llama-3.1-8B's shapes (32 layers, hidden 4096, vocabulary 128256) as sparse files."""
+def _eight_billion(directory: Path, shards: int = 4) -> Path:
+    """A checkpoint of Llama-3.1-8B's shapes (32 layers, hidden 4096, vocabulary 128256) as sparse files; with
+    more shards, 8 more such layers each."""
     directory.mkdir()
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "intermediate_size": 14336, "num_hidden_layers": 8 * shards, "num_attention_heads": 32,
               "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
               "tie_word_embeddings": False, "dtype": "bfloat16"}  # fmt: skip
     (directory / "config.json").write_text(json.dumps(config))
     weight_map = {}
-    for shard in range(4):
+    for shard in range(shards):
         tensors = {}
         for layer in range(8 * shard, 8 * shard + 8):
             prefix = f"model.layers.{layer}."
@@ -126,10 +127,10 @@ def _eight_billion(directory: Path) -> Path:
                             f"{prefix}mlp.down_proj.weight": [4096, 14336],
                             f"{prefix}input_layernorm.weight": [4096],
                             f"{prefix}post_attention_layernorm.weight": [4096]})  # fmt: skip
-        if shard == 3:
+        if shard == shards - 1:
             tensors.update({"model.embed_tokens.weight": [128256, 4096], "lm_head.weight": [128256, 4096],
                             "model.norm.weight": [4096]})  # fmt: skip
-        name = f"model-0000{shard + 1}-of-00004.safetensors"
+        name = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
         _sparse_safetensors(directory / name, tensors)
         weight_map.update(dict.fromkeys(tensors, name))
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
@@ -137,16 +138,17 @@ def _eight_billion(directory: Path) -> Path:
 
 
 def test_a_checkpoint_larger_than_the_machine_is_refused_before_any_work(tmp_path: Path) -> None:
-    """8.03B parameters need about 33.6 GB as the compile holds them today: one line with the figures and what
-    fits, exit status 1, nothing written (the estimate reads the shards' headers only)."""
-    checkpoint = _eight_billion(tmp_path / "llama-8b")
+    """256 layers of Llama-3.1-8B's shape (57B parameters: more than any CI machine's memory as the compile holds
+    them today): one line with the figures and what fits, exit status 1, nothing written (the estimate reads the
+    shards' headers only)."""
+    checkpoint = _eight_billion(tmp_path / "llama-56b", shards=32)
     flags = ["--precision", "int4", "--int4-algorithm", "rtn", "--target", "cpu", "--target", "sm_86"]
     command = [sys.executable, "-m", "tensorsmith.cli.main", "compile", str(checkpoint), "-o", str(tmp_path / "out")]
     run = subprocess.run([*command, *flags], capture_output=True, text=True)
     assert run.returncode == 1, run.stderr
     first = run.stderr.strip().splitlines()[0]
-    assert "8.03B parameters" in first and "GB of memory" in first, run.stderr
-    assert len(run.stderr.strip().splitlines()) == 1 and "hint: this machine compiles decoders up to" in first
+    assert "56.89B parameters (int4 for cpu, sm_86) needs about" in first and "GB of memory" in first, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "hint: this machine's memory holds decoders up to" in first
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*.partial*"))
 
 
@@ -208,6 +210,10 @@ def test_a_verification_whose_error_is_nan_fails() -> None:
     reference = [np.ones((2, 3), np.float32)]
     with pytest.raises(VerificationError, match="not finite"):
         verify(config, ["logits"], reference, [np.full((2, 3), np.nan, np.float32)])
+    masked = np.array([[0.5, -np.inf, 2.0]], np.float32)  # the same -inf on both sides (a mask) is no error
+    verify(config, ["logits"], [masked], [masked + np.float32(1e-7)])
+    with pytest.raises(VerificationError, match="not finite"):  # NaN on both sides is still one
+        verify(config, ["logits"], [np.full((2, 3), np.nan, np.float32)], [np.full((2, 3), np.nan, np.float32)])
 
 
 def test_a_disk_that_fills_up_mid_compile_is_one_line_and_nothing_is_left(tmp_path: Path) -> None:
