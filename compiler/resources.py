@@ -96,22 +96,28 @@ def free_disk(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def available_memory() -> int | None:
-    """What this process may still take: Linux's MemAvailable, or less where a cgroup (a container) limits it;
-    None elsewhere."""
+def available_memory(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """What this process may still take: Linux's MemAvailable, or less where a cgroup v2 limit (a container's)
+    leaves less; None elsewhere."""
     try:
         meminfo = Path("/proc/meminfo").read_text().splitlines()
         available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):
         return None
-    try:  # cgroup v2: the container's limit less what it holds
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-            available = min(available, int(limit) - used)
+    left = cgroup_memory_left(cgroup)
+    return available if left is None else min(available, left)
+
+
+def cgroup_memory_left(cgroup: Path) -> int | None:
+    """A cgroup v2's limit less what it holds, its page cache not counted (reclaimable); None without a limit."""
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
+        return int(limit) - (int((cgroup / "memory.current").read_text()) - int(stat.get("file", 0)))
     except (OSError, ValueError):
-        pass
-    return available
+        return None
 
 
 def check_resources(

@@ -170,6 +170,15 @@ def test_the_estimate_grows_with_the_parameters_and_the_plan(tmp_path: Path) -> 
                                                       True), tmp_path / "out", search=False)  # fmt: skip
 
 
+def test_a_container_s_memory_limit_counts_and_its_page_cache_does_not(tmp_path: Path) -> None:
+    (tmp_path / "memory.max").write_text("8000000000\n")
+    (tmp_path / "memory.current").write_text("5000000000\n")
+    (tmp_path / "memory.stat").write_text("anon 1000000000\nfile 4000000000\n")
+    assert resources.cgroup_memory_left(tmp_path) == 7_000_000_000  # 8 GB less 1 GB held (4 GB is page cache)
+    (tmp_path / "memory.max").write_text("max\n")
+    assert resources.cgroup_memory_left(tmp_path) is None
+
+
 def test_a_shard_missing_or_cut_short_is_named(tmp_path: Path) -> None:
     checkpoint = _eight_billion(tmp_path / "llama-8b")
     config = {"source": str(checkpoint), "check_resources": False}
