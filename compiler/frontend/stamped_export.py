@@ -197,7 +197,8 @@ def export_decoder_from_checkpoint(
     except ExportError as err:
         logger.info("loading %s whole: %s", model.directory, err)
         return None
-    with _counted(reporter, "writing the checkpoint's weights into the graph", weights):
+    read = len(set(names.values()))  # the tensors the module reads (a checkpoint may hold others)
+    with _counted(reporter, "writing the checkpoint's weights into the graph", weights, read):
         exported = export_stamped(module, model, config, feeds, scratch, _checkpoint_tensors(module, weights, names))
     if exported is None:
         return None
@@ -206,7 +207,7 @@ def export_decoder_from_checkpoint(
     run = torch_reference(module, inputs)
 
     def reference(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        shown = _counted(reporter, "the source's outputs, one module's weights at a time", weights)
+        shown = _counted(reporter, "the source's outputs, one module's weights at a time", weights, read)
         try:
             with shown, weights_while_running(module, weights, names):
                 return run(feeds)
@@ -219,9 +220,9 @@ def export_decoder_from_checkpoint(
 
 
 @contextlib.contextmanager
-def _counted(reporter: Reporter, description: str, weights: CheckpointWeights) -> Iterator[None]:
-    """`weights`' reads while inside, as a task of as many steps as the checkpoint has tensors."""
-    total, done = len(weights), 0
+def _counted(reporter: Reporter, description: str, weights: CheckpointWeights, total: int) -> Iterator[None]:
+    """`weights`' reads while inside, as a task of `total` steps."""
+    done = 0
 
     def read() -> None:  # a tied or folded weight is read twice: the count stops at the total
         nonlocal done
