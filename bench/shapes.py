@@ -33,8 +33,10 @@ _CHUNK = 1 << 25
 
 _LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
           "attention_bias": False, "mlp_bias": False, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+# Qwen2.5's sizes share these (positions, norm epsilon, rope base)
 _QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
-          "bos_token_id": 1, "eos_token_id": 2, "use_sliding_window": False}  # fmt: skip
+          "bos_token_id": 1, "eos_token_id": 2, "use_sliding_window": False, "max_position_embeddings": 32768,
+          "rms_norm_eps": 1e-6, "rope_theta": 1000000.0}  # fmt: skip
 
 # The released config.json values that fix the shapes (HuggingFaceTB/SmolLM-135M, Qwen/Qwen2.5-0.5B,
 # meta-llama/Llama-3.2-1B, Qwen/Qwen2.5-3B, Qwen/Qwen2.5-7B, meta-llama/Llama-3.1-8B, Qwen/Qwen2.5-14B);
@@ -46,7 +48,6 @@ SHAPES: dict[str, dict[str, Any]] = {
                     "tie_word_embeddings": True},
     "qwen2.5-0.5b": {**_QWEN2, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
                      "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
-                     "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                      "tie_word_embeddings": True},
     "llama-3.2-1b": {**_LLAMA, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
@@ -56,11 +57,9 @@ SHAPES: dict[str, dict[str, Any]] = {
                      "tie_word_embeddings": True},
     "qwen2.5-3b": {**_QWEN2, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
                    "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
-                   "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                    "tie_word_embeddings": True},
     "qwen2.5-7b": {**_QWEN2, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
                    "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
-                   "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                    "tie_word_embeddings": False},
     "llama-3.1-8b": {**_LLAMA, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
@@ -70,7 +69,6 @@ SHAPES: dict[str, dict[str, Any]] = {
                      "tie_word_embeddings": False},
     "qwen2.5-14b": {**_QWEN2, "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,
                     "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 152064,
-                    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                     "tie_word_embeddings": False},
 }  # fmt: skip
 

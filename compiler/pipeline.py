@@ -30,6 +30,7 @@ from tensorsmith.compiler.variants.stage import Variants, build_variants
 from tensorsmith.compiler.variants.text_data import check_text_data
 from tensorsmith.compiler.version import __version__
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.ir import remove_onnx
 from tensorsmith.core.narrow_twin import drop_twin
 from tensorsmith.core.precisions import AUTO, FP16, precision
 from tensorsmith.core.progress import LogReporter, Reporter, Step, TimedReporter
@@ -101,19 +102,13 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         targets = [_with_note(target, plan.notes.get(target.name)) for target in targets]
         drop_twin(fused.path)  # measuring is done: the twin is not part of the artifact
         if left_out:
-            _drop_graph(fused.path)
+            remove_onnx(fused.path)
         tokenizer = copy_tokenizer(source.huggingface, staging) if source.huggingface else []
         manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer, layout)
         write_manifest(staging, manifest)
         timed.stage(f"writing the report and {out}")
         write_report(staging, out.resolve().name)
     return CompileResult(out, manifest, round(time.perf_counter() - started, 3), config.opset, variants.unmet)
-
-
-def _drop_graph(path: Path) -> None:
-    """A graph file and its weights' file, where it has one."""
-    path.unlink()
-    external_data_path(path).unlink(missing_ok=True)
 
 
 def _with_note(target: TargetRecord, note: str | None) -> TargetRecord:

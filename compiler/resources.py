@@ -17,10 +17,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorsmith.compiler.frontend.checkpoint_weights import float_parameters
+from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.plan import VariantPlan
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.memory import available_memory
 from tensorsmith.core.precisions import Family
 
 GB = 10**9
@@ -75,7 +76,7 @@ def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool, stream
     """What compiling the checkpoint in `directory` into `out` by `plan` holds at its peak, and writes. `search`:
     a decoder's `auto`, whose weight search holds every level of a layer at once; `streamed`: the export reads the
     weights from the checkpoint (a stamped decoder), else it loads the float32 module whole beside the rest."""
-    parameters = float_parameters(directory)
+    parameters = CheckpointWeights(directory).float_parameters()
     fp32 = 4 * parameters
     recipes = plan.recipes()
     factor = max((_memory_factor(recipe, search) for recipe in recipes), default=FP32_OR_SEARCH)
@@ -94,30 +95,6 @@ def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool, stream
 
 def free_disk(path: Path) -> int:
     return shutil.disk_usage(path).free
-
-
-def available_memory(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """What this process may still take: Linux's MemAvailable, or less where a cgroup v2 limit (a container's)
-    leaves less; None elsewhere."""
-    try:
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
-        available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return None
-    left = cgroup_memory_left(cgroup)
-    return available if left is None else min(available, left)
-
-
-def cgroup_memory_left(cgroup: Path) -> int | None:
-    """A cgroup v2's limit less what it holds, its page cache not counted (reclaimable); None without a limit."""
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
-        return int(limit) - (int((cgroup / "memory.current").read_text()) - int(stat.get("file", 0)))
-    except (OSError, ValueError):
-        return None
 
 
 def check_resources(

@@ -60,3 +60,27 @@ def current_rss() -> int | None:
     except (OSError, IndexError, ValueError):
         return None
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def available_memory(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """What this process may still take: Linux's MemAvailable, or less where a cgroup v2 limit (a container's)
+    leaves less; None elsewhere."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    left = cgroup_memory_left(cgroup)
+    return available if left is None else min(available, left)
+
+
+def cgroup_memory_left(cgroup: Path) -> int | None:
+    """A cgroup v2's limit less what it holds, its page cache not counted (reclaimable); None without a limit."""
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
+        return int(limit) - (int((cgroup / "memory.current").read_text()) - int(stat.get("file", 0)))
+    except (OSError, ValueError):
+        return None

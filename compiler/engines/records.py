@@ -18,6 +18,7 @@ from tensorsmith.compiler.engines.builder import BUILDER_MODULES, build_engine
 from tensorsmith.compiler.engines.engine_graph import engine_graph
 from tensorsmith.compiler.engines.profiles import decoder_profiles, profile_for
 from tensorsmith.compiler.targets import RTX_TARGETS, Builder, get_target
+from tensorsmith.core import memory
 from tensorsmith.core.errors import BuildError
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.progress import Reporter
@@ -159,14 +160,9 @@ def memory_factor(builders: Iterable[Builder]) -> int:
 
 
 def available_memory() -> int:
-    """MemAvailable from /proc/meminfo (Linux); elsewhere as if one build fits."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return BUILD_MEMORY_BASE
+    """What this process may still take (core/memory.py); elsewhere as if one build fits."""
+    available = memory.available_memory()
+    return BUILD_MEMORY_BASE if available is None else available
 
 
 def build_engine_record(

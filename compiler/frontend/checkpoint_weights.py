@@ -46,13 +46,12 @@ class CheckpointWeights:
 
         self.directory = directory
         self.on_read: Callable[[], None] = lambda: None  # told of each tensor read (the export's progress)
-        index = directory / SHARD_INDEX
-        owner = json.loads(index.read_text())["weight_map"] if index.is_file() else None
+        owner = shard_owner(directory)
         self._files: dict[str, Path] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._codes: dict[str, str] = {}  # safetensors' dtype codes
         for path in sorted(directory.glob("*.safetensors")):
-            with safe_open(str(path), framework="pt") as opened:
+            with safe_open(str(path), framework="numpy") as opened:  # the headers only: no torch to import
                 for name in opened.keys():  # noqa: SIM118 (not iterable)
                     if owner is None or owner.get(name) == path.name:
                         piece = opened.get_slice(name)
@@ -67,6 +66,11 @@ class CheckpointWeights:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
+
+    def float_parameters(self) -> int:
+        """The float weights' count, from the headers alone."""
+        return sum(int(np.prod(self._shapes[name], dtype=np.int64)) for name, code in self._codes.items()
+                   if code in FLOAT_CODES)  # fmt: skip
 
     def tensor(self, name: str) -> torch.Tensor:
         """The tensor as stored, floats widened to float32; NaN or infinity refused, naming the tensor."""
@@ -102,6 +106,12 @@ class CheckpointWeights:
             return ir.tensor(self.array(name), name=graph_name)
         return ir.LazyTensor(lambda: ir.tensor(self.array(name)), dtype=ir.DataType.FLOAT,
                              shape=ir.Shape(self.shape(name)), name=graph_name)  # fmt: skip
+
+
+def shard_owner(directory: Path) -> dict[str, str] | None:
+    """A sharded checkpoint's index: the file that holds each tensor (None for a single file)."""
+    index = directory / SHARD_INDEX
+    return dict(json.loads(index.read_text())["weight_map"]) if index.is_file() else None
 
 
 @contextlib.contextmanager
@@ -226,19 +236,3 @@ def weights_while_running(module: torch.nn.Module, weights: CheckpointWeights, n
     finally:
         for handle in handles:
             handle.remove()
-
-
-def float_parameters(directory: Path) -> int:
-    """The float weights' count in a model directory's safetensors files, from their headers alone."""
-    from safetensors import safe_open
-
-    index = directory / SHARD_INDEX
-    owner = json.loads(index.read_text())["weight_map"] if index.is_file() else None
-    count = 0
-    for path in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(path), framework="numpy") as opened:
-            for name in opened.keys():  # noqa: SIM118 (not iterable)
-                piece = opened.get_slice(name)
-                if (owner is None or owner.get(name) == path.name) and piece.get_dtype() in FLOAT_CODES:
-                    count += int(np.prod(piece.get_shape(), dtype=np.int64))
-    return count

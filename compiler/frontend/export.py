@@ -19,7 +19,12 @@ from tensorsmith.compiler.frontend.exported import ExportedModel, torch_referenc
 from tensorsmith.compiler.frontend.exporters import export_dynamo, export_torchscript, exporter_cause
 from tensorsmith.compiler.frontend.huggingface import build_module, export_hint
 from tensorsmith.compiler.frontend.source import Source
-from tensorsmith.compiler.frontend.stamped_export import export_decoder_from_checkpoint, export_stamped, module_tensors
+from tensorsmith.compiler.frontend.stamped_export import (
+    export_decoder_from_checkpoint,
+    export_stamped,
+    module_tensors,
+    streams_weights,
+)
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line, import_factory
 from tensorsmith.core.progress import LogReporter, Reporter
@@ -148,7 +153,7 @@ def export_source(
             hint="add [[inputs]] to tensorsmith.toml or pass --input NAME:DTYPE:DIMS for each forward() argument",
         )
     if source.huggingface is not None:
-        if source.is_decoder and not (config.exporter == "torchscript" or config.trace_every_layer):
+        if streams_weights(source.huggingface, config):
             shown = reporter or LogReporter()
             streamed = export_decoder_from_checkpoint(source.huggingface, config, feeds, scratch, shown)
             if streamed is not None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, check_safetensors_dtypes, check_shards
-from tensorsmith.compiler.frontend.checkpoint_weights import SHARD_INDEX
+from tensorsmith.compiler.frontend.checkpoint_weights import shard_owner
 from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line
@@ -230,8 +230,7 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
     the Llama-3.2-1B shape, the 2.5 GB bf16 file on top of the 4.9 GB fp32 module)."""
     from safetensors import safe_open
 
-    index = model.directory / SHARD_INDEX  # a sharded checkpoint's: which file holds each tensor
-    owner = json.loads(index.read_text())["weight_map"] if index.is_file() else None
+    owner = shard_owner(model.directory)  # a sharded checkpoint's: which file holds each tensor
     slices: dict[str, Any] = {}
     for path in model.weights():
         opened = safe_open(str(path), framework="pt", device="cpu", backend="pread")

@@ -93,16 +93,15 @@ def _checkpoint_tensors(module: torch.nn.Module, weights: CheckpointWeights, nam
     return lambda name: weights.lazy(names[name], name) if name in names else own(name)
 
 
-def _stamping_refusal(module: torch.nn.Module, model: HuggingFaceModel, config: CompileConfig) -> str | None:
-    """Why the decoder's layers are traced whole, or None where two are traced and the rest stamped."""
+def _stamping_refusal(model: HuggingFaceModel, config: CompileConfig) -> str | None:
+    """Why config.json or the compile's options have the decoder's layers traced whole, or None (the trace may
+    still find them unlike: export_stamped)."""
     if config.exporter == "torchscript" or config.trace_every_layer:
         return "asked for"
     layers = kv_layout(model.config)[0]
     reason = per_layer_variation(model.config, layers)
     if reason is None and layers < MIN_LAYERS:
         reason = f"{layers} layers"  # the whole trace costs little
-    if reason is None and find_layer_stack(module, layers) is None:
-        reason = "no module list of the layers"
     return reason
 
 
@@ -117,11 +116,11 @@ def export_stamped(
     """A decoder traced with two layers and the rest stamped from the second (layer_stamping.py); None where the
     layers may differ or the trace of two fails, for the whole stack to be traced instead. `weight_tensor` gives
     every weight of the graph, the traced layers' included (the module's may be empty: checkpoint_weights.py)."""
-    reason = _stamping_refusal(module, model, config)
+    reason = _stamping_refusal(model, config)
     layers = kv_layout(model.config)[0]
-    stack = find_layer_stack(module, layers)
+    stack = find_layer_stack(module, layers) if reason is None else None
     if reason is not None or stack is None:
-        logger.info("tracing every layer: %s", reason)
+        logger.info("tracing every layer: %s", reason or "no module list of the layers")
         return None
     pasts, presents = past_names(layers), present_names(layers)
     trimmed = config.model_copy(update={
@@ -174,10 +173,7 @@ def _named_cause(err: BaseException) -> BaseException:
 def streams_weights(model: HuggingFaceModel, config: CompileConfig) -> bool:
     """Whether the export will read `model`'s weights from its checkpoint (no float32 module): a decoder whose
     config.json says its layers are alike, as far as config.json tells (the trace may still refuse)."""
-    if not model.is_decoder or config.exporter == "torchscript" or config.trace_every_layer:
-        return False
-    layers = kv_layout(model.config)[0]
-    return layers >= MIN_LAYERS and per_layer_variation(model.config, layers) is None
+    return model.is_decoder and _stamping_refusal(model, config) is None
 
 
 def export_decoder_from_checkpoint(

@@ -18,7 +18,7 @@ from tensorsmith.compiler.frontend import export
 from tensorsmith.compiler.frontend.fused import verify
 from tensorsmith.compiler.resources import check_resources, estimate
 from tensorsmith.compiler.variants.plan import plan_variants
-from tensorsmith.core import ir
+from tensorsmith.core import ir, memory
 from tensorsmith.core.errors import ConfigError, ExportError, VerificationError
 from tensorsmith.runtime import load
 
@@ -174,9 +174,9 @@ def test_a_container_s_memory_limit_counts_and_its_page_cache_does_not(tmp_path:
     (tmp_path / "memory.max").write_text("8000000000\n")
     (tmp_path / "memory.current").write_text("5000000000\n")
     (tmp_path / "memory.stat").write_text("anon 1000000000\nfile 4000000000\n")
-    assert resources.cgroup_memory_left(tmp_path) == 7_000_000_000  # 8 GB less 1 GB held (4 GB is page cache)
+    assert memory.cgroup_memory_left(tmp_path) == 7_000_000_000  # 8 GB less 1 GB held (4 GB is page cache)
     (tmp_path / "memory.max").write_text("max\n")
-    assert resources.cgroup_memory_left(tmp_path) is None
+    assert memory.cgroup_memory_left(tmp_path) is None
 
 
 def test_a_shard_missing_or_cut_short_is_named(tmp_path: Path) -> None:
