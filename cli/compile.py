@@ -108,6 +108,12 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
     is_flag=True,
     help="Compile even where the memory and disk estimated before any work exceed what this machine has.",
 )
+@click.option(
+    "--layerwise",
+    type=click.Choice(["auto", "always", "never"]),
+    help="Run the graphs that measure and calibrate one layer at a time: auto where their weights exceed a third "
+    "of the available memory.",
+)
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes (LayerNorm, GELU, attention scale).")
 @click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -141,6 +147,7 @@ def compile_command(
     export_cache: Path | None,
     trace_every_layer: bool,
     no_resource_check: bool,
+    layerwise: str | None,
     no_fuse: bool,
     no_verify: bool,
     as_json: bool,
@@ -169,6 +176,7 @@ def compile_command(
         "fuse": False if no_fuse else None,
         "trace_every_layer": True if trace_every_layer else None,
         "check_resources": False if no_resource_check else None,
+        "layerwise": layerwise,
         "verify": False if no_verify else None,
         "export_cache_dir": str(export_cache.resolve()) if export_cache else None,
     }

@@ -12,6 +12,7 @@ from tensorsmith.calibration.layers import Override
 from tensorsmith.compiler.settings import BuildConfig, GenerationConfig
 from tensorsmith.compiler.targets import TARGETS, Request, check_precision
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.layerwise import Layerwise
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.precisions import AUTO, FP32, INT4, Calibration, Family, precision, requestable
 
@@ -95,13 +96,12 @@ class CompileConfig(_Strict):
         default_factory=dict, description="a dim that is the sum of others, for example feeds (total = past + sequence)"
     )
     opset: int = Field(DEFAULT_OPSET, ge=13, le=23, description="ai.onnx opset of the compiled graph")
-    exporter: Literal["auto", "dynamo", "torchscript"] = Field(
-        "auto", description="auto: dynamo, then TorchScript if dynamo fails"
-    )
+    exporter: Literal["auto", "dynamo", "torchscript"] = Field("auto", description="auto: dynamo, else TorchScript")
     trace_every_layer: bool = Field(
         False, description="trace every decoder layer in the export, not two with the rest stamped from the second"
     )
     check_resources: bool = Field(True, description="refuse, before any work, a checkpoint that cannot fit here")
+    layerwise: Layerwise = Field("auto", description="run measuring graphs a layer at a time (core/layerwise.py)")
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
     precision: Request = Field(
         FP32.name,

@@ -31,6 +31,7 @@ from tensorsmith.compiler.variants.text_data import check_text_data
 from tensorsmith.compiler.version import __version__
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import remove_onnx
+from tensorsmith.core.layerwise import layerwise
 from tensorsmith.core.narrow_twin import drop_twin
 from tensorsmith.core.precisions import AUTO, FP16, precision
 from tensorsmith.core.progress import LogReporter, Reporter, Step, TimedReporter
@@ -81,7 +82,11 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     if source.huggingface is not None and config.check_resources:  # a checkpoint too large fails here, in one line
         check_resources(source.huggingface.directory, plan, out, search=source.is_decoder and config.precision == AUTO,
                         streamed=streams_weights(source.huggingface, config))  # fmt: skip
-    with staged_artifact(out) as staging, EarlyEngines(config, staging, source.huggingface) as early:
+    with (
+        layerwise(config.layerwise),
+        staged_artifact(out) as staging,
+        EarlyEngines(config, staging, source.huggingface) as early,
+    ):
         fp16 = any(recipe.floats is FP16 and recipe.quantized is None for recipe in plan.recipes())
         fused = fused_graph(source, staging, timed, ranges=fp16)  # the fp16 variant's range check, in verification
         early.fused((fused.inputs, fused.outputs))

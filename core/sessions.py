@@ -20,6 +20,7 @@ import onnx
 
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.ir import inline_bytes, save_onnx
+from tensorsmith.core.layerwise import LayerwiseSession, layerwise_segments
 from tensorsmith.core.narrow_twin import TWIN_DISABLED_OPTIMIZERS, twin_of
 from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
@@ -76,13 +77,16 @@ def _joined_rows(session: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]
 
 def open_session(path: Path | onnx.ModelProto) -> Any:
     """A quiet ONNX Runtime CPU session over the file at `path` (its narrow twin where one was written: the same
-    outputs, the weights held in 16 bits), or over an in-memory graph."""
+    outputs, the weights held in 16 bits; run a layer at a time where its weights are large: core/layerwise), or
+    over an in-memory graph."""
     if isinstance(path, onnx.ModelProto):
         return session_for(path)
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
     opened, disabled = measured_file(path)
+    if (segment_bytes := layerwise_segments(opened)) is not None:
+        return LayerwiseSession(opened, segment_bytes, disabled_optimizers=disabled, options=options)
     return onnxruntime.InferenceSession(str(opened), options, providers=["CPUExecutionProvider"],
                                         disabled_optimizers=disabled)  # fmt: skip
 
@@ -178,6 +182,10 @@ def session_with_outputs(path: Path, outputs: Sequence[str], providers: Sequence
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
     opened, disabled = measured_file(path)
+    if (segment_bytes := layerwise_segments(opened)) is not None:
+        session: Any = LayerwiseSession(opened, segment_bytes, outputs, disabled, options)
+        _SESSIONS_OVER[str(path.resolve())] = session
+        return session
     structure = onnx.load(str(opened), load_external_data=False)
     present = {output.name for output in structure.graph.output}
     structure.graph.output.extend(onnx.ValueInfoProto(name=name) for name in outputs if name not in present)

@@ -14,10 +14,12 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
+from tensorsmith.core.layerwise import LayerwiseSession, layerwise_segments
 from tensorsmith.core.sessions import QUIET_SEVERITY, measured_file, owned, quiet_onnxruntime
 
 logger = logging.getLogger(__name__)
@@ -53,23 +55,34 @@ def outputs_and_ranges(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[n
     names = float_node_outputs(graph)
     graph_outputs = [value.name for value in graph.output]
     taken = {name for node in graph.node for name in node.output} | {value.name for value in graph.input}
-    reduced_names = []
-    for name in names:
-        for op, suffix in zip(("ReduceMin", "ReduceMax"), SUFFIXES, strict=True):
-            reduced = f"{name}{suffix}"
-            if reduced in taken:
-                continue
-            # keepdims: an empty tensor reduces too (to ±inf, left out); no axes: over all of them, at any opset
-            graph.node.append(onnx.helper.make_node(op, [name], [reduced], name=reduced, keepdims=1))
-            reduced_names.append(reduced)
+    reduced_names, nodes = [], []
+    wanted = set(names)
+    for node in graph.node:  # each reduction right after its tensor's node: a layerwise run keeps it in that layer
+        nodes.append(node)
+        for name in (output for output in node.output if output in wanted):
+            for op, suffix in zip(("ReduceMin", "ReduceMax"), SUFFIXES, strict=True):
+                reduced = f"{name}{suffix}"
+                if reduced in taken:
+                    continue
+                # keepdims: an empty tensor reduces too (to ±inf, left out); no axes: over all of them, at any opset
+                nodes.append(onnx.helper.make_node(op, [name], [reduced], name=reduced, keepdims=1))
+                nodes[-1].metadata_props.extend(node.metadata_props)
+                reduced_names.append(reduced)
+    del graph.node[:]
+    graph.node.extend(nodes)
     graph.output.extend(onnx.ValueInfoProto(name=name) for name in reduced_names)
     onnxruntime = quiet_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
-    options.add_session_config_entry(EXTERNAL_FOLDER, str(opened.parent))
     started = time.perf_counter()
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
-                                           disabled_optimizers=disabled)  # fmt: skip
+    session: Any
+    if (segment_bytes := layerwise_segments(opened)) is not None:
+        session = LayerwiseSession(opened, segment_bytes, (), disabled, options, structure=model)
+    else:
+        options.add_session_config_entry(EXTERNAL_FOLDER, str(opened.parent))
+        session = onnxruntime.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled
+        )
     del model, graph  # the session holds what it needs
     inputs = {value.name for value in session.get_inputs()}
     results = owned(session.run([*graph_outputs, *reduced_names], {k: v for k, v in feeds.items() if k in inputs}))

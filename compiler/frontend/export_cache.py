@@ -52,7 +52,7 @@ BACK_END_FIELDS = frozenset({
     "precision", "budget", "overrides", "sensitivity_samples", "smoothing", "smoothing_alpha", "calibrator",
     "percentile", "int4_algorithm", "int4_block_size", "calibration", "calibration_samples", "calibration_stats",
     "calibration_batch_size", "evaluation", "tensorrt_cache_version", "targets", "build", "export_cache_dir",
-    "check_resources",
+    "check_resources", "layerwise",
 })  # fmt: skip
 # the packages whose code exports, rewrites or runs the graph: a new version is a new key
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript", "onnx-ir", "onnx-graphsurgeon", "onnxruntime", "numpy")

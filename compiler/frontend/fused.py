@@ -33,6 +33,7 @@ from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.importing import first_line
 from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
+from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.mapped_graph import mapped
 from tensorsmith.core.mapped_save import save_mapped
 from tensorsmith.core.module_paths import module_paths
@@ -135,7 +136,7 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
     shutil.rmtree(scratch)
     structure, reports = fuse(model_path, config, paths)
     reports = [canonical, *reports]
-    write_twin(model_path)  # the sessions that measure model.onnx hold its weights at the checkpoint's width
+    _measured_form(model_path)
     inputs, outputs = io_records(structure)
 
     accuracy: dict[str, float] = {}
@@ -157,7 +158,7 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
 
 def _from_cache(config: CompileConfig, cached: CachedFusedGraph, model_path: Path) -> FusedGraph:
     """The fused graph an earlier compile stored, as this compile's: its source as this config names it."""
-    write_twin(model_path)
+    _measured_form(model_path)
     inputs, outputs = io_records(onnx.load(str(model_path), load_external_data=False))
     if config.source_kind == "factory":  # the same module may come from a checkpoint elsewhere
         checkpoint = config.resolve(config.checkpoint) if config.checkpoint else None
@@ -169,6 +170,13 @@ def _from_cache(config: CompileConfig, cached: CachedFusedGraph, model_path: Pat
     record = FileRecord(path=MODEL_NAME, sha256=cached.sha256)
     return FusedGraph(model_path, record, inputs, outputs, source, cached.reports, cached.accuracy, cached.tuned,
                       cached.verified, cached.ranges)  # fmt: skip
+
+
+def _measured_form(path: Path) -> None:
+    """The sessions that measure the graph at `path` hold its weights at the checkpoint's width (its narrow twin),
+    unless they run it a layer at a time: then one layer is held, and the twin would only cost disk and time."""
+    if layerwise_segments(path) is None:
+        write_twin(path)
 
 
 def _verification_run(
