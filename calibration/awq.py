@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tensorsmith.passes.int4 import INT4_MAX, INT4_MIN, block_amax, block_step
+from tensorsmith.passes.int4 import block_amax, block_step
+from tensorsmith.passes.int4_codes import INT4_MAX, INT4_MIN
 
 ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))  # Model Optimizer awq_lite's grid (alpha_step 0.1)
 CLIP_RATIOS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 … 0.5

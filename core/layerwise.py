@@ -85,28 +85,68 @@ def _stored_bytes(tensor: onnx.TensorProto) -> int:
     return len(tensor.raw_data) or tensor.ByteSize()
 
 
+def _weights_beside_readers(graph: onnx.GraphProto, initializers: Iterable[str]) -> list[tuple[onnx.NodeProto, bool]]:
+    """`graph`'s nodes in an order that is still topological, each node that reads weights only (a weight's
+    DequantizeLinear or Transpose: ONNX Runtime folds them in a whole session) moved to just before its first
+    reader, with whether it is one: a segment then holds the weights its own nodes read, not every layer's."""
+    constant = set(initializers)
+    weights_only = []
+    for node in graph.node:
+        alone = not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        weights_only.append(alone and all(name in constant for name in node.input if name))
+        if weights_only[-1]:
+            constant.update(node.output)
+    producer = {name: index for index, node in enumerate(graph.node) for name in node.output if name}
+    order: list[int] = []
+    placed: set[int] = set()
+
+    def place(index: int) -> None:
+        if index in placed:
+            return
+        for name in graph.node[index].input:
+            if name in producer and weights_only[producer[name]]:
+                place(producer[name])
+        placed.add(index)
+        order.append(index)
+
+    for index in range(len(graph.node)):
+        if not weights_only[index]:
+            place(index)
+    for index in range(len(graph.node)):
+        place(index)
+    return [(graph.node[index], weights_only[index]) for index in order]
+
+
 def segments(structure: onnx.ModelProto, min_bytes: int, wanted: Iterable[str] = ()) -> list[Segment]:
     """`structure`'s nodes cut at layer boundaries into segments of at least `min_bytes` of weights each (the last
     may hold less); `wanted`: values the caller asks for besides the graph's outputs."""
     graph = structure.graph
     initializers = {tensor.name: tensor for tensor in graph.initializer}
-    layers = [layer_of(node) for node in graph.node]
+    order = _weights_beside_readers(graph, initializers.keys())
+    layers = [layer_of(node) for node, _ in order]
     groups: list[list[onnx.NodeProto]] = []
     current: str | None = None
-    for node, layer in zip(graph.node, layers, strict=True):
+    waiting: list[onnx.NodeProto] = []  # nodes that read weights only, placed with the node that reads them
+    for (node, weights_only), layer in zip(order, layers, strict=True):
+        if weights_only:
+            waiting.append(node)
+            continue
         # a graph whose nodes name no module (a variant file: ONNX Runtime's own names) is cut by weight alone;
         # the nodes before the first layer (embedding, rotary tables, mask) go with it, those after with the last
         if not groups or (layer is not None and current is not None and layer != current) or not any(layers):
             groups.append([])
         current = layer if layer is not None else current
-        groups[-1].append(node)
+        groups[-1] += [*waiting, node]
+        waiting = []
+    if waiting:  # weights only, read by no node: a graph output
+        groups.append(waiting) if not groups else groups[-1].extend(waiting)
     reads = [set().union(*(_read_names(node) for node in group)) for group in groups]
     weights = [sum(_stored_bytes(initializers[name]) for name in names if name in initializers) for names in reads]
     if not any(layers):
         min_bytes = max(min_bytes, sum(weights) // UNNAMED_SEGMENTS)
     joined: list[tuple[list[onnx.NodeProto], set[str], int]] = []
     for group, names, size in zip(groups, reads, weights, strict=True):
-        if joined and joined[-1][2] < min_bytes:
+        if joined and joined[-1][2] < max(min_bytes, 1):  # a segment without weights joins the next
             nodes, read, held = joined[-1]
             joined[-1] = (nodes + group, read | names, held + size)
         else:
@@ -222,7 +262,10 @@ class LayerwiseSession:
     def run(self, names: Sequence[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None) -> list[Any]:
         """`names` (every output where None) on `feeds`, one segment's session open at a time."""
         wanted = list(names) if names else list(self._outputs)
-        values: dict[str, Any] = {value.name: feeds[value.name] for value in self._inputs if value.name in feeds}
+        missing = [value.name for value in self._inputs if value.name not in feeds]
+        if missing:  # as ONNX Runtime words it
+            raise ValueError(f"Required inputs ({missing}) are missing from input feed ({list(feeds)}).")
+        values: dict[str, Any] = {value.name: feeds[value.name] for value in self._inputs}
         for index, segment in enumerate(self.segments):
             session = self._open(segment)
             outputs = session.run(segment.outputs, {name: values[name] for name in segment.inputs}, run_options)

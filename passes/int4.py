@@ -19,11 +19,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.formats import absolute_max
+from tensorsmith.core.mapped_graph import PACKED, MappedValues
 from tensorsmith.core.precisions import INT4, INT8
 from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.int4_codes import Int4Codes, codes
 from tensorsmith.passes.matching import constant_value
 
-INT4_MIN, INT4_MAX = -8, 7
 # A block's amax maps to ±7.5, so that rounding uses all 16 levels (-8 for a negative max, 7 clipped for a positive
 # one), as ONNX Runtime's MLAS quantizer does; amax/7 leaves -8 unused: on tinylm, round-to-nearest's perplexity
 # ratio went from 1.105 to 1.057 with this alone (measured, docs/benchmarks.md).
@@ -56,12 +57,8 @@ def block_step(amax: np.ndarray) -> np.ndarray:
 
 def quantize_int4(weight: np.ndarray, block: int, clip: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(q int8 in [-8, 7] [K, N], scale float32 [K/B, N]) of `weight` [K, N]; `clip` [K/B, N] scales the amax."""
-    rows, columns = weight.shape
     scale = block_step(block_amax(weight, block) * (1.0 if clip is None else clip))
-    blocks = weight.reshape(rows // block, block, columns) / scale[:, None, :]  # the one full-size float copy
-    np.round(blocks, out=blocks)
-    q = np.clip(blocks, INT4_MIN, INT4_MAX, out=blocks).astype(np.int8)
-    return q.reshape(rows, columns), scale
+    return codes(weight, scale, block), scale
 
 
 def dequantize_int4(q: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
@@ -109,21 +106,27 @@ class WeightOnlyInt4:
             if weight is None or weight.ndim != 2 or weight.shape[0] % block:
                 skipped[name] = f"weight {None if weight is None else list(weight.shape)}: not [K, N], K % {block}"
                 continue
+            stored = node.inputs[1]._values if isinstance(node.inputs[1], gs.Constant) else None
             weight = np.asarray(weight, dtype=np.float32)  # mapped, read for this layer only
             if plan.input_scale is not None:
                 weight = weight * plan.input_scale[:, None]
-            q, scale = quantize_int4(weight, block, plan.clip)
-            zero = np.zeros_like(q)
-            dequantized = gs.Variable(f"{name}/int4_weight", dtype=np.float32, shape=list(q.shape))
+            if isinstance(stored, MappedValues) and stored.tensor.data_type not in PACKED:  # codes made when written
+                scale = block_step(block_amax(weight, block) * (1.0 if plan.clip is None else plan.clip))
+                codes = gs.Constant(f"{name}/weight_int4", Int4Codes(stored, scale, block, plan.input_scale))
+            else:
+                q, scale = quantize_int4(weight, block, plan.clip)
+                codes = int4_constant(f"{name}/weight_int4", q)
+            del weight
+            dequantized = gs.Variable(f"{name}/int4_weight", dtype=np.float32, shape=list(codes.shape))
             graph.nodes.append(gs.Node(
                 "DequantizeLinear", name=f"{name}/DequantizeLinear", attrs={"axis": 0, "block_size": block},
-                inputs=[int4_constant(f"{name}/weight_int4", q), gs.Constant(f"{name}/weight_scale", scale),
-                        int4_constant(f"{name}/weight_zero_point", zero[: scale.shape[0]])],
+                inputs=[codes, gs.Constant(f"{name}/weight_scale", scale),
+                        int4_constant(f"{name}/weight_zero_point", np.zeros(scale.shape, np.int8))],
                 outputs=[dequantized],
             ))  # fmt: skip
             node.inputs[1] = dequantized
             quantized += 1
-            weight_bytes += q.size // 2 + scale.nbytes
+            weight_bytes += int(np.prod(codes.shape)) // 2 + scale.nbytes
         return PassReport(
             self.name,
             changed=quantized > 0,

@@ -13,7 +13,8 @@ import onnx
 import pytest
 
 from tensorsmith.compiler import CompileConfig, compile
-from tensorsmith.passes.int4 import INT4_MAX, dequantize_int4, quantize_int4
+from tensorsmith.passes.int4 import dequantize_int4, quantize_int4
+from tensorsmith.passes.int4_codes import INT4_MAX
 from tensorsmith.runtime import load
 from tests.compiler.test_decoder_quantization import TINYLM, calibration_text
 
