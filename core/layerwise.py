@@ -2,11 +2,9 @@
 cross between groups, not the model's weights.
 
 An ONNX Runtime session holds every weight of its graph from the moment it opens: at Llama-3.1-8B's shape the fp32
-graph is 32 GB, more than the machine. `LayerwiseSession` cuts the graph's nodes, in their (topological) order,
-into contiguous segments at the decoder layers' boundaries (a node's layer is the first numbered part of its module
-path: `model.layers.7.mlp` → `model.layers.7`), joined until each holds at least `min_bytes` of weights. Any cut of
-a topological order into contiguous runs is a valid one: a segment reads only graph inputs, its own initializers and
-values earlier segments made. Each run opens one segment's session at a time (its structure is written beside the
+graph is 32 GB, more than the machine. `LayerwiseSession` cuts the graph's nodes into contiguous segments at the
+decoder layers' boundaries (core/graph_segments.py), joined until each holds at least `min_bytes` of weights. Each
+run opens one segment's session at a time (its structure is written beside the
 graph, so that its weights are read from the graph's own external data file), runs every row through it, keeps the
 values later segments or the caller need, and closes it. Model Optimizer's layerwise calibration works the same way
 in PyTorch; this is the same on the graph every variant is measured on.
@@ -20,9 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,13 +27,11 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
+from tensorsmith.core.graph_segments import Segment, segments
 from tensorsmith.core.memory import available_memory, trim_heap
-from tensorsmith.core.module_paths import MODULE_KEY, module_path_from_name
 from tensorsmith.runtime.manifest import external_data_path
 
 logger = logging.getLogger(__name__)
-UNNAMED_SEGMENTS = 16  # a graph without module paths is cut into about this many segments of equal weight
-_NUMBERED = re.compile(r"^(.*?(?:^|\.)\d+)(?:\.|$)")  # the module path up to its first numbered part
 
 
 @dataclass(frozen=True)
@@ -46,121 +41,6 @@ class Argument:
     name: str
     shape: list[int | str | None]
     type: str
-
-
-@dataclass(frozen=True)
-class Segment:
-    nodes: list[onnx.NodeProto]
-    inputs: list[str]  # graph inputs and earlier segments' values it reads
-    outputs: list[str]  # values later segments or the graph's outputs read
-    initializers: list[onnx.TensorProto]  # without their data: it stays in the graph's external data file
-    weight_bytes: int
-
-
-def layer_of(node: onnx.NodeProto) -> str | None:
-    """The decoder layer (or any numbered module) `node` belongs to, from its module path; None where it has none."""
-    path = next((entry.value for entry in node.metadata_props if entry.key == MODULE_KEY), None)
-    if path is None and node.name.startswith("/"):
-        path = module_path_from_name(node.name)
-    match = _NUMBERED.match(path or "")
-    return match.group(1) if match else None
-
-
-def _read_names(node: onnx.NodeProto) -> set[str]:
-    """Every value `node` reads, those its subgraphs (If, Loop, Scan) read from the enclosing scope included."""
-    names = {name for name in node.input if name}
-    for attribute in node.attribute:
-        graphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-        for graph in graphs:
-            made = {name for inner in graph.node for name in inner.output} | {value.name for value in graph.input}
-            made |= {tensor.name for tensor in graph.initializer}
-            names |= {name for inner in graph.node for name in _read_names(inner)} - made
-    return names
-
-
-def _stored_bytes(tensor: onnx.TensorProto) -> int:
-    external = {entry.key: entry.value for entry in tensor.external_data}
-    if "length" in external:
-        return int(external["length"])
-    return len(tensor.raw_data) or tensor.ByteSize()
-
-
-def _weights_beside_readers(graph: onnx.GraphProto, initializers: Iterable[str]) -> list[tuple[onnx.NodeProto, bool]]:
-    """`graph`'s nodes in an order that is still topological, each node that reads weights only (a weight's
-    DequantizeLinear or Transpose: ONNX Runtime folds them in a whole session) moved to just before its first
-    reader, with whether it is one: a segment then holds the weights its own nodes read, not every layer's."""
-    constant = set(initializers)
-    weights_only = []
-    for node in graph.node:
-        alone = not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-        weights_only.append(alone and all(name in constant for name in node.input if name))
-        if weights_only[-1]:
-            constant.update(node.output)
-    producer = {name: index for index, node in enumerate(graph.node) for name in node.output if name}
-    order: list[int] = []
-    placed: set[int] = set()
-
-    def place(index: int) -> None:
-        if index in placed:
-            return
-        for name in graph.node[index].input:
-            if name in producer and weights_only[producer[name]]:
-                place(producer[name])
-        placed.add(index)
-        order.append(index)
-
-    for index in range(len(graph.node)):
-        if not weights_only[index]:
-            place(index)
-    for index in range(len(graph.node)):
-        place(index)
-    return [(graph.node[index], weights_only[index]) for index in order]
-
-
-def segments(structure: onnx.ModelProto, min_bytes: int, wanted: Iterable[str] = ()) -> list[Segment]:
-    """`structure`'s nodes cut at layer boundaries into segments of at least `min_bytes` of weights each (the last
-    may hold less); `wanted`: values the caller asks for besides the graph's outputs."""
-    graph = structure.graph
-    initializers = {tensor.name: tensor for tensor in graph.initializer}
-    order = _weights_beside_readers(graph, initializers.keys())
-    layers = [layer_of(node) for node, _ in order]
-    groups: list[list[onnx.NodeProto]] = []
-    current: str | None = None
-    waiting: list[onnx.NodeProto] = []  # nodes that read weights only, placed with the node that reads them
-    for (node, weights_only), layer in zip(order, layers, strict=True):
-        if weights_only:
-            waiting.append(node)
-            continue
-        # a graph whose nodes name no module (a variant file: ONNX Runtime's own names) is cut by weight alone;
-        # the nodes before the first layer (embedding, rotary tables, mask) go with it, those after with the last
-        if not groups or (layer is not None and current is not None and layer != current) or not any(layers):
-            groups.append([])
-        current = layer if layer is not None else current
-        groups[-1] += [*waiting, node]
-        waiting = []
-    if waiting:  # weights only, read by no node: a graph output
-        groups.append(waiting) if not groups else groups[-1].extend(waiting)
-    reads = [set().union(*(_read_names(node) for node in group)) for group in groups]
-    weights = [sum(_stored_bytes(initializers[name]) for name in names if name in initializers) for names in reads]
-    if not any(layers):
-        min_bytes = max(min_bytes, sum(weights) // UNNAMED_SEGMENTS)
-    joined: list[tuple[list[onnx.NodeProto], set[str], int]] = []
-    for group, names, size in zip(groups, reads, weights, strict=True):
-        if joined and joined[-1][2] < max(min_bytes, 1):  # a segment without weights joins the next
-            nodes, read, held = joined[-1]
-            joined[-1] = (nodes + group, read | names, held + size)
-        else:
-            joined.append((group, set(names), size))
-    kept = {output.name for output in graph.output} | set(wanted)
-    made_by = [{name for node in nodes for name in node.output if name} for nodes, _, _ in joined]
-    read_later = [set().union(*(read for _, read, _ in joined[index + 1 :])) for index in range(len(joined))]
-    result = []
-    for (nodes, read, held), made, later in zip(joined, made_by, read_later, strict=True):
-        inputs = sorted(read - made - initializers.keys())
-        outputs = sorted(made & (later | kept))
-        used = [initializers[name] for name in sorted(read) if name in initializers]
-        result.append(Segment(nodes, inputs, outputs, used, held))
-    return result
 
 
 def _element_types(structure: onnx.ModelProto) -> dict[str, int]:
