@@ -19,6 +19,7 @@ from tensorsmith.compiler.variants.measure import Evaluation, measure_session, w
 from tensorsmith.compiler.variants.precision_plan import CpuChoice, SessionChoice
 from tensorsmith.compiler.variants.quantized import flops_fraction
 from tensorsmith.core.ir import save_onnx
+from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.sessions import cpu_session, latency_ms, latency_ms_in_turn, run_onnx
 from tensorsmith.passes import PassReport
@@ -146,17 +147,24 @@ def choose_accuracy_level(
     Each level is measured a few rows at a time (measure.py); the default level's figures are the record's own
     where they hold the metric (build_int4_variant measured them)."""
     path = directory / record.path
+    if layerwise_segments(path) is not None:  # measured a layer at a time: a whole session per level would not fit
+        level = DEFAULT_ACCURACY_LEVEL
+        reason = (f"accuracy level {level} ({ACCURACY_LEVELS[level]}), ONNX Runtime's default, not timed: "
+                  f"{path.name} is measured a layer at a time (a session per level does not fit here)")  # fmt: skip
+        updated = record.model_copy(update={"onnxruntime_session_config": {ACCURACY_LEVEL: level}})
+        return updated, CpuChoice(variant=record.name, reason=reason)
     timed = evaluation.timing if evaluation.timing is not None else evaluation.feeds
     batch = {name: array[:TIMING_BATCH] for name, array in timed.items()}
-    sessions = {level: cpu_session(path, config={ACCURACY_LEVEL: level}) for level in ACCURACY_LEVELS}
-    latency = latency_ms(sessions, batch)
+    # one session at a time: each holds the variant's weights and MatMulNBits' packed copy (at the 8B shape,
+    # two at once held 18 GB)
+    opened = {level: functools.partial(cpu_session, path, config={ACCURACY_LEVEL: level}) for level in ACCURACY_LEVELS}
+    latency = latency_ms_in_turn(opened, batch)
     figures: dict[str, dict[str, float]] = {}
-    for level, session in sessions.items():
+    for level, open_session in opened.items():
         if level == DEFAULT_ACCURACY_LEVEL and _metric_name(evaluation) in record.accuracy:
             figures[level] = dict(record.accuracy)
             continue
-        figures[level] = measure_session(session, evaluation)
-    del sessions
+        figures[level] = measure_session(open_session(), evaluation)
     metric = {level: figures[level][_metric_name(evaluation)] for level in ACCURACY_LEVELS}
     fast, exact = "4", "1"
     faster = latency[fast] < latency[exact] * (1 - MIN_GAIN)
