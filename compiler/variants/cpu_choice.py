@@ -57,7 +57,8 @@ def tuned(variant: VariantRecord, directory: Path, feeds: dict[str, np.ndarray])
     too large to open a session per candidate)."""
     path = directory / variant.path
     weights = external_data_path(path)  # a large graph's weights are beside it
-    if path.stat().st_size + (weights.stat().st_size if weights.is_file() else 0) > MAX_TUNED_BYTES:
+    stored = path.stat().st_size + (weights.stat().st_size if weights.is_file() else 0)
+    if stored > MAX_TUNED_BYTES or layerwise_segments(path) is not None:  # measured layerwise: no whole session
         logger.info("cpu: ONNX Runtime's defaults kept for %s: too large to open a session per candidate", path.name)
         return variant
     disabled, latency = tune_session(path, feeds)
