@@ -2,13 +2,20 @@
 work, so that a model too large for the machine is refused in one line with the figures, never killed by the
 kernel an hour in.
 
-The estimate follows what the compile holds today, measured at the 135M, 1B and 3B shapes (docs/benchmarks.md):
-the fused graph is float32 on disk, the sessions that measure it hold its narrow twin (16-bit weights), and each
-variant is written and measured next to it. So the peak grows with the parameter count times four bytes:
-`MEMORY_PER_FP32_BYTE` of it for the heaviest variant the plan writes, beside `BASE_MEMORY` for torch,
-transformers, ONNX Runtime and the sessions' working memory. Disk holds the float32 graph, its twin, every variant
-and every engine at once (the artifact is written next to its final place, then renamed; a reference no target
-runs is removed only at the end).
+A decoder whose export streams its weights (no float32 module: frontend/stamped_export.py) is measured a layer at a
+time where its graphs are large (core/layerwise.py), and its INT4 codes are written a block of rows at a time: its
+compile holds the largest weights a stage reads at once, not the model. Measured at the 1B and 8B shapes
+(docs/benchmarks.md), its peak is the largest of
+- the export and the layerwise runs: `BASE_MEMORY` + `PER_LARGEST_FP32_BYTE` x the largest weight's float32 bytes
+  (the vocabulary tables, read whole) + one segment;
+- each engine build, in its own process: `ENGINE_BASE` + `ENGINE_PER_VARIANT_BYTE` x the variant it builds from
+  (TensorRT for RTX's parser holds the weights, the builder its engine's copy);
+- a decoder's `auto`, whose weight search holds every level of a layer at once: `FP32_OR_SEARCH` x the float32
+  weights.
+Any other source loads its float32 module whole, and its sessions hold the graph: the float32 weights' bytes times
+what the heaviest variant holds (`MEMORY_PER_FP32_BYTE`). Disk holds the float32 graph, its narrow twin where one is
+written, every variant and every engine at once (the artifact is written next to its final place, then renamed; a
+reference no target runs is removed only at the end).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.plan import VariantPlan
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.layerwise import LAYERWISE_SEGMENT_BYTES, LAYERWISE_SHARE
 from tensorsmith.core.memory import available_memory
 from tensorsmith.core.precisions import Family
 
@@ -34,6 +42,12 @@ MEMORY_PER_FP32_BYTE = {Family.WEIGHT_ONLY: 1.0, Family.CALIBRATED: 1.0, Family.
 FP32_OR_SEARCH = 2.0
 TWIN_ABOVE = 1 << 30  # bytes the narrow twin saves at least, or it is not written (core/narrow_twin.py)
 QUANTIZED_OVERHEAD = 1.25  # a quantized variant's scales and the layers it keeps in float
+# a streamed decoder (the module's docstring), from the 8B INT4 compile for cpu + sm_86: export 5.76 GB and the int4
+# variant's step 6.38 GB with 2.1 GB tables (1.5 + 2.0 x 2.1 + a 0.5 GB segment = 6.2), its sm_86 build 9.6 GB from a
+# 4.2 GB variant (estimated 5.0 GB: 0.7 + 1.8 x 5.0 = 9.7)
+PER_LARGEST_FP32_BYTE = 2.0
+ENGINE_BASE = int(0.7 * GB)
+ENGINE_PER_VARIANT_BYTE = 1.8
 
 
 @dataclass(frozen=True)
@@ -54,9 +68,9 @@ class ResourceEstimate:
         return not self.memory_short and self.disk <= self.free_disk
 
     def largest_fitting(self) -> int:
-        """Parameters that the cheapest plan (INT4, one target) fits in this machine's memory."""
+        """Parameters whose INT4 engine (a streamed decoder's largest stage) this machine's memory builds."""
         available = self.available_memory or 0
-        return max(0, int((available - BASE_MEMORY) / (4 * MEMORY_PER_FP32_BYTE[Family.WEIGHT_ONLY])))
+        return max(0, int((available - ENGINE_BASE) / (ENGINE_PER_VARIANT_BYTE * 0.5 * QUANTIZED_OVERHEAD)))
 
 
 def _memory_factor(recipe: Recipe, request_is_search: bool) -> float:
@@ -76,12 +90,23 @@ def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool, stream
     """What compiling the checkpoint in `directory` into `out` by `plan` holds at its peak, and writes. `search`:
     a decoder's `auto`, whose weight search holds every level of a layer at once; `streamed`: the export reads the
     weights from the checkpoint (a stamped decoder), else it loads the float32 module whole beside the rest."""
-    parameters = CheckpointWeights(directory).float_parameters()
+    weights = CheckpointWeights(directory)
+    parameters = weights.float_parameters()
     fp32 = 4 * parameters
     recipes = plan.recipes()
-    factor = max((_memory_factor(recipe, search) for recipe in recipes), default=FP32_OR_SEARCH)
-    memory = BASE_MEMORY + int(fp32 * factor) + (0 if streamed else fp32)
-    twin = fp32 // 2 if fp32 // 2 >= TWIN_ABOVE else 0
+    available = available_memory()
+    if streamed:
+        engines_from = [_variant_bytes(recipe, parameters) for recipe in recipes if not recipe.on_cpu]
+        memory = max(
+            BASE_MEMORY + int(PER_LARGEST_FP32_BYTE * 4 * weights.largest_float()) + LAYERWISE_SEGMENT_BYTES,
+            ENGINE_BASE + int(ENGINE_PER_VARIANT_BYTE * max(engines_from, default=0)),
+            BASE_MEMORY + int(FP32_OR_SEARCH * fp32) if search else 0,
+        )
+    else:
+        factor = max((_memory_factor(recipe, search) for recipe in recipes), default=FP32_OR_SEARCH)
+        memory = BASE_MEMORY + int(fp32 * factor) + fp32
+    layerwise = available is not None and fp32 > available * LAYERWISE_SHARE  # then no twin is written
+    twin = fp32 // 2 if fp32 // 2 >= TWIN_ABOVE and not layerwise else 0
     variants = sum(_variant_bytes(recipe, parameters) for recipe in recipes if recipe.quantized or
                    recipe.floats.element.bits < 32)  # fmt: skip
     engines = sum(_variant_bytes(recipe, parameters) for recipe, targets in recipes.items()
@@ -89,8 +114,8 @@ def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool, stream
     parent = out.resolve().parent
     while not parent.exists():
         parent = parent.parent
-    return ResourceEstimate(parameters, memory, fp32 + twin + variants + engines, available_memory(),
-                            free_disk(parent), parent)  # fmt: skip
+    return ResourceEstimate(parameters, memory, fp32 + twin + variants + engines, available, free_disk(parent),
+                            parent)  # fmt: skip
 
 
 def free_disk(path: Path) -> int:

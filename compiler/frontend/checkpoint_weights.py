@@ -72,6 +72,11 @@ class CheckpointWeights:
         return sum(int(np.prod(self._shapes[name], dtype=np.int64)) for name, code in self._codes.items()
                    if code in FLOAT_CODES)  # fmt: skip
 
+    def largest_float(self) -> int:
+        """The most elements one float weight holds (the vocabulary tables, in a decoder), from the headers."""
+        return max((int(np.prod(self._shapes[name], dtype=np.int64)) for name, code in self._codes.items()
+                    if code in FLOAT_CODES), default=0)  # fmt: skip
+
     def tensor(self, name: str) -> torch.Tensor:
         """The tensor as stored, floats widened to float32; NaN or infinity refused, naming the tensor."""
         import torch
