@@ -26,6 +26,7 @@ from tensorsmith.compiler.resources import check_resources
 from tensorsmith.compiler.variants.data import check_data
 from tensorsmith.compiler.variants.kv_cache import CacheLayout, check_static_cache, generation_graphs
 from tensorsmith.compiler.variants.plan import plan_variants
+from tensorsmith.compiler.variants.resume import LayerRecords, resume_directory
 from tensorsmith.compiler.variants.stage import Variants, build_variants
 from tensorsmith.compiler.variants.text_data import check_text_data
 from tensorsmith.compiler.version import __version__
@@ -90,7 +91,9 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         fp16 = any(recipe.floats is FP16 and recipe.quantized is None for recipe in plan.recipes())
         fused = fused_graph(source, staging, timed, ranges=fp16)  # the fp16 variant's range check, in verification
         early.fused((fused.inputs, fused.outputs))
-        variants = build_variants(plan, fused, config, staging, timed, early.written)
+        # what the calibration finishes is kept beside OUT until it is published: a killed compile resumes from it
+        resumable = LayerRecords(resume_directory(out), [fused.record.sha256, config.model_dump_json(), __version__])
+        variants = build_variants(plan, fused, config, staging, timed, early.written, resumable)
         # a large decoder's reference, measured against and run by no target, is left out of the artifact at the end
         left_out = source.is_decoder and not plan.ships_reference and external_data_path(fused.path).is_file()
         if left_out:
@@ -113,6 +116,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         write_manifest(staging, manifest)
         timed.stage(f"writing the report and {out}")
         write_report(staging, out.resolve().name)
+    resumable.remove()  # published: nothing is left to resume
     return CompileResult(out, manifest, round(time.perf_counter() - started, 3), config.opset, variants.unmet)
 
 

@@ -21,6 +21,7 @@ from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.variants.data import SplitData, split_data
 from tensorsmith.compiler.variants.plan import VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+from tensorsmith.compiler.variants.resume import LayerRecords
 from tensorsmith.compiler.variants.text_data import is_decoder_graph, text_split
 from tensorsmith.core.precisions import Family
 from tensorsmith.core.progress import Reporter
@@ -39,6 +40,7 @@ class BuildJob:
     reporter: Reporter
     # told of each variant file once it is final, before it is measured: (variant name, its targets, path)
     written: Callable[[str, list[str], Path], None] | None = None
+    records: LayerRecords | None = None  # finished calibration results a killed compile resumes from (resume.py)
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,14 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from tensorsmith.calibration import CalibrationData, Observer
-from tensorsmith.calibration.awq import collect_statistics, search_clip, search_scale
+from tensorsmith.calibration import CalibrationData
 from tensorsmith.compiler.targets import Recipe
+from tensorsmith.compiler.variants.awq_layers import awq_search, awq_statistics
 from tensorsmith.compiler.variants.measure import Evaluation, measure_variant
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
+from tensorsmith.compiler.variants.resume import LayerRecords
 from tensorsmith.compiler.variants.rewrite import rewrite, rewrite_file, rewritten, variant_path
-from tensorsmith.compiler.variants.text_data import prefills_only
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.mapped_graph import load_mapped, values_unkept, weights_released
@@ -117,9 +117,16 @@ def _is_float(dtype: object) -> bool:
 
 
 def plan_int4(
-    source: GraphSource, algorithm: str, block: int, data: CalibrationData | None, reporter: Reporter
+    source: GraphSource,
+    algorithm: str,
+    block: int,
+    data: CalibrationData | None,
+    reporter: Reporter,
+    records: LayerRecords | None = None,
 ) -> Int4Plan:
-    """Round-to-nearest, or AWQ's scales and clipping searched on one pass over the calibration data."""
+    """Round-to-nearest, or AWQ's scales and clipping searched on one pass over the calibration data. `records`:
+    each activation's statistics and search results kept as they are found, and read back where a killed compile
+    found them already (compiler/variants/resume.py)."""
     found = weight_matmuls(source, block)
     matmuls, skipped, smaller = found.chosen, found.skipped, found.blocks
     if smaller:
@@ -132,22 +139,20 @@ def plan_int4(
         return Int4Plan(weights, algorithm, block, found.layers, skipped)
     assert data is not None, "awq needs calibration data (checked with the config)"
     activations = sorted({activation for activation, _ in matmuls.values()})
-    observer = Observer(source, activations)
-    reporter.stage(f"int4 awq: activation statistics of {len(activations)} inputs (one pass over the prefills)")
-    statistics = collect_statistics(observer.run(batch) for batch in prefills_only(data).batches())
-    del observer  # its session holds the fp32 weights
+    statistics = awq_statistics(source, activations, data, reporter, records)
     weights, alphas, relative = {}, {}, {}
     with reporter.task("int4 awq: scale and clipping search", len(activations)) as advance:
         for activation in activations:
             readers = [name for name, (tensor, _) in matmuls.items() if tensor == activation]
-            own_weights = [weight_array(matmuls[name][1]) for name in readers]
-            joint = np.concatenate(own_weights, axis=1)
             own = smaller.get(readers[0])  # readers of one activation share its K, and so the block
-            scale, alphas[activation], relative[activation] = search_scale(statistics[activation], joint, own or block)
-            del joint
-            for name, weight in zip(readers, own_weights, strict=True):
-                clip = search_clip(statistics[activation], weight, scale, own or block)
-                weights[name] = Int4Weight(scale, clip, own)
+            done = records.get(f"awq/{activation}") if records is not None else None
+            if done is None:
+                done = awq_search(statistics[activation], [matmuls[name][1] for name in readers], own or block)
+                if records is not None:
+                    records.put(f"awq/{activation}", done)
+            alphas[activation], relative[activation] = float(done["alpha"]), float(done["relative"])
+            for index, name in enumerate(readers):
+                weights[name] = Int4Weight(done["scale"], done[f"clip{index}"], own)
             advance(1)
     return Int4Plan(weights, algorithm, block, found.layers, skipped, alphas, relative)
 

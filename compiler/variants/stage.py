@@ -23,6 +23,7 @@ from tensorsmith.compiler.variants.builders import BUILDERS, BuildJob, FamilyVar
 from tensorsmith.compiler.variants.cpu_backend import choose_cpu_backend
 from tensorsmith.compiler.variants.plan import CPU_TARGET, VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+from tensorsmith.compiler.variants.resume import LayerRecords
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord
@@ -50,10 +51,11 @@ def build_variants(
     directory: Path,
     reporter: Reporter,
     written: Callable[[str, list[str], Path], None] | None = None,
+    records: LayerRecords | None = None,
 ) -> Variants:
     """Write every variant the plan needs into `directory` (variants/, calibration files, precision.json);
     `written` is told of each variant file a builder has finished, before it is measured."""
-    parts = [BUILDERS[family](BuildJob(part, fused, config, directory, reporter, written))
+    parts = [BUILDERS[family](BuildJob(part, fused, config, directory, reporter, written, records))
              for family, part in plan.by_family().items()]  # fmt: skip
     variants, tuned = _merged(parts), {name for part in parts for name in part.tuned}
     plans = [part.plan for part in parts if part.plan is not None]

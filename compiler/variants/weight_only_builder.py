@@ -51,7 +51,7 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
     nvfp4 = plan.request == NVFP4.name
     algorithm, block = ("rtn", NVFP4.block) if nvfp4 else (config.int4_algorithm, config.int4_block_size)
     awq_data = split.calibration if split is not None and algorithm == "awq" else None
-    int4_plan = plan_int4(model, algorithm, block, awq_data, reporter)
+    int4_plan = plan_int4(model, algorithm, block, awq_data, reporter, job.records)
     data = split.calibration if split is not None else None
     levels = plan_weight_levels(model, int4_plan, config, data, list(plan.by_target), directory, reporter)
     budget = config.accuracy_budget()  # `auto`: each weight layer's precision against it

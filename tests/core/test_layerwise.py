@@ -12,8 +12,8 @@ import onnx
 import onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
-from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.graph_segments import segments
+from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.layerwise import LayerwiseSession, layerwise, layerwise_segments
 from tensorsmith.core.module_paths import MODULE_KEY
 from tensorsmith.core.sessions import open_session, session_with_outputs
