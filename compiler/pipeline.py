@@ -84,7 +84,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         check_resources(source.huggingface.directory, plan, out, search=source.is_decoder and config.precision == AUTO,
                         streamed=streams_weights(source.huggingface, config))  # fmt: skip
     with (
-        layerwise(config.layerwise),
+        layerwise(config.layerwise, timed),
         staged_artifact(out) as staging,
         EarlyEngines(config, staging, source.huggingface) as early,
     ):

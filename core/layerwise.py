@@ -29,6 +29,7 @@ import onnx
 
 from tensorsmith.core.graph_segments import Segment, segments
 from tensorsmith.core.memory import available_memory, trim_heap
+from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.runtime.manifest import external_data_path
 
 logger = logging.getLogger(__name__)
@@ -78,13 +79,14 @@ _ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16", "in
 Layerwise = Literal["auto", "always", "never"]
 LAYERWISE_SHARE = 1 / 6
 LAYERWISE_SEGMENT_BYTES = 512 << 20
-_LAYERWISE = ["auto"]
+_LAYERWISE: list[tuple[str, Reporter | None]] = [("auto", None)]
 
 
 @contextlib.contextmanager
-def layerwise(mode: str) -> Iterator[None]:
-    """Sessions that measure a saved graph run it a layer at a time as `mode` says, inside the block."""
-    previous, _LAYERWISE[0] = _LAYERWISE[0], mode
+def layerwise(mode: str, reporter: Reporter | None = None) -> Iterator[None]:
+    """Sessions that measure a saved graph run it a layer at a time as `mode` says, inside the block; each run
+    a counted task of `reporter`'s (its segments), where one is given."""
+    previous, _LAYERWISE[0] = _LAYERWISE[0], (mode, reporter)
     try:
         yield
     finally:
@@ -94,7 +96,7 @@ def layerwise(mode: str) -> Iterator[None]:
 def layerwise_segments(path: Path) -> int | None:
     """The weight bytes each segment of a layerwise run over the graph at `path` holds at least (0: one layer
     each), or None where a session should hold the whole graph."""
-    mode = _LAYERWISE[0]
+    mode = _LAYERWISE[0][0]
     if mode == "never":
         return None
     if mode == "always":
@@ -148,14 +150,17 @@ class LayerwiseSession:
         if missing:  # as ONNX Runtime words it
             raise ValueError(f"Required inputs ({missing}) are missing from input feed ({list(feeds)}).")
         values: dict[str, Any] = {value.name: feeds[value.name] for value in self._inputs}
-        for index, segment in enumerate(self.segments):
-            session = self._open(segment)
-            outputs = session.run(segment.outputs, {name: values[name] for name in segment.inputs}, run_options)
-            del session
-            values.update(zip(segment.outputs, (np.array(output) for output in outputs), strict=True))
-            needed = set(wanted).union(*(later.inputs for later in self.segments[index + 1 :]))
-            values = {name: value for name, value in values.items() if name in needed}
-            trim_heap()  # the session's arena and weights, given back before the next segment's are read
+        reporter = _LAYERWISE[0][1] or LogReporter()
+        with reporter.task(f"{self.path.name}, a segment of layers at a time", len(self.segments)) as advance:
+            for index, segment in enumerate(self.segments):
+                session = self._open(segment)
+                outputs = session.run(segment.outputs, {name: values[name] for name in segment.inputs}, run_options)
+                del session
+                values.update(zip(segment.outputs, (np.array(output) for output in outputs), strict=True))
+                needed = set(wanted).union(*(later.inputs for later in self.segments[index + 1 :]))
+                values = {name: value for name, value in values.items() if name in needed}
+                trim_heap()  # the session's arena and weights, given back before the next segment's are read
+                advance(1)
         return [values[name] for name in wanted]
 
     def _open(self, segment: Segment) -> Any:
