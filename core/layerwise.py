@@ -64,12 +64,9 @@ def _argument(value: onnx.ValueInfoProto) -> Argument:
     tensor = value.type.tensor_type
     shape: list[int | str | None] = [dim.dim_value if dim.HasField("dim_value") else dim.dim_param or None
                                      for dim in tensor.shape.dim]  # fmt: skip
-    numpy_type = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type) if tensor.elem_type else np.dtype(np.float32)
-    return Argument(value.name, shape, f"tensor({_ORT_TYPES.get(np.dtype(numpy_type).name, 'float')})")
-
-
-_ORT_TYPES = {"float32": "float", "float64": "double", "float16": "float16", "int64": "int64", "int32": "int32",
-              "bool": "bool", "int8": "int8", "uint8": "uint8"}  # fmt: skip
+    # ONNX Runtime's type names are ONNX's, in lower case: tensor(float), tensor(int64), tensor(float16)
+    element = onnx.TensorProto.DataType.Name(tensor.elem_type or onnx.TensorProto.FLOAT).lower()
+    return Argument(value.name, shape, f"tensor({element})")
 
 
 # Layerwise runs: "auto" where a graph's stored weights exceed LAYERWISE_SHARE of the memory available when its
