@@ -48,6 +48,17 @@ class MappedValues(LazyValues):
         """The bytes as stored (packed for 4-bit types), mapped."""
         return np.memmap(self.file, dtype=np.uint8, mode="c", offset=self.offset, shape=(self.length,))
 
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a weight not packed (not INT4 or FP4), read rather than mapped: the pages go to
+        the page cache, not to this process."""
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type))
+        row_shape = tuple(int(dim) for dim in self.tensor.dims[1:])
+        per_row = int(np.prod(row_shape, dtype=np.int64))
+        read = np.fromfile(
+            self.file, dtype, (stop - start) * per_row, offset=self.offset + start * per_row * dtype.itemsize
+        )
+        return read.reshape((stop - start, *row_shape))
+
     def inline(self) -> onnx.TensorProto:
         """The tensor with its bytes inside it (read now)."""
         tensor = onnx.TensorProto()
@@ -89,15 +100,10 @@ class ConvertedValues(LazyValues):
         source = self.source
         mapped = source if isinstance(source, MappedValues) and source.tensor.data_type not in PACKED else None
         whole = np.asarray(source.load()).reshape((rows, *row_shape)) if mapped is None else None
-        if mapped is not None:
-            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(mapped.tensor.data_type))
-            per_row = int(np.prod(row_shape, dtype=np.int64))
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             if mapped is not None:
-                block = np.fromfile(mapped.file, dtype, (stop - start) * per_row,
-                                    offset=mapped.offset + start * per_row * dtype.itemsize)  # fmt: skip
-                block = block.reshape((stop - start, *row_shape))
+                block = mapped.rows(start, stop)
             else:
                 assert whole is not None
                 block = whole[start:stop]

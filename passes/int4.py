@@ -55,9 +55,14 @@ def block_step(amax: np.ndarray) -> np.ndarray:
     return np.where(amax > 0, amax / AMAX_LEVEL, 1.0).astype(np.float32)
 
 
+def int4_scale(weight: np.ndarray, block: int, clip: np.ndarray | None = None) -> np.ndarray:
+    """The step of each block of `weight` [K, N]: [K/B, N] float32; `clip` [K/B, N] scales the amax."""
+    return block_step(block_amax(weight, block) * (1.0 if clip is None else clip))
+
+
 def quantize_int4(weight: np.ndarray, block: int, clip: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(q int8 in [-8, 7] [K, N], scale float32 [K/B, N]) of `weight` [K, N]; `clip` [K/B, N] scales the amax."""
-    scale = block_step(block_amax(weight, block) * (1.0 if clip is None else clip))
+    scale = int4_scale(weight, block, clip)
     return codes(weight, scale, block), scale
 
 
@@ -111,22 +116,22 @@ class WeightOnlyInt4:
             if plan.input_scale is not None:
                 weight = weight * plan.input_scale[:, None]
             if isinstance(stored, MappedValues) and stored.tensor.data_type not in PACKED:  # codes made when written
-                scale = block_step(block_amax(weight, block) * (1.0 if plan.clip is None else plan.clip))
-                codes = gs.Constant(f"{name}/weight_int4", Int4Codes(stored, scale, block, plan.input_scale))
+                scale = int4_scale(weight, block, plan.clip)
+                packed = gs.Constant(f"{name}/weight_int4", Int4Codes(stored, scale, block, plan.input_scale))
             else:
                 q, scale = quantize_int4(weight, block, plan.clip)
-                codes = int4_constant(f"{name}/weight_int4", q)
+                packed = int4_constant(f"{name}/weight_int4", q)
             del weight
-            dequantized = gs.Variable(f"{name}/int4_weight", dtype=np.float32, shape=list(codes.shape))
+            dequantized = gs.Variable(f"{name}/int4_weight", dtype=np.float32, shape=list(packed.shape))
             graph.nodes.append(gs.Node(
                 "DequantizeLinear", name=f"{name}/DequantizeLinear", attrs={"axis": 0, "block_size": block},
-                inputs=[codes, gs.Constant(f"{name}/weight_scale", scale),
+                inputs=[packed, gs.Constant(f"{name}/weight_scale", scale),
                         int4_constant(f"{name}/weight_zero_point", np.zeros(scale.shape, np.int8))],
                 outputs=[dequantized],
             ))  # fmt: skip
             node.inputs[1] = dequantized
             quantized += 1
-            weight_bytes += int(np.prod(codes.shape)) // 2 + scale.nbytes
+            weight_bytes += int(np.prod(packed.shape)) // 2 + scale.nbytes
         return PassReport(
             self.name,
             changed=quantized > 0,

@@ -44,12 +44,7 @@ class Int4Codes(ConvertedValues):
 
     def _rows(self, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of the float weight, read (not mapped: the pages go to the page cache, not here)."""
-        source = self.source
-        stored = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(source.tensor.data_type))
-        columns = self.shape[1]
-        read = np.fromfile(source.file, stored, (stop - start) * columns,
-                           offset=source.offset + start * columns * stored.itemsize)  # fmt: skip
-        rows = read.reshape(stop - start, columns).astype(np.float32, copy=False)
+        rows = self.source.rows(start, stop).astype(np.float32, copy=False)
         return rows * self.input_scale[start:stop, None] if self.input_scale is not None else rows
 
     def _codes(self, start: int, stop: int) -> np.ndarray:
