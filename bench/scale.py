@@ -3,11 +3,13 @@ weights saved in bf16), each compiled as a user would, each side its own process
 model builder on the same checkpoint directory.
 
 Per shape and side: wall clock (imports included), peak RSS (the process's, from wait4), the artifact's and its
-engines' bytes; then decode tokens/s on the cpu model of each (batch 1, a 16-token prompt, 32 new tokens, the
-median of 3 after a warm-up), tensorsmith's cpu variant against GenAI's cpu model of the same precision.
+engines' bytes; then decode tokens/s on the cpu model of each (batch 1, a 16-token prompt unless
+--prompt-tokens says, 32 new tokens, the median of 3 after a warm-up), tensorsmith's cpu variant against GenAI's
+cpu model of the same precision.
 
     .venv/bin/python -m bench.scale smollm-135m [qwen2.5-0.5b llama-3.2-1b qwen2.5-3b] [--skip-decode]
         [--sides='tensorsmith fp16,GenAI']   # only the sides whose names start so
+        [--prompt-tokens=128]                # the decode's prompt (16 by default)
 
 Sides: `tensorsmith compile DIR --target cpu --target sm_86 --target sm_120` (fp16 GPU variants, the fp32 cpu
 variant) and the same with `--precision int4 --calibration heldout.txt` (AWQ), each also with `--export-cache`
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,7 +40,8 @@ from bench.shapes import SHAPES, make_checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ROOT / "samples" / "tinylm" / "heldout.txt"
 GPU_TARGETS = ["sm_86", "sm_120"]
-PROMPT_TOKENS, NEW_TOKENS, RUNS = 16, 32, 3
+NEW_TOKENS, RUNS = 32, 3
+PROMPT_TOKENS = 16  # the decode's prompt, unless --prompt-tokens=N says
 MEMORY_LIMIT = 21 << 30  # of the machine's 24 GB
 SHAPES_DIRECTORY = Path(os.environ.get("TENSORSMITH_SHAPES", "/tmp/tensorsmith-shapes"))
 
@@ -102,6 +106,10 @@ def _sides(checkpoint: Path, work: Path) -> dict[str, list[str]]:
         "tensorsmith int4 RTN (sm_86)": [tensorsmith, "compile", str(checkpoint), "--target", "sm_86", "--json",
                                          "-o", str(work / "ts-int4-rtn"), "--precision", "int4",
                                          "--int4-algorithm", "rtn"],
+        # the large shapes' row (8B): what a CPU-and-GPU artifact takes without a calibration pass
+        "tensorsmith int4 RTN (cpu, sm_86)": [tensorsmith, "compile", str(checkpoint), "--target", "cpu", "--target",
+                                              "sm_86", "--json", "-o", str(work / "ts-int4-rtn-cpu"), "--precision",
+                                              "int4", "--int4-algorithm", "rtn"],
         # Model Optimizer's ONNX PTQ starts from an ONNX graph: tensorsmith fp16's fp32 model.onnx (that side first)
         "Model Optimizer int4 awq_lite (from model.onnx)": [python, "-m", "bench.scale", "--modelopt",
                                                             str(checkpoint), str(work / "ts-fp16"),
@@ -112,11 +120,11 @@ def _sides(checkpoint: Path, work: Path) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-def _decode_side(kind: str, path: str) -> dict[str, float]:
+def _decode_side(kind: str, path: str, prompt_tokens: int) -> dict[str, float]:
     """In its own process: tokens/s of greedy decoding on the cpu model at `path`."""
     import numpy as np
 
-    prompt = np.random.default_rng(0).integers(3, 2000, (1, PROMPT_TOKENS)).astype(np.int64)
+    prompt = np.random.default_rng(0).integers(3, 2000, (1, prompt_tokens)).astype(np.int64)
     if kind == "tensorsmith":
         from tensorsmith.runtime import load
 
@@ -131,7 +139,7 @@ def _decode_side(kind: str, path: str) -> dict[str, float]:
 
         def generate(stamp: Any) -> None:
             params = og.GeneratorParams(genai)
-            params.set_search_options(max_length=PROMPT_TOKENS + NEW_TOKENS, min_length=PROMPT_TOKENS + NEW_TOKENS)
+            params.set_search_options(max_length=prompt_tokens + NEW_TOKENS, min_length=prompt_tokens + NEW_TOKENS)
             generator = og.Generator(genai, params)
             generator.append_tokens(prompt)
             while not generator.is_done():
@@ -147,7 +155,8 @@ def _decode_side(kind: str, path: str) -> dict[str, float]:
     return {"decode_tokens_per_second": round(statistics.median(rates), 1)}
 
 
-def measure(shape: str, decode: bool, only: list[str] | None = None) -> dict[str, Any]:
+def measure(shape: str, decode: bool, only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS
+            ) -> dict[str, Any]:  # fmt: skip
     checkpoint = make_checkpoint(shape, SHAPES_DIRECTORY / shape)
     results: dict[str, Any] = {"checkpoint_gb": round(_bytes(checkpoint, "*.safetensors") / 1e9, 3)}
     with tempfile.TemporaryDirectory(prefix=f"tensorsmith-scale-{shape}-") as scratch:
@@ -167,9 +176,12 @@ def measure(shape: str, decode: bool, only: list[str] | None = None) -> dict[str
                 if decode and "cuda" not in side and not side.startswith("Model Optimizer"):
                     kind = "tensorsmith" if side.startswith("tensorsmith") else "genai"
                     log = work / f"{out.name}-decode.json"
-                    run = _process([sys.executable, "-m", "bench.scale", "--decode", kind, str(out), str(log)],
+                    run = _process([sys.executable, "-m", "bench.scale", "--decode", kind, str(out), str(log),
+                                    str(prompt_tokens)],
                                    work / f"{out.name}-decode.log")  # fmt: skip
                     figures["decode"] = json.loads(log.read_text()) if run["exit"] == 0 else run
+            if out.is_dir() and out.name != "ts-fp16":  # measured: its disk goes (Model Optimizer's side reads ts-fp16)
+                shutil.rmtree(out)
             results[side] = figures
             print(f"{shape} {side}: {figures}", file=sys.stderr, flush=True)
     return results
@@ -223,15 +235,16 @@ def main() -> None:
         _modelopt_side(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[5]))
         return
     if sys.argv[1:2] == ["--decode"]:
-        kind, path, log = sys.argv[2:5]
-        Path(log).write_text(json.dumps(_decode_side(kind, path)))
+        kind, path, log, prompt_tokens = sys.argv[2:6]
+        Path(log).write_text(json.dumps(_decode_side(kind, path, int(prompt_tokens))))
         return
     shapes = [name for name in sys.argv[1:] if not name.startswith("--")] or ["smollm-135m"]
     unknown = [name for name in shapes if name not in SHAPES]
     if unknown:
         raise SystemExit(f"unknown shapes {unknown}; known: {list(SHAPES)}")
     only = [part for arg in sys.argv if arg.startswith("--sides=") for part in arg.removeprefix("--sides=").split(",")]
-    results = {shape: measure(shape, "--skip-decode" not in sys.argv, only) for shape in shapes}
+    prompt = next((int(arg.split("=")[1]) for arg in sys.argv if arg.startswith("--prompt-tokens=")), PROMPT_TOKENS)
+    results = {shape: measure(shape, "--skip-decode" not in sys.argv, only, prompt) for shape in shapes}
     print(json.dumps(results, indent=1))
 
 

@@ -33,6 +33,7 @@ from tensorsmith.compiler.version import __version__
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import remove_onnx
 from tensorsmith.core.layerwise import layerwise
+from tensorsmith.core.mapped_save import without_references
 from tensorsmith.core.narrow_twin import drop_twin
 from tensorsmith.core.precisions import AUTO, FP16, precision
 from tensorsmith.core.progress import LogReporter, Reporter, Step, TimedReporter
@@ -43,6 +44,7 @@ from tensorsmith.runtime.manifest import (
     PassRecord,
     StepRecord,
     TargetRecord,
+    checkpoint_links_path,
     external_data_path,
 )
 
@@ -95,7 +97,11 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         resumable = LayerRecords(resume_directory(out), [fused.record.sha256, config.model_dump_json(), __version__])
         variants = build_variants(plan, fused, config, staging, timed, early.written, resumable)
         # a large decoder's reference, measured against and run by no target, is left out of the artifact at the end
-        left_out = source.is_decoder and not plan.ships_reference and external_data_path(fused.path).is_file()
+        left_out = (
+            source.is_decoder
+            and not plan.ships_reference
+            and (external_data_path(fused.path).is_file() or checkpoint_links_path(fused.path).is_dir())
+        )
         if left_out:
             variants = variants.with_records([variants.records[0].model_copy(update={"shipped": False})])
         layout = None
@@ -111,6 +117,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         drop_twin(fused.path)  # measuring is done: the twin is not part of the artifact
         if left_out:
             remove_onnx(fused.path)
+        without_references(fused.path)  # what ships holds its weights; the links to the checkpoint go
         tokenizer = copy_tokenizer(source.huggingface, staging) if source.huggingface else []
         manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer, layout)
         write_manifest(staging, manifest)

@@ -42,6 +42,7 @@ MEMORY_PER_FP32_BYTE = {Family.WEIGHT_ONLY: 1.0, Family.CALIBRATED: 1.0, Family.
 FP32_OR_SEARCH = 2.0
 TWIN_ABOVE = 1 << 30  # bytes the narrow twin saves at least, or it is not written (core/narrow_twin.py)
 QUANTIZED_OVERHEAD = 1.25  # a quantized variant's scales and the layers it keeps in float
+REWRITTEN_SHARE = 1 / 8  # of a graph that refers to its checkpoint, the fp32 weights it writes itself
 # a streamed decoder (the module's docstring), from the 8B INT4 compile for cpu + sm_86: export 5.76 GB and the int4
 # variant's step 6.38 GB with 2.1 GB tables (1.5 + 2.0 x 2.1 + a 0.5 GB segment = 6.2), its sm_86 build 9.6 GB from a
 # 4.2 GB variant (estimated 5.0 GB: 0.7 + 1.8 x 5.0 = 9.7)
@@ -107,13 +108,17 @@ def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool, stream
         memory = BASE_MEMORY + int(fp32 * factor) + fp32
     layerwise = available is not None and fp32 > available * LAYERWISE_SHARE  # then no twin is written
     twin = fp32 // 2 if fp32 // 2 >= TWIN_ABOVE and not layerwise else 0
+    parent = out.resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    # run a layer at a time, a streamed decoder's graph refers to the checkpoint's files (core/checkpoint_references):
+    # it writes only the weights its passes change (the attention-scaled queries: 8% of a Llama's parameters)
+    if streamed and layerwise and directory.stat().st_dev == parent.stat().st_dev:
+        fp32 = int(fp32 * REWRITTEN_SHARE)
     variants = sum(_variant_bytes(recipe, parameters) for recipe in recipes if recipe.quantized or
                    recipe.floats.element.bits < 32)  # fmt: skip
     engines = sum(_variant_bytes(recipe, parameters) for recipe, targets in recipes.items()
                   for target in targets if not recipe.on_cpu)  # fmt: skip
-    parent = out.resolve().parent
-    while not parent.exists():
-        parent = parent.parent
     return ResourceEstimate(parameters, memory, fp32 + twin + variants + engines, available, free_disk(parent),
                             parent)  # fmt: skip
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
+from tensorsmith.core.checkpoint_references import linked_bytes
 from tensorsmith.core.graph_segments import Segment, segments
 from tensorsmith.core.memory import available_memory, trim_heap
 from tensorsmith.core.progress import LogReporter, Reporter
@@ -93,15 +94,21 @@ def layerwise(mode: str, reporter: Reporter | None = None) -> Iterator[None]:
 def layerwise_segments(path: Path) -> int | None:
     """The weight bytes each segment of a layerwise run over the graph at `path` holds at least (0: one layer
     each), or None where a session should hold the whole graph."""
-    mode = _LAYERWISE[0][0]
-    if mode == "never":
-        return None
-    if mode == "always":
+    if _LAYERWISE[0][0] == "always":
         return 0
     data = external_data_path(path)
-    stored = (data.stat().st_size if data.is_file() else 0) + path.stat().st_size
+    # a weight read from the checkpoint's bf16 bytes is held as fp32 (core/checkpoint_references.py)
+    stored = (data.stat().st_size if data.is_file() else 0) + path.stat().st_size + 2 * linked_bytes(path)
+    return LAYERWISE_SEGMENT_BYTES if runs_layerwise(stored) else None
+
+
+def runs_layerwise(stored: int) -> bool:
+    """Whether a graph of `stored` bytes of weights is run a layer at a time, as the mode inside says."""
+    mode = _LAYERWISE[0][0]
+    if mode != "auto":
+        return mode == "always"
     available = available_memory()
-    return LAYERWISE_SEGMENT_BYTES if available is not None and stored > available * LAYERWISE_SHARE else None
+    return available is not None and stored > available * LAYERWISE_SHARE
 
 
 class LayerwiseSession:

@@ -27,6 +27,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from tensorsmith.core import ir
+from tensorsmith.core.checkpoint_references import ReferencedValues, take_references
 
 INLINE_BELOW = ir.INLINE_BELOW
 WRITE_BLOCK = 64 << 20  # bytes of a converted weight written at a time
@@ -98,7 +99,7 @@ class ConvertedValues(LazyValues):
         rows, row_shape = (int(self.shape[0]), tuple(self.shape[1:])) if len(self.shape) else (1, ())
         step = max(1, WRITE_BLOCK // max(1, self.nbytes // rows))
         source = self.source
-        mapped = source if isinstance(source, MappedValues) and source.tensor.data_type not in PACKED else None
+        mapped = source if reads_rows(source) else None
         whole = np.asarray(source.load()).reshape((rows, *row_shape)) if mapped is None else None
         for start in range(0, rows, step):
             stop = min(rows, start + step)
@@ -118,6 +119,14 @@ class ConvertedValues(LazyValues):
         return onnx.numpy_helper.from_array(self.load())
 
 
+def reads_rows(values: object) -> bool:
+    """Whether `values` are read a block of rows at a time (`rows(start, stop)`) without loading them whole: a
+    weight mapped from its file (not packed), or one read from a checkpoint's (core/checkpoint_references.py)."""
+    if isinstance(values, MappedValues):
+        return values.tensor.data_type not in PACKED
+    return isinstance(values, ReferencedValues)
+
+
 def convert_values(constant: gs.Constant, convert: Callable[[np.ndarray], np.ndarray], dtype: object) -> None:
     """Give `constant` the values `convert` makes of its own, of `dtype`: later (ConvertedValues) where its values
     are still in their file, else now."""
@@ -132,11 +141,16 @@ def load_mapped(path: Path) -> tuple[gs.Graph, onnx.ModelProto]:
     """The graph at `path` with its external weights mapped, and the structure it was imported from (the nodes'
     metadata, which onnx-graphsurgeon drops, is read from it)."""
     structure = onnx.load(str(path), load_external_data=False)
-    graph = gs.import_onnx(structure)
+    referenced = onnx.ModelProto()
+    referenced.CopyFrom(structure)
+    references = take_references(referenced, path.parent)  # weights read from the checkpoint's own files
+    graph = gs.import_onnx(referenced if references else structure)
     for tensor in graph.tensors().values():
         if isinstance(tensor, gs.Constant) and _is_external(tensor._values):
             location = next(entry.value for entry in tensor._values.tensor.external_data if entry.key == "location")
             tensor._values = MappedValues(tensor._values.tensor, path.parent / location)
+        elif isinstance(tensor, gs.Variable) and tensor.name in references:
+            tensor.to_constant(ReferencedValues(references[tensor.name], tensor.name))
     return graph, structure
 
 

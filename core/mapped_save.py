@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from tensorsmith.core import ir
+from tensorsmith.core.checkpoint_references import Reference, ReferencedValues, holds_references, write_references
 from tensorsmith.core.file_layout import nearly_all_read, plan_layout
 from tensorsmith.core.mapped_graph import (
     INLINE_BELOW,
@@ -23,14 +25,32 @@ from tensorsmith.core.mapped_graph import (
     constants_of,
     weight_bytes,
 )
-from tensorsmith.runtime.manifest import external_data_path
+from tensorsmith.runtime.manifest import checkpoint_links_path, external_data_path
 
 logger = logging.getLogger(__name__)
+CONVERTED = (ConvertedValues, ReferencedValues)  # values made as they are written (each has `write`)
 
 
-def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+def save_mapped(
+    graph: gs.Graph, path: Path, metadata: dict[str, str] | None = None, references: bool = False
+) -> onnx.ModelProto:
     """Save `graph` at `path` (weights above EXTERNAL_DATA_ABOVE in all to `<name>.data`, one tensor at a time) and
-    return the structure written. With external data, `graph`'s constants read the new file afterwards."""
+    return the structure written. With external data, `graph`'s constants read the new file afterwards. Weights read
+    from a checkpoint (core/checkpoint_references.py) stay references with `references`, else are written as fp32."""
+    kept = [(constant, constant._values) for constant in constants_of(graph)
+            if references and isinstance(constant._values, ReferencedValues)]  # fmt: skip
+    for constant, _ in kept:
+        constant._values = np.zeros(0, np.float32)  # a placeholder, replaced by its reference form in the structure
+    try:
+        return _save(graph, path, metadata, {constant.name: values.reference for constant, values in kept})
+    finally:
+        for constant, values in kept:
+            constant._values = values
+
+
+def _save(
+    graph: gs.Graph, path: Path, metadata: dict[str, str] | None, references: dict[str, Reference]
+) -> onnx.ModelProto:
     from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,7 +60,7 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
         constant.data_location = None  # onnx-graphsurgeon would stamp an array it writes inline as external
         if isinstance(constant._values, MappedValues) and constant._values.length < INLINE_BELOW:
             constant._values = LazyValues(constant._values.inline())
-        elif isinstance(constant._values, ConvertedValues) and constant._values.nbytes < INLINE_BELOW:
+        elif isinstance(constant._values, CONVERTED) and constant._values.nbytes < INLINE_BELOW:
             constant.values = constant._values.load()
         elif _packed_array(constant._values):  # onnx-graphsurgeon would write numpy's int4 a byte each
             constant._values = LazyValues(onnx.numpy_helper.from_array(constant._values, constant.name))
@@ -49,6 +69,7 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
             if isinstance(constant._values, MappedValues):
                 constant._values = LazyValues(constant._values.inline())  # inside the protobuf
         model = gs.export_onnx(graph)
+        write_references(model, references, path)
         _attach(model, metadata)
         _replace(path, model.SerializeToString(), None)
         sidecar.unlink(missing_ok=True)
@@ -75,7 +96,7 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
                 stored.tofile(stream)
                 written.append((constant, _external(tensor, sidecar.name, offset, stored.nbytes)))
                 continue
-            if isinstance(constant._values, ConvertedValues):  # converted as it is written
+            if isinstance(constant._values, CONVERTED):  # converted as it is written
                 tensor = constant._values.write(stream, constant.name)
                 written.append((constant, _external(tensor, sidecar.name, offset, stream.tell() - offset)))
                 continue
@@ -88,6 +109,7 @@ def save_mapped(graph: gs.Graph, path: Path, metadata: dict[str, str] | None = N
     for constant, tensor in written:
         constant._values = MappedValues(tensor, sidecar)
     model = gs.export_onnx(graph)
+    write_references(model, references, path)
     _attach(model, metadata)
     _replace(path, model.SerializeToString(), None if in_place else scratch)
     return model
@@ -192,3 +214,18 @@ def _replace(path: Path, structure: bytes, weights: Path | None) -> None:
     if weights is not None:
         os.replace(weights, external_data_path(path))
     os.replace(partial, path)
+
+
+def without_references(path: Path) -> None:
+    """The graph at `path` made to hold every weight it reads from a checkpoint's files (written as fp32), and its
+    links to them removed: what an artifact ships never refers outside itself."""
+    links = checkpoint_links_path(path)
+    if not links.is_dir():
+        return
+    if path.is_file() and holds_references(onnx.load(str(path), load_external_data=False)):
+        from tensorsmith.core.mapped_graph import mapped  # mapped_graph's own module imports nothing of this one
+        from tensorsmith.core.module_paths import module_paths_recorded
+
+        with mapped(path) as (graph, structure):
+            save_mapped(graph, path, module_paths_recorded(structure))
+    shutil.rmtree(links)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from tensorsmith.core.checkpoint_references import REFERENCE_NODE
 from tensorsmith.core.layerwise import LayerwiseSession, layerwise_segments
 from tensorsmith.core.sessions import QUIET_SEVERITY, measured_file, owned, quiet_onnxruntime
 
@@ -43,7 +44,9 @@ def float_node_outputs(graph: onnx.GraphProto) -> list[str]:
     a reduction of a bool or string tensor would not run."""
     floats = {value.name for value in [*graph.value_info, *graph.output]
               if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}  # fmt: skip
-    return [name for node in graph.node for name in node.output if name in floats]
+    # a weight read from its checkpoint (core/checkpoint_references.py) is no activation
+    return [name for node in graph.node if not node.name.startswith(f"{REFERENCE_NODE}/") for name in node.output
+            if name in floats]  # fmt: skip
 
 
 def outputs_and_ranges(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], list[TensorRange]]:

@@ -22,11 +22,13 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnx_ir as ir
 
+from tensorsmith.core.checkpoint_references import holds_references
 from tensorsmith.core.errors import PassError
 from tensorsmith.core.file_layout import nearly_all_read
 from tensorsmith.core.importing import first_line
 from tensorsmith.core.ir import DEAD_AT_MOST, SUBGRAPH_ATTRIBUTES, save_ir
 from tensorsmith.core.library_logs import route_polygraphy_logs
+from tensorsmith.core.referring_ir import referred, referring_model, save_referring
 from tensorsmith.passes.base import PassReport
 from tensorsmith.runtime.manifest import external_data_path
 
@@ -170,7 +172,9 @@ class Canonicalize:
         started = time.perf_counter()
         before = Counter(node.op_type for node in model.graph.node)
         opset_before = _opset(model)
-        converted = ir.from_proto(model)  # one onnx-ir model for the conversion and the folding: one copy
+        # one onnx-ir model for the conversion and the folding: one copy (weights kept in a checkpoint's files are
+        # read only where a fold needs them: core/checkpoint_references.py)
+        converted = referring_model(model, Path()) if holds_references(model) else ir.from_proto(model)
         upgrade_opset(converted, self.opset)
         folder = "onnxscript"
         try:
@@ -181,6 +185,8 @@ class Canonicalize:
             folded = fold_with_polygraphy(ir.to_proto(converted))
         if path is None:
             model = ir.to_proto(folded) if isinstance(folded, ir.Model) else folded
+        elif isinstance(folded, ir.Model) and referred(folded):
+            model = save_referring(folded, path)
         elif owned is not None and isinstance(folded, ir.Model) and (kept := _weights_kept(folded, owned, path)):
             model = kept
         else:

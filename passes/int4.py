@@ -19,7 +19,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.formats import absolute_max
-from tensorsmith.core.mapped_graph import PACKED, MappedValues
+from tensorsmith.core.mapped_graph import reads_rows
 from tensorsmith.core.precisions import INT4, INT8
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.int4_codes import Int4Codes, codes
@@ -115,7 +115,7 @@ class WeightOnlyInt4:
             weight = np.asarray(weight, dtype=np.float32)  # mapped, read for this layer only
             if plan.input_scale is not None:
                 weight = weight * plan.input_scale[:, None]
-            if isinstance(stored, MappedValues) and stored.tensor.data_type not in PACKED:  # codes made when written
+            if reads_rows(stored):  # codes made a block of rows at a time when written
                 scale = int4_scale(weight, block, plan.clip)
                 packed = gs.Constant(f"{name}/weight_int4", Int4Codes(stored, scale, block, plan.input_scale))
             else:

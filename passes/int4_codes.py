@@ -11,13 +11,16 @@ weight: the same division, rounding and clipping, block by block.
 
 from __future__ import annotations
 
-from typing import BinaryIO
+from typing import BinaryIO, TypeAlias
 
 import ml_dtypes
 import numpy as np
 import onnx
 
+from tensorsmith.core.checkpoint_references import ReferencedValues
 from tensorsmith.core.mapped_graph import WRITE_BLOCK, ConvertedValues, MappedValues
+
+RowValues: TypeAlias = MappedValues | ReferencedValues  # what reads_rows accepts
 
 INT4_MIN, INT4_MAX = -8, 7
 
@@ -32,10 +35,10 @@ def codes(weight: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
 
 
 class Int4Codes(ConvertedValues):
-    """The INT4 codes of a mapped float weight [K, N] (times AWQ's `input_scale` per row, where given) with its
-    block `scale` [K/B, N], made when read or written."""
+    """The INT4 codes of a float weight [K, N] read a block of rows at a time (mapped_graph.reads_rows), times
+    AWQ's `input_scale` per row where given, with its block `scale` [K/B, N], made when read or written."""
 
-    def __init__(self, source: MappedValues, scale: np.ndarray, block: int, input_scale: np.ndarray | None) -> None:
+    def __init__(self, source: RowValues, scale: np.ndarray, block: int, input_scale: np.ndarray | None) -> None:
         # ConvertedValues' own __init__ takes a conversion function: these need the rows' position too
         self.source, self.scale, self.block, self.input_scale = source, scale, block, input_scale
         self.shape = tuple(int(dim) for dim in source.shape)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from tensorsmith.core.mapped_graph import MappedValues
+from tensorsmith.core.mapped_graph import values_unkept
 
 Ops = str | tuple[str, ...]
 DEFAULT_RELATIVE_TOLERANCE = 1e-3  # fp16 stores √2 as 1.4141, 1.5e-4 away
@@ -36,7 +36,7 @@ def constant_value(tensor: gs.Tensor) -> np.ndarray | None:
     its file (core/mapped_graph.py) is read for this use only, not kept loaded by the graph: a pass that reads every
     weight (INT4's, the vocabulary tables') would otherwise hold them all, the model's size again."""
     if isinstance(tensor, gs.Constant):
-        return tensor._values.load() if isinstance(tensor._values, MappedValues) else np.asarray(tensor.values)
+        return values_unkept(tensor)
     if len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant":
         value = tensor.inputs[0].attrs.get("value")
         if isinstance(value, gs.Constant):

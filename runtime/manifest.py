@@ -185,12 +185,21 @@ def external_data_path(path: Path) -> Path:
     return path.with_name(f"{path.name}.data")
 
 
+def checkpoint_links_path(path: Path) -> Path:
+    """The directory of checkpoint files the compiler's graph at `path` reads its weights from, hard-linked
+    beside it (core/checkpoint_references.py); never part of an artifact."""
+    return path.parent / f".{path.name}.checkpoint"
+
+
 def sha256_of(path: Path) -> str:
     """Of the file's bytes, followed by those of its external data (`<name>.data` beside an ONNX file) if it has
     one: a record of a model covers its weights, and an engine cache key changes with them."""
     digest = hashlib.sha256()
     sidecar = external_data_path(path)
-    for part in (path, sidecar) if sidecar.is_file() else (path,):
+    # a graph whose weights are a checkpoint's files linked beside it (the compiler's fused graph) covers them too
+    linked = checkpoint_links_path(path)
+    parts = [path, *([sidecar] if sidecar.is_file() else []), *(sorted(linked.iterdir()) if linked.is_dir() else [])]
+    for part in parts:
         with part.open("rb") as stream:
             for block in iter(lambda: stream.read(1 << 20), b""):
                 digest.update(block)

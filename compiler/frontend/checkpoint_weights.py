@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
+from tensorsmith.core.checkpoint_references import REFERENCE_KEY, WIDENED, Reference
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.memory import trim_heap
 
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 SHARD_INDEX = "model.safetensors.index.json"
 FLOAT_CODES = ("F16", "BF16", "F32", "F64")  # safetensors' dtype codes of the float weights read as float32
+CHECK_BYTES = 64 << 20  # of a stored weight checked for NaN at a time
 
 
 class CheckpointWeights:
@@ -50,7 +52,9 @@ class CheckpointWeights:
         self._files: dict[str, Path] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._codes: dict[str, str] = {}  # safetensors' dtype codes
+        self._places: dict[str, tuple[int, int]] = {}  # each tensor's (offset, length) in its file
         for path in sorted(directory.glob("*.safetensors")):
+            self._places.update(data_places(path))
             with safe_open(str(path), framework="numpy") as opened:  # the headers only: no torch to import
                 for name in opened.keys():  # noqa: SIM118 (not iterable)
                     if owner is None or owner.get(name) == path.name:
@@ -63,6 +67,9 @@ class CheckpointWeights:
 
     def __contains__(self, name: object) -> bool:
         return name in self._files
+
+    def files(self) -> list[Path]:
+        return sorted(set(self._files.values()))
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
@@ -104,13 +111,48 @@ class CheckpointWeights:
     def array(self, name: str) -> np.ndarray:
         return self.tensor(name).numpy()
 
-    def lazy(self, name: str, graph_name: str) -> ir.TensorProtocol:
+    def lazy(self, name: str, graph_name: str, referable: bool = False) -> ir.TensorProtocol:
         """The checkpoint's `name` as an onnx-ir tensor named `graph_name`: a float weight is read (as float32)
-        when a stage reads or writes it; an integer buffer (small) at once."""
+        when a stage reads or writes it; an integer buffer (small) at once. `referable`: a float weight the graph
+        may store as a reference to its bytes (core/checkpoint_references.py) carries where they are."""
         if self._codes[name] not in FLOAT_CODES:
             return ir.tensor(self.array(name), name=graph_name)
-        return ir.LazyTensor(lambda: ir.tensor(self.array(name)), dtype=ir.DataType.FLOAT,
-                             shape=ir.Shape(self.shape(name)), name=graph_name)  # fmt: skip
+        tensor = ir.LazyTensor(lambda: ir.tensor(self.array(name)), dtype=ir.DataType.FLOAT,
+                               shape=ir.Shape(self.shape(name)), name=graph_name)  # fmt: skip
+        if referable and self._codes[name] in WIDENED:
+            offset, length = self._places[name]
+            reference = Reference(self._files[name], offset, length, WIDENED[self._codes[name]], self.shape(name))
+            tensor.meta[REFERENCE_KEY] = (reference, lambda: self.check(name))
+        return tensor
+
+    def check(self, name: str) -> None:
+        """Refuse the stored `name` if it holds NaN or infinity (read a block at a time, as stored), naming it."""
+        offset, length = self._places[name]
+        reference = Reference(self._files[name], offset, length, WIDENED[self._codes[name]], self.shape(name))
+        rows = reference.shape[0] if reference.shape else 1
+        step = max(1, (CHECK_BYTES * rows) // max(1, length))
+        bad = 0
+        for start in range(0, rows, step):
+            block = reference.values(start, min(rows, start + step))
+            if not np.isfinite(block.sum(dtype=np.float32)):
+                bad += int((~np.isfinite(block)).sum())
+        self.on_read()
+        if bad:
+            raise ExportError(
+                f"checkpoint tensor {name} in {self._files[name]} holds {bad} NaN or infinite values",
+                hint="the file is damaged or the training diverged: re-download or re-save it",
+            )
+
+
+def data_places(path: Path) -> dict[str, tuple[int, int]]:
+    """Each tensor's (offset, length) in the safetensors file at `path`, from its header (8 bytes of the header's
+    length, the JSON header, then the data its `data_offsets` count from)."""
+    with path.open("rb") as stream:
+        size = int.from_bytes(stream.read(8), "little")
+        header = json.loads(stream.read(size))
+    start = 8 + size
+    return {name: (start + int(entry["data_offsets"][0]), int(entry["data_offsets"][1]) - int(entry["data_offsets"][0]))
+            for name, entry in header.items() if name != "__metadata__"}  # fmt: skip
 
 
 def shard_owner(directory: Path) -> dict[str, str] | None:

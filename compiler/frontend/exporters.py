@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("tensorsmith.compiler.frontend.export")  # one logger for the export, as before
 TORCHSCRIPT_MAX_OPSET = 20
+EXPORTED_NAME = "exported.onnx"  # the dynamo export's file in the scratch directory
 
 MAX_WARNINGS = 50  # kept in the manifest; the rest are counted
 
@@ -122,15 +123,19 @@ def released_proto(model: Any, scratch: Path | None = None) -> onnx.ModelProto:
 
     from tensorsmith.compiler.frontend.transposed_weights import fold_weight_transposes
     from tensorsmith.core.ir import save_ir
+    from tensorsmith.core.referring_ir import referred, save_referring
 
     folded = fold_weight_transposes(model)
     logger.debug("the export: %d weights written transposed", folded)
     if scratch is None:
         proto = ir.to_proto(model)
     else:
-        path = scratch / "exported.onnx"
-        save_ir(model, path)
-        proto = onnx.load(str(path), load_external_data=False)
+        path = scratch / EXPORTED_NAME
+        if referred(model):  # weights kept in the checkpoint's files (core/checkpoint_references.py)
+            proto = save_referring(model, path)
+        else:
+            save_ir(model, path)
+            proto = onnx.load(str(path), load_external_data=False)
         absolute_locations(proto, scratch)
     for graph in model.graphs():
         for value in graph.initializers.values():

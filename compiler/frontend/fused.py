@@ -30,6 +30,7 @@ from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outpu
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
 from tensorsmith.compiler.targets import get_target
+from tensorsmith.core.checkpoint_references import links_directory
 from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.importing import first_line
 from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
@@ -97,7 +98,7 @@ def fuse(path: Path, config: CompileConfig, module_paths: dict[str, str]) -> tup
     memory-mapped), saved there again with the nodes' module paths; its structure, without the weights."""
     with mapped(path) as (graph, _):
         reports = run_passes(graph, graph_passes(config))
-        return save_mapped(graph, path, module_paths), reports
+        return save_mapped(graph, path, module_paths, references=True), reports
 
 
 def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: bool = False) -> FusedGraph:
@@ -151,8 +152,10 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
         errors = verify(config, [o.name for o in outputs], reference, computed[1])
         accuracy = {"max_relative_error": float(np.max(list(errors.values()), initial=0.0))}
     record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
-    if cache is not None and key is not None:
+    if cache is not None and key is not None and not links_directory(model_path).exists():
         store(cache, key, model_path, record, described, reports, accuracy, tuned, computed, measured)
+    elif cache is not None:  # an entry would hold the checkpoint's weights again, as fp32
+        logger.info("export cache: a graph that reads its weights from the checkpoint's files is not stored")
     return FusedGraph(model_path, record, inputs, outputs, described, reports, accuracy, tuned, computed, measured)
 
 

@@ -24,7 +24,7 @@ from tensorsmith.compiler.frontend.checkpoint_weights import (
 )
 from tensorsmith.compiler.frontend.decoder import kv_cache_module, kv_layout, past_names, present_names
 from tensorsmith.compiler.frontend.exported import ExportedModel, torch_reference
-from tensorsmith.compiler.frontend.exporters import dynamo_program, exporter_cause, released_proto
+from tensorsmith.compiler.frontend.exporters import EXPORTED_NAME, dynamo_program, exporter_cause, released_proto
 from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, build_module, experts_option, model_class
 from tensorsmith.compiler.frontend.layer_stamping import (
     MIN_LAYERS,
@@ -37,8 +37,10 @@ from tensorsmith.compiler.frontend.layer_stamping import (
     truncated,
     weights_as_inputs,
 )
+from tensorsmith.core.checkpoint_references import can_link
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.importing import first_line
+from tensorsmith.core.layerwise import runs_layerwise
 from tensorsmith.core.progress import Reporter
 
 if TYPE_CHECKING:
@@ -86,11 +88,20 @@ def module_tensors(module: torch.nn.Module) -> WeightTensor:
     return lambda name: ir.Tensor(tensors[name].detach().numpy(), name=name)
 
 
-def _checkpoint_tensors(module: torch.nn.Module, weights: CheckpointWeights, names: dict[str, str]) -> WeightTensor:
+def _checkpoint_tensors(module: torch.nn.Module, weights: CheckpointWeights, names: dict[str, str],
+                        referable: bool) -> WeightTensor:  # fmt: skip
     """The stamped layers' weights read from the checkpoint when written (a non-persistent buffer, which the
-    checkpoint does not hold, from the module)."""
+    checkpoint does not hold, from the module); `referable`: stored as references to the checkpoint's bytes."""
     own = module_tensors(module)
-    return lambda name: weights.lazy(names[name], name) if name in names else own(name)
+    return lambda name: weights.lazy(names[name], name, referable) if name in names else own(name)
+
+
+def _refers(weights: CheckpointWeights, scratch: Path | None) -> bool:
+    """Whether the graph keeps its weights in the checkpoint's files (core/checkpoint_references.py): where it will
+    be run a layer at a time (its fp32 weights large against the memory), and the files can be linked beside it."""
+    if scratch is None or not runs_layerwise(4 * weights.float_parameters()):
+        return False
+    return all(can_link(scratch / EXPORTED_NAME, file) for file in weights.files())
 
 
 def _stamping_refusal(model: HuggingFaceModel, config: CompileConfig) -> str | None:
@@ -195,7 +206,8 @@ def export_decoder_from_checkpoint(
         return None
     read = len(set(names.values()))  # the tensors the module reads (a checkpoint may hold others)
     with _counted(reporter, "writing the checkpoint's weights into the graph", weights, read):
-        exported = export_stamped(module, model, config, feeds, scratch, _checkpoint_tensors(module, weights, names))
+        tensors = _checkpoint_tensors(module, weights, names, _refers(weights, scratch))
+        exported = export_stamped(module, model, config, feeds, scratch, tensors)
     if exported is None:
         return None
     release_parameters(module)  # traced: from here a weight is read only inside its module's forward

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from tensorsmith.core.checkpoint_references import REFERENCE_KEY
+
 CHUNK_BYTES = 1 << 20  # of the transposed weight copied at a time: under numpy's huge-page threshold (4 MB)
 
 
@@ -48,7 +50,12 @@ def _lazy_transpose(tensor: Any, perm: list[int], name: str) -> Any:
                 file.write(part.view(np.uint8).data)  # any dtype (bfloat16 too), any file object
 
     shape = ir.Shape([tensor.shape[axis] for axis in perm])
-    return TransposedWeight(functools.partial(_transposed, tensor, perm), dtype=tensor.dtype, shape=shape, name=name)
+    transposed = TransposedWeight(functools.partial(_transposed, tensor, perm), dtype=tensor.dtype, shape=shape,
+                                  name=name)  # fmt: skip
+    if (referred := tensor.meta.get(REFERENCE_KEY)) is not None:  # still the checkpoint's bytes, read transposed
+        reference, check = referred
+        transposed.meta[REFERENCE_KEY] = (reference.transposed(perm), check)
+    return transposed
 
 
 def fold_weight_transposes(model: Any) -> int:
