@@ -33,8 +33,9 @@ class BuildConfig(_Strict):
         None, description="reuse engines built before from the same graph and settings (else $TENSORSMITH_ENGINE_CACHE)"
     )
     strip_weights: Literal["auto", "always", "never"] = Field(
-        "auto", description="weight-stripped plans (STRIP_PLAN, REFIT_IDENTICAL), refitted from the variant at load; "
-        "auto: where a full build would not fit the memory"
+        "auto",
+        description="weight-stripped plans (STRIP_PLAN, REFIT_IDENTICAL), refitted from the variant at load; "
+        "auto: where a full build would not fit the memory",
     )
 
     @property
