@@ -32,11 +32,6 @@ class BuildConfig(_Strict):
     engine_cache_dir: Path | None = Field(
         None, description="reuse engines built before from the same graph and settings (else $TENSORSMITH_ENGINE_CACHE)"
     )
-    strip_weights: Literal["auto", "always", "never"] = Field(
-        "auto",
-        description="weight-stripped plans (STRIP_PLAN, REFIT_IDENTICAL), refitted from the variant at load; "
-        "auto: where a full build would not fit the memory",
-    )
 
     @property
     def requested_builder(self) -> Builder | None:
@@ -54,7 +49,6 @@ class BuildConfig(_Strict):
             "workspace_bytes": self.workspace_bytes,
             "hardware_compatibility": self.hardware_compatibility,
             "detailed_profiling": self.detailed_profiling,
-            "strip_weights": self.strip_weights,
         }
 
 

@@ -251,9 +251,6 @@ def _builder_config(trt: ModuleType, network_builder: Any, builder: Builder, tar
     )
     if options.detailed_profiling:
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    if options.strip_weights == "always":  # the plan without its weights; refitted from the same graph's at load
-        config.set_flag(trt.BuilderFlag.STRIP_PLAN)
-        config.set_flag(trt.BuilderFlag.REFIT_IDENTICAL)
     return config
 
 
