@@ -79,8 +79,10 @@ class Reference:
 
 
 def _widened(values: np.ndarray, stored: int) -> np.ndarray:
-    if stored == onnx.TensorProto.BFLOAT16:  # bf16 is float32's upper half: shifted, exact
-        return (np.ascontiguousarray(values).astype(np.uint32) << 16).view(np.float32)
+    if stored == onnx.TensorProto.BFLOAT16:  # bf16 is float32's upper half: shifted in place, exact
+        widened = values.astype(np.uint32, order="C")
+        widened <<= 16
+        return widened.view(np.float32)
     return np.ascontiguousarray(values, dtype=np.float32)
 
 
