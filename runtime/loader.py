@@ -118,13 +118,14 @@ class Model:
 
 def _cpu_variant(directory: Path, manifest: Manifest) -> tuple[Path, VariantRecord | None]:
     """The variant the manifest assigns to the `cpu` target (its record: the backend and ONNX Runtime settings
-    the compile measured), else the fp32 reference graph."""
+    the compile measured), else the fp32 reference graph (a large decoder's GPU-only artifact leaves it out)."""
     for target in manifest.targets:
         if target.name == CPU_TARGET:
             variant = manifest.variant(target.variant)
             return verified_file(directory, variant.path, variant.sha256), variant
     if manifest.model is None:
-        raise ArtifactError(f"{directory} has neither a cpu target nor the fp32 reference graph to run on the CPU",
+        raise ArtifactError(f"{directory} has neither a cpu target nor the fp32 reference graph to run without its "
+                            "targets' GPUs (a large decoder's reference is left out)",
                             hint="compile it again with --target cpu")  # fmt: skip
     return verified_file(directory, manifest.model.path, manifest.model.sha256), None
 

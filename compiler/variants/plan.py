@@ -26,11 +26,10 @@ class VariantPlan:
 
     @property
     def ships_reference(self) -> bool:
-        """Whether the artifact must keep the fp32 reference graph: a target runs it, or no cpu target runs another
-        variant (the runtime's fallback on a machine without the targets' GPUs is the cpu target's variant, else the
-        reference). A large decoder's artifact leaves it out otherwise (compiler/pipeline.py)."""
-        runs_fp32 = any(recipe.quantized is None and recipe.floats is FP32 for recipe in self.by_target.values())
-        return runs_fp32 or CPU_TARGET not in self.by_target
+        """Whether the artifact must keep the fp32 reference graph: a target runs it. A large decoder's artifact
+        leaves it out otherwise (compiler/pipeline.py: at 14B it is 59 GB); the runtime's fallback on a machine
+        without the targets' GPUs is then the cpu target's variant, and a GPU-only artifact has none."""
+        return any(recipe.quantized is None and recipe.floats is FP32 for recipe in self.by_target.values())
 
     def recipes(self) -> dict[Recipe, list[str]]:
         """Each recipe with the targets that share its variant, first-come order."""

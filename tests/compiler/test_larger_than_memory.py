@@ -21,6 +21,7 @@ from tensorsmith.compiler.variants.plan import plan_variants
 from tensorsmith.core import ir, memory
 from tensorsmith.core.errors import ConfigError, ExportError, VerificationError
 from tensorsmith.runtime import load
+from tensorsmith.runtime.errors import ArtifactError
 
 LLAMA = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "num_attention_heads": 4, "num_key_value_heads": 2}
 
@@ -249,9 +250,9 @@ def test_a_disk_that_fills_up_mid_compile_is_one_line_and_nothing_is_left(tmp_pa
 
 
 def test_a_large_decoder_s_artifact_holds_what_its_targets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a cpu target that runs INT4, no target runs the fp32 reference: it is measured, recorded as not
-    shipped, and left out (at 8B it is 32 GB). A GPU-only artifact keeps it: the runtime's fallback without the
-    GPU. (Small models keep it: a toy's reference costs nothing.)"""
+    """No target runs the fp32 reference: it is measured, recorded as not shipped, and left out (at 8B it is 32 GB,
+    at 14B 59 GB). The runtime's fallback on a machine without the GPU is the cpu target's
+    variant, and a GPU-only one has none: it says so. (Small models keep it: a toy's reference costs nothing.)"""
     checkpoint = _llama(tmp_path / "checkpoint", layers=4, vocab=320)  # not the export cache's other 4-layer entry
     int4 = {"source": str(checkpoint), "precision": "int4", "int4_algorithm": "rtn"}
     monkeypatch.setattr(ir, "EXTERNAL_DATA_ABOVE", 0)  # a large decoder's: its weights outside its graph files
@@ -261,5 +262,8 @@ def test_a_large_decoder_s_artifact_holds_what_its_targets_run(tmp_path: Path, m
     assert not list((tmp_path / "both").glob("model.onnx*"))
     with load(tmp_path / "both") as model:
         assert model.generate(np.array([[5, 9, 17]], np.int64), max_new_tokens=4).shape == (1, 7)
-    assert plan_variants(CompileConfig.create({**int4, "targets": ["sm_86"]}), decoder=True).ships_reference
+    gpu_only = compile(CompileConfig.create({**int4, "targets": ["sm_86"]}), tmp_path / "gpu")
+    assert gpu_only.manifest.model is None and not list((tmp_path / "gpu").glob("model.onnx*"))
+    with pytest.raises(ArtifactError, match="neither a cpu target nor the fp32 reference graph"):
+        load(tmp_path / "gpu")  # no GPU here, and nothing left to run without one
     assert plan_variants(CompileConfig.create({**int4, "targets": ["cpu"], "precision": "fp32"})).ships_reference
