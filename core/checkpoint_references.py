@@ -41,6 +41,7 @@ STORED_SUFFIX = ".checkpoint"
 # the stored types a reference widens (exactly) to float32; a float64 checkpoint's weights are written as before
 WIDENED = {"BF16": onnx.TensorProto.BFLOAT16, "F16": onnx.TensorProto.FLOAT16, "F32": onnx.TensorProto.FLOAT}
 ROWS_BLOCK = 64 << 20  # bytes of float32 values written at a time when a reference is written out as fp32
+TILE = 256  # of a transposed weight copied at a time (64 to 1024 measured alike; 32 and below slower)
 
 
 @dataclass(frozen=True)
@@ -73,17 +74,27 @@ class Reference:
     def values(self, start: int | None = None, stop: int | None = None) -> np.ndarray:
         """The graph's weight (rows [start, stop) of its axis 0, where given) as float32."""
         stored = self.stored_values()
-        arranged = np.transpose(stored, self.perm) if self.perm else stored
-        part = arranged[start:stop] if start is not None else arranged
-        return _widened(part, self.stored)
-
-
-def _widened(values: np.ndarray, stored: int) -> np.ndarray:
-    if stored == onnx.TensorProto.BFLOAT16:  # bf16 is float32's upper half: shifted in place, exact
-        widened = values.astype(np.uint32, order="C")
-        widened <<= 16
+        bf16 = self.stored == onnx.TensorProto.BFLOAT16
+        if self.perm == (1, 0):  # a Linear's weight: columns of the stored matrix, copied a tile at a time
+            widened = _transposed(stored[:, start:stop], np.uint32 if bf16 else np.float32)
+        else:
+            arranged = np.transpose(stored, self.perm) if self.perm else stored
+            part = arranged[start:stop] if start is not None else arranged
+            widened = part.astype(np.uint32 if bf16 else np.float32, order="C")
+        if bf16:  # bf16 is float32's upper half: shifted in place, exact
+            widened <<= 16
         return widened.view(np.float32)
-    return np.ascontiguousarray(values, dtype=np.float32)
+
+
+def _transposed(matrix: np.ndarray, dtype: type) -> np.ndarray:
+    """`matrix`.T as a C-ordered array of `dtype`, TILE x TILE at a time: numpy's copy of a whole transpose reads a
+    cache line for every value (0.94 s against 0.20 s for a [4096, 14336] bf16 weight)."""
+    rows, columns = matrix.shape
+    out: np.ndarray = np.empty((columns, rows), dtype)
+    for i in range(0, rows, TILE):
+        for j in range(0, columns, TILE):
+            out[j : j + TILE, i : i + TILE] = matrix[i : i + TILE, j : j + TILE].T
+    return out
 
 
 class ReferencedValues(LazyValues):

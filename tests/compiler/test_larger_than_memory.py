@@ -161,7 +161,8 @@ def test_the_estimate_grows_with_the_parameters_and_the_plan(tmp_path: Path) -> 
     gpu = estimate(checkpoint, plan_variants(CompileConfig.create({**config, "targets": ["sm_86"]}), True),
                    tmp_path / "out", search=False)  # fmt: skip
     assert both.parameters == gpu.parameters == 8_030_261_248
-    assert both.disk > gpu.disk > 4 * both.parameters  # a variant less; the float32 graph in both
+    # a variant less; no float32 graph on disk: run a layer at a time, it refers to the checkpoint's bytes
+    assert both.disk > gpu.disk > both.parameters and both.disk < 4 * both.parameters
     # no stage holds the model: the sm_86 engine's build from its INT4 variant is the peak (resources.py)
     assert both.memory == gpu.memory < 2 * both.parameters
     with pytest.MonkeyPatch.context() as patch:  # an 8 GB machine with room on its disk: the memory is short
