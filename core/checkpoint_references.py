@@ -127,14 +127,9 @@ class ReferencedValues(LazyValues):
         return onnx.numpy_helper.from_array(self.load(), self.name)
 
 
-def links_directory(graph: Path) -> Path:
-    """Where the checkpoint files the graph at `graph` refers to are linked: a hidden directory beside it."""
-    return checkpoint_links_path(graph)
-
-
 def link_beside(graph: Path, file: Path) -> Path | None:
-    """`file` hard-linked into links_directory(graph) (an existing link to it kept); None where it cannot be."""
-    directory = links_directory(graph)
+    """`file` hard-linked into checkpoint_links_path(graph) (an existing link to it kept); None where it cannot be."""
+    directory = checkpoint_links_path(graph)
     linked = directory / file.name
     try:
         if linked.exists() and os.path.samefile(linked, file):
@@ -150,7 +145,7 @@ def link_beside(graph: Path, file: Path) -> Path | None:
 
 def can_link(graph: Path, file: Path) -> bool:
     """Whether `file` can be hard-linked beside the graph to be written at `graph` (tried, then removed)."""
-    directory = links_directory(graph)
+    directory = checkpoint_links_path(graph)
     existed = directory.exists()
     linked = link_beside(graph, file)
     if linked is not None and not existed:
@@ -247,10 +242,5 @@ def _reference(tensor: onnx.TensorProto, base: Path) -> Reference:
 
 def linked_bytes(graph: Path) -> int:
     """The bytes of the checkpoint files linked beside the graph at `graph` (0: none)."""
-    directory = links_directory(graph)
+    directory = checkpoint_links_path(graph)
     return sum(path.stat().st_size for path in directory.iterdir()) if directory.is_dir() else 0
-
-
-def linked_files(graph: Path) -> list[Path]:
-    directory = links_directory(graph)
-    return sorted(directory.iterdir()) if directory.is_dir() else []

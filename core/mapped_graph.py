@@ -27,7 +27,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from tensorsmith.core import ir
-from tensorsmith.core.checkpoint_references import ReferencedValues, take_references
+from tensorsmith.core.checkpoint_references import ReferencedValues, holds_references, take_references
 
 INLINE_BELOW = ir.INLINE_BELOW
 WRITE_BLOCK = 64 << 20  # bytes of a converted weight written at a time
@@ -141,10 +141,12 @@ def load_mapped(path: Path) -> tuple[gs.Graph, onnx.ModelProto]:
     """The graph at `path` with its external weights mapped, and the structure it was imported from (the nodes'
     metadata, which onnx-graphsurgeon drops, is read from it)."""
     structure = onnx.load(str(path), load_external_data=False)
-    referenced = onnx.ModelProto()
-    referenced.CopyFrom(structure)
-    references = take_references(referenced, path.parent)  # weights read from the checkpoint's own files
-    graph = gs.import_onnx(referenced if references else structure)
+    imported, references = structure, {}
+    if holds_references(structure):  # weights read from the checkpoint's own files: taken out of a copy
+        imported = onnx.ModelProto()
+        imported.CopyFrom(structure)
+        references = take_references(imported, path.parent)
+    graph = gs.import_onnx(imported)
     for tensor in graph.tensors().values():
         if isinstance(tensor, gs.Constant) and _is_external(tensor._values):
             location = next(entry.value for entry in tensor._values.tensor.external_data if entry.key == "location")

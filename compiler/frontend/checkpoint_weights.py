@@ -101,12 +101,16 @@ class CheckpointWeights:
             return copied
         # a NaN or an infinity anywhere makes the sum one: a single pass, no mask (isfinite over every value took
         # 0.77 s for 262M values); the values are counted only then (a finite sum can overflow, in theory)
-        if not bool(torch.isfinite(copied.sum())) and (bad := int((~torch.isfinite(copied)).sum())):
+        if not bool(torch.isfinite(copied.sum())):
+            self._refuse_nonfinite(name, int((~torch.isfinite(copied)).sum()))
+        return copied
+
+    def _refuse_nonfinite(self, name: str, bad: int) -> None:
+        if bad:
             raise ExportError(
                 f"checkpoint tensor {name} in {self._files[name]} holds {bad} NaN or infinite values",
                 hint="the file is damaged or the training diverged: re-download or re-save it",
             )
-        return copied
 
     def array(self, name: str) -> np.ndarray:
         return self.tensor(name).numpy()
@@ -120,28 +124,26 @@ class CheckpointWeights:
         tensor = ir.LazyTensor(lambda: ir.tensor(self.array(name)), dtype=ir.DataType.FLOAT,
                                shape=ir.Shape(self.shape(name)), name=graph_name)  # fmt: skip
         if referable and self._codes[name] in WIDENED:
-            offset, length = self._places[name]
-            reference = Reference(self._files[name], offset, length, WIDENED[self._codes[name]], self.shape(name))
-            tensor.meta[REFERENCE_KEY] = (reference, lambda: self.check(name))
+            tensor.meta[REFERENCE_KEY] = (self._reference(name), lambda: self.check(name))
         return tensor
+
+    def _reference(self, name: str) -> Reference:
+        """Where the stored bytes of float weight `name` are (core/checkpoint_references.py)."""
+        offset, length = self._places[name]
+        return Reference(self._files[name], offset, length, WIDENED[self._codes[name]], self.shape(name))
 
     def check(self, name: str) -> None:
         """Refuse the stored `name` if it holds NaN or infinity (read a block at a time, as stored), naming it."""
-        offset, length = self._places[name]
-        reference = Reference(self._files[name], offset, length, WIDENED[self._codes[name]], self.shape(name))
+        reference = self._reference(name)
         rows = reference.shape[0] if reference.shape else 1
-        step = max(1, (CHECK_BYTES * rows) // max(1, length))
+        step = max(1, (CHECK_BYTES * rows) // max(1, reference.length))
         bad = 0
         for start in range(0, rows, step):
             block = reference.values(start, min(rows, start + step))
             if not np.isfinite(block.sum(dtype=np.float32)):
                 bad += int((~np.isfinite(block)).sum())
         self.on_read()
-        if bad:
-            raise ExportError(
-                f"checkpoint tensor {name} in {self._files[name]} holds {bad} NaN or infinite values",
-                hint="the file is damaged or the training diverged: re-download or re-save it",
-            )
+        self._refuse_nonfinite(name, bad)
 
 
 def data_places(path: Path) -> dict[str, tuple[int, int]]:

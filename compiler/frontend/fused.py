@@ -30,7 +30,6 @@ from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outpu
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
 from tensorsmith.compiler.targets import get_target
-from tensorsmith.core.checkpoint_references import links_directory
 from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.importing import first_line
 from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
@@ -44,7 +43,7 @@ from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.core.tensor_ranges import TensorRange, outputs_and_ranges
 from tensorsmith.passes import Canonicalize, GraphPass, PassReport, default_passes, run_passes
-from tensorsmith.runtime.manifest import FileRecord, SourceRecord, TensorRecord, sha256_of
+from tensorsmith.runtime.manifest import FileRecord, SourceRecord, TensorRecord, checkpoint_links_path, sha256_of
 
 logger = logging.getLogger(__name__)
 MODEL_NAME = "model.onnx"
@@ -152,7 +151,7 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
         errors = verify(config, [o.name for o in outputs], reference, computed[1])
         accuracy = {"max_relative_error": float(np.max(list(errors.values()), initial=0.0))}
     record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
-    if cache is not None and key is not None and not links_directory(model_path).exists():
+    if cache is not None and key is not None and not checkpoint_links_path(model_path).exists():
         store(cache, key, model_path, record, described, reports, accuracy, tuned, computed, measured)
     elif cache is not None:  # an entry would hold the checkpoint's weights again, as fp32
         logger.info("export cache: a graph that reads its weights from the checkpoint's files is not stored")

@@ -167,8 +167,8 @@ def weights_as_inputs(model: ir.Model, stack: LayerStack) -> Iterator[dict[str, 
     fold the output projection's Transpose into a new float32 tensor (2.1 GB written at 8B)."""
     graph = model.graph
     lifted: dict[str, ir.TensorProtocol] = {}
-    referred = [name for name, value in graph.initializers.items()
-                if value.const_value is not None and REFERENCE_KEY in value.const_value.meta]  # fmt: skip
+    referred = {name for name, value in graph.initializers.items()
+                if value.const_value is not None and REFERENCE_KEY in value.const_value.meta}  # fmt: skip
     for name in [name for name in graph.initializers if name.startswith(f"{stack.path}.") or name in referred]:
         value = graph.initializers.pop(name)
         assert value.const_value is not None

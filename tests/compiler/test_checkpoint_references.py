@@ -17,12 +17,12 @@ from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.compiler.frontend.export_cache import ENV_VARIABLE
 from tensorsmith.compiler.frontend.fused import fused_graph
 from tensorsmith.compiler.frontend.source import open_source
-from tensorsmith.core.checkpoint_references import holds_references, links_directory, take_references
+from tensorsmith.core.checkpoint_references import holds_references, take_references
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.layerwise import layerwise
 from tensorsmith.core.mapped_save import without_references
 from tensorsmith.core.progress import LogReporter
-from tensorsmith.runtime.manifest import external_data_path
+from tensorsmith.runtime.manifest import checkpoint_links_path, external_data_path
 
 LLAMA = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "num_attention_heads": 4, "num_key_value_heads": 2}
 
@@ -69,13 +69,13 @@ def test_the_graph_refers_to_the_checkpoint_and_computes_what_its_weights_would(
     assert len(take_references(structure, referring.parent)) == stored_weights - 4 + tied
     # what it stores itself: the weights a pass made (attention-scaled queries), the structure
     assert not external_data_path(referring).exists() and referring.stat().st_size < stored.stat().st_size / 3
-    assert os.path.samefile(links_directory(referring) / "model.safetensors", checkpoint / "model.safetensors")
+    assert os.path.samefile(checkpoint_links_path(referring) / "model.safetensors", checkpoint / "model.safetensors")
     assert graphs["always"].accuracy["max_relative_error"] < 1e-4
     for computed, expected in zip(graphs["always"].verified[1], graphs["never"].verified[1], strict=True):  # type: ignore[index]
         np.testing.assert_allclose(computed, expected, rtol=1e-5, atol=1e-5)
 
     without_references(referring)
-    assert not links_directory(referring).exists()
+    assert not checkpoint_links_path(referring).exists()
     assert not holds_references(onnx.load(str(referring), load_external_data=False))
     written, kept = _weights(referring), _weights(stored)
     assert written.keys() == kept.keys()
