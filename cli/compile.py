@@ -114,6 +114,12 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
     help="Run the graphs that measure and calibrate one layer at a time: auto where their weights exceed a third "
     "of the available memory.",
 )
+@click.option(
+    "--mla-cache",
+    type=click.Choice(["latent", "full"]),
+    help="DeepSeek-V2/V3's attention: cache the compressed latent and rotary key (latent), or every head's keys "
+    "and values (full).",
+)
 @click.option("--no-fuse", is_flag=True, help="Skip the fusion passes (LayerNorm, GELU, attention scale).")
 @click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -148,6 +154,7 @@ def compile_command(
     trace_every_layer: bool,
     no_resource_check: bool,
     layerwise: str | None,
+    mla_cache: str | None,
     no_fuse: bool,
     no_verify: bool,
     as_json: bool,
@@ -177,6 +184,7 @@ def compile_command(
         "trace_every_layer": True if trace_every_layer else None,
         "check_resources": False if no_resource_check else None,
         "layerwise": layerwise,
+        "mla_cache": mla_cache,
         "verify": False if no_verify else None,
         "export_cache_dir": str(export_cache.resolve()) if export_cache else None,
     }

@@ -17,8 +17,9 @@ included), write_indices and the number of new tokens. Slot j is visible to the 
 and the keys it writes are never read by a real token, whose mask hides padding slots). Slot distance is
 position distance for a row's real tokens, which are contiguous (prompts are left padded), so a window counts
 the same as transformers' does. The rewrite needs the graph's attention as ONNX `Attention` nodes (passes/
-attention.py) whose keys and values are the presents; it refuses anything else, naming what it found, and the
-compile then keeps the dynamic cache.
+attention.py) whose keys and values are the presents, or written out as Softmax(scores + mask) (latent attention,
+passes/cache_graph.py; one window for every layer), whose mask operand it replaces; it refuses anything else,
+naming what it found, and the compile then keeps the dynamic cache.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.cache_graph import cache_in_compute_dtype, dtype_name, masked_scores, reads_no_length
 from tensorsmith.runtime.kv_cache import WRITE_INDICES, past_name, present_of
 
 STATIC_CACHE_OPSET = 24  # TensorScatter's first
@@ -62,32 +63,38 @@ class StaticCache:
         if MASK not in inputs or "input_ids" not in inputs:
             raise PassError("the graph has no attention_mask or input_ids input", hint="a decoder's KV-cache graph")
         write_indices = gs.Variable(WRITE_INDICES, np.dtype(np.int64), ["batch"])
+        old_mask = inputs[MASK]
         attentions = [node for node in graph.nodes if node.op == "Attention"]
-        if not attentions:
-            raise PassError("the graph's attention is not ONNX Attention nodes",
+        explicit = [] if attentions else masked_scores(graph, old_mask, inputs["input_ids"])
+        if not attentions and (not explicit or len(set(self.windows)) > 1):
+            raise PassError("the graph's attention is neither ONNX Attention nodes nor a Softmax over masked scores "
+                            "(with one window for every layer)",
                             hint="the attention pass did not match (see the manifest's passes)")  # fmt: skip
         for layer in range(len(self.windows)):
             for kind in ("key", "value"):
                 self._scatter(graph, inputs, outputs, layer, kind, write_indices)
         keys_of = {id(node.inputs[1]): node for node in attentions}
-        old_mask = inputs[MASK]
         slots = self._slots(graph, old_mask, inputs["input_ids"], write_indices)
         visible: dict[int | None, gs.Variable] = {}
-        for layer, window in enumerate(self.windows):
+        for add, operand in explicit:  # every layer's scores: the one mask of the slots
+            visible = visible or {self.windows[0]: self._visible(graph, slots, self.windows[0])}
+            add.inputs[operand] = self._mask_like(graph, add.name, add.inputs[operand], visible[self.windows[0]])
+        for layer, window in enumerate(self.windows if attentions else []):
             attention = keys_of.get(id(outputs[_present_name(layer, "key")]))
             if attention is None or attention.inputs[2] is not outputs[_present_name(layer, "value")]:
                 raise PassError(f"layer {layer}'s Attention does not read present.{layer}.key/value",
                                 hint="the cache must feed Attention directly")  # fmt: skip
             if window not in visible:
                 visible[window] = self._visible(graph, slots, window)
-            attention.inputs[3] = self._mask_like(graph, attention, visible[window])
+            old = attention.inputs[3] if len(attention.inputs) > 3 else None
+            attention.inputs[3] = self._mask_like(graph, attention.name, old, visible[window])
         # the exporter's mask (from the old attention_mask and the past's length) is dead now
         graph.inputs = [t for t in graph.inputs if t is not old_mask]
         graph.inputs.insert(graph.inputs.index(inputs["input_ids"]) + 1, slots.mask)
         graph.inputs.append(write_indices)
         graph.cleanup(remove_unused_graph_inputs=False)
         self._check_pasts_read_once(graph)
-        cache_dtype = _dtype_name(inputs[past_name(0, "key")].dtype)
+        cache_dtype = dtype_name(inputs[past_name(0, "key")].dtype)
         return PassReport(self.name, changed=True, counts={"layers": len(self.windows), "masks": len(visible)},
                           details={"windows": sorted({w for w in self.windows if w is not None}),
                                    "cache_dtype": cache_dtype, "capacity": self.capacity or CACHE_DIM})  # fmt: skip
@@ -99,7 +106,7 @@ class StaticCache:
         if past is None or present is None:
             raise PassError(f"the graph has no {past_name(layer, kind)} input or {_present_name(layer, kind)} output",
                             hint="config.json's layer count and the graph's cache disagree")  # fmt: skip
-        _cache_in_compute_dtype(past, present)
+        cache_in_compute_dtype(past, present)
         concat = present.inputs[0] if present.inputs else None
         if concat is None or concat.op != "Concat" or concat.inputs[0] is not past or len(concat.inputs) != 2:
             found = concat.op if concat is not None else "a graph input"
@@ -165,23 +172,22 @@ class StaticCache:
         return self._node(graph, "Unsqueeze", [either, self._constant("axes1", np.array([1], np.int64))],
                           np.bool_, f"{tag}/visible")  # fmt: skip
 
-    def _mask_like(self, graph: gs.Graph, attention: gs.Node, visible: gs.Variable) -> gs.Tensor:
-        """`visible` as the mask the node had: boolean as it is, additive as Where(visible, 0, fill) with the old
+    def _mask_like(self, graph: gs.Graph, reader: str, old: gs.Tensor | None, visible: gs.Variable) -> gs.Tensor:
+        """`visible` as the mask `reader` had: boolean as it is, additive as Where(visible, 0, fill) with the old
         mask's own fill (a Where with constant branches), or 0/-10000 in the query's dtype."""
-        old = attention.inputs[3] if len(attention.inputs) > 3 else None
         if old is None:
-            raise PassError(f"{attention.name} has no mask: the static cache needs one", hint="a causal decoder")
+            raise PassError(f"{reader} has no mask: the static cache needs one", hint="a causal decoder")
         if old.dtype == np.bool_:
             return visible
         producer = old.inputs[0] if old.inputs else None
-        tag = _dtype_name(old.dtype)
+        tag = dtype_name(old.dtype)
         key = (visible.name, tag)
         if key not in self._additive:
             if producer is not None and producer.op == "Where" and all(isinstance(t, gs.Constant)
                                                                         for t in producer.inputs[1:]):  # fmt: skip
                 branches = list(producer.inputs[1:])  # the exporter's own 0 and fill, in the mask's dtype
             elif isinstance(old.dtype, int):
-                raise PassError(f"{attention.name}'s mask is ONNX type {old.dtype} and not a Where of constants")
+                raise PassError(f"{reader}'s mask is ONNX type {old.dtype} and not a Where of constants")
             else:
                 dtype = np.dtype(old.dtype)
                 branches = [self._constant(f"zero_{tag}", np.array(0, dtype)),
@@ -195,50 +201,11 @@ class StaticCache:
         for layer in range(len(self.windows)):
             for kind in ("key", "value"):
                 past = next(t for t in graph.inputs if t.name == past_name(layer, kind))
-                others = [node for node in past.outputs if node.op != "TensorScatter" and not _reads_no_length(node)]
+                others = [node for node in past.outputs if node.op != "TensorScatter" and not reads_no_length(node)]
                 if others:
                     raise PassError(f"{past.name} is read by {[node.op for node in others]}, not only by its "
                                     "TensorScatter", hint="the graph uses the cache's length; compile with "
                                     "--kv-cache dynamic")  # fmt: skip
-
-
-def _dtype_name(dtype: Any) -> str:
-    """numpy's name, or ONNX's for a type numpy has not (onnx-graphsurgeon keeps bfloat16 as ONNX's number)."""
-    return onnx.TensorProto.DataType.Name(dtype).lower() if isinstance(dtype, int) else np.dtype(dtype).name
-
-
-def _replace_uses(old: gs.Tensor, new: gs.Tensor) -> None:
-    for node in list(old.outputs):
-        for index, tensor in enumerate(node.inputs):
-            if tensor is old:
-                node.inputs[index] = new
-
-
-def _cache_in_compute_dtype(past: gs.Variable, present: gs.Variable) -> None:
-    """An fp16 variant keeps fp32 inputs and outputs, casting the cache at both ends (present = Cast(Concat(
-    Cast(past), new))): the cache becomes fp16 itself, half the bytes held, read and written, and the Concat's
-    output the present that Attention reads."""
-    cast_out = present.inputs[0] if present.inputs else None
-    if cast_out is None or cast_out.op != "Cast" or not cast_out.inputs[0].inputs:
-        return
-    inner = cast_out.inputs[0]
-    concat = inner.inputs[0]
-    cast_in = concat.inputs[0].inputs[0] if concat.op == "Concat" and concat.inputs[0].inputs else None
-    if cast_in is None or cast_in.op != "Cast" or cast_in.inputs[0] is not past:
-        return
-    cast_out.outputs.clear()
-    _replace_uses(inner, present)
-    concat.outputs[0] = present
-    present.dtype = past.dtype = inner.dtype
-    _replace_uses(cast_in.outputs[0], past)
-
-
-def _reads_no_length(node: gs.Node) -> bool:
-    """A Shape of dims that exclude the sequence's (axis 2): the exporter takes the batch size from a past."""
-    if node.op != "Shape":
-        return False
-    start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
-    return end is not None and (int(end) <= 2 or start >= 3) and start >= 0 and int(end) > 0
 
 
 @dataclass(frozen=True)

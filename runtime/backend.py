@@ -63,7 +63,7 @@ class Backend(abc.ABC):
             self.reserve(shape.reserved_bytes)
             return StaticCacheSession(run, shape)
         # the presents at their longest too: a dynamic cache's present is a new tensor each step
-        self.reserve({**shape.reserved_bytes, **{present_of(name): shape.tensor_bytes for name in shape.pasts}})
+        self.reserve({**shape.reserved_bytes, **{present_of(name): shape.tensor_bytes(name) for name in shape.pasts}})
         return DynamicCacheSession(run, shape)
 
     @abc.abstractmethod

@@ -145,9 +145,9 @@ def dynamic_step_copies(
     position's logits out."""
     rows, total = shape.rows, past_length + new_tokens
     itemsize = np.dtype(shape.dtype).itemsize
-    row_of = shape.layout.kv_heads * shape.layout.head_dim * itemsize  # bytes per row and token of one cache
 
     def cache(name: str, direction: Direction, length: int) -> Transfer:
+        row_of = int(np.prod(shape.tensor_shape(name, 1)[1:])) * itemsize  # bytes per row and token
         return Transfer(name, direction, rows, row_of * length)
 
     return CopyPlan(

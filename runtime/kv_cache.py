@@ -51,20 +51,21 @@ class CacheShape:
     def pasts(self) -> list[str]:
         return [past_name(i, kind) for i in range(self.layout.layers) for kind in ("key", "value")]
 
-    def tensor_shape(self, length: int | None = None) -> tuple[int, int, int, int]:
-        """[rows, kv_heads, length, head_dim]; the capacity by default."""
-        layout = self.layout
-        return (self.rows, layout.kv_heads, self.capacity if length is None else length, layout.head_dim)
+    def tensor_shape(self, name: str, length: int | None = None) -> tuple[int, int, int, int]:
+        """Past `name`'s [rows, kv_heads, length, last dim] (keys and values may differ in the last); the
+        capacity by default."""
+        layout, kind = self.layout, name.rsplit(".", 1)[-1]
+        return (self.rows, layout.kv_heads, self.capacity if length is None else length, layout.last_dim(kind))
 
-    @property
-    def tensor_bytes(self) -> int:
-        """Bytes of one past (or present) tensor at the capacity."""
-        return int(np.prod(self.tensor_shape())) * np.dtype(self.dtype).itemsize
+    def tensor_bytes(self, name: str) -> int:
+        """Bytes of past (or present) `name` at the capacity."""
+        return int(np.prod(self.tensor_shape(name))) * np.dtype(self.dtype).itemsize
 
     @property
     def reserved_bytes(self) -> dict[str, int]:
         """Every buffer a request needs at its longest: the pasts (each present shares its past's), the mask."""
-        return {**dict.fromkeys(self.pasts, self.tensor_bytes), "attention_mask": self.rows * self.capacity * 8}
+        pasts = {name: self.tensor_bytes(name) for name in self.pasts}
+        return {**pasts, "attention_mask": self.rows * self.capacity * 8}
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class DynamicCacheSession(CacheSession):
         super().__init__(shape)
         self._run = run
         self.mask = np.zeros((shape.rows, 0), np.int64)
-        self.cache = {name: np.zeros(shape.tensor_shape(0), shape.dtype) for name in shape.pasts}
+        self.cache = {name: np.zeros(shape.tensor_shape(name, 0), shape.dtype) for name in shape.pasts}
 
     def step(self, feeds: StepFeeds) -> np.ndarray:
         self.mask = np.concatenate([self.mask, feeds.new_mask.astype(np.int64)], axis=1)
@@ -141,7 +142,7 @@ class StaticCacheSession(CacheSession):
         super().__init__(shape)
         self._run = run
         self.mask = np.zeros((shape.rows, shape.capacity), np.int64)
-        self.cache = {name: np.zeros(shape.tensor_shape(), shape.dtype) for name in shape.pasts}
+        self.cache = {name: np.zeros(shape.tensor_shape(name), shape.dtype) for name in shape.pasts}
 
     def _small_feeds(self, feeds: StepFeeds) -> dict[str, np.ndarray]:
         """The step's own inputs; the mask's new columns are written first."""

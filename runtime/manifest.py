@@ -111,7 +111,13 @@ class GenerationRecord(_Record):
 
     layers: int
     kv_heads: int
-    head_dim: int
+    head_dim: int = Field(description="the keys' last dim")
+    value_head_dim: int | None = Field(None, description="the values' last dim where it is not the keys'")
+    cache_form: Literal["per_head", "latent"] = Field(
+        "per_head",
+        description="per_head: each kv head's keys and values; latent: multi-head latent attention's compressed "
+        "cache (DeepSeek's MLA), one head of the normalised latent as the key and the rotary key as the value",
+    )
     max_sequence_length: int = Field(description="prompt and new tokens together, at most")
     eos_token_id: list[int] = Field(default_factory=list)
     pad_token_id: int | None = None
@@ -121,6 +127,10 @@ class GenerationRecord(_Record):
         "[batch, cache] over the slots (passes/static_cache.py); dynamic: Optimum's and GenAI's growing cache",
     )
     kv_cache_reason: str = Field("", description="why the cache is dynamic when static was not asked against")
+
+    def last_dim(self, kind: str) -> int:
+        """The last dim of a layer's `kind` ("key" or "value") cache tensor."""
+        return self.value_head_dim or self.head_dim if kind == "value" else self.head_dim
 
 
 class Manifest(_Record):

@@ -55,7 +55,7 @@ def step_shapes(shape: CacheShape, new_tokens: int) -> Shapes:
         "position_ids": (rows, new_tokens),
         MASK: (rows, shape.capacity),
         WRITE_INDICES: (rows,),
-        **dict.fromkeys(shape.pasts, shape.tensor_shape()),
+        **{name: shape.tensor_shape(name) for name in shape.pasts},
     }
 
 

@@ -14,6 +14,7 @@ presents are always past + sequence long and a window is honoured past its lengt
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
@@ -38,19 +39,42 @@ def is_decoder(architecture: str) -> bool:
     return architecture.endswith(("ForCausalLM", "LMHeadModel"))
 
 
-def kv_layout(config: dict[str, Any]) -> tuple[int, int, int]:
-    """(layers, kv heads, head dim) from config.json, for the families' own key names."""
+@dataclass(frozen=True)
+class KVLayout:
+    """What a decoder caches per layer: `kv_heads` heads of keys `key_dim` wide and values `value_dim` wide."""
+
+    layers: int
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+    form: str = "per_head"  # GenerationRecord.cache_form
+
+    def last_dim(self, kind: str) -> int:
+        return self.key_dim if kind == "key" else self.value_dim
+
+
+def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
+    """The cache layout from config.json, for the families' own key names. Multi-head latent attention
+    (`kv_lora_rank`: DeepSeek-V2/V3) caches its normalised latent and its rotary key, one head each, as
+    transformers does (compiler/frontend/latent_attention.py); `mla_cache="full"` caches every head's keys
+    (qk_nope + qk_rope wide) and values (v_head_dim)."""
     layers = config.get("num_hidden_layers") or config.get("n_layer")
     heads = config.get("num_attention_heads") or config.get("n_head")
     hidden = config.get("hidden_size") or config.get("n_embd")
     if not (layers and heads and hidden):
         raise ValueError("config.json gives no num_hidden_layers/num_attention_heads/hidden_size (or n_layer, …)")
+    if config.get("kv_lora_rank"):
+        if mla_cache == "full":
+            key = int(config["qk_nope_head_dim"]) + int(config["qk_rope_head_dim"])
+            return KVLayout(int(layers), int(heads), key, int(config["v_head_dim"]))
+        return KVLayout(int(layers), 1, int(config["kv_lora_rank"]), int(config["qk_rope_head_dim"]), "latent")
     kv_heads = config.get("num_key_value_heads") or heads
     # Falcon's and GPTBigCode's multi-query attention caches one key and value head; Falcon's new decoder
     # architecture (its num_kv_heads) broadcasts them to every head before the cache, which so holds them all.
     if config.get("multi_query") and not config.get("new_decoder_architecture"):
         kv_heads = 1
-    return int(layers), int(kv_heads), int(config.get("head_dim") or hidden // heads)
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    return KVLayout(int(layers), int(kv_heads), head_dim, head_dim)
 
 
 def past_names(layers: int) -> list[str]:
@@ -67,7 +91,7 @@ def layer_windows(model: HuggingFaceModel) -> list[int | None]:
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(str(model.directory))
-    layers, _, _ = kv_layout(model.config)
+    layers = kv_layout(model.config).layers
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if types:
@@ -101,7 +125,8 @@ def static_cache_io(inputs: list[TensorRecord], outputs: list[TensorRecord]
 
 
 def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileConfig:
-    layers, kv_heads, head_dim = kv_layout(model.config)
+    layout = kv_layout(model.config, config.mla_cache)
+    layers = layout.layers
     vocabulary = int(model.config.get("vocab_size") or 2)
     tokens = ["batch", "sequence"]
     inputs = [
@@ -109,8 +134,8 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
         InputDecl(name="attention_mask", dtype="int64", dims=["batch", "total"]),
         InputDecl(name="position_ids", dtype="int64", dims=tokens, value_range=(0, 1)),  # fed as the positions
         *(
-            InputDecl(name=name, dtype="float32", dims=["batch", kv_heads, "past", head_dim])
-            for name in past_names(layers)
+            InputDecl(name=name, dtype="float32", dims=["batch", layout.kv_heads, "past", layout.last_dim(kind)])
+            for name, kind in zip(past_names(layers), ["key", "value"] * layers, strict=True)
         ),
     ]
     # [generation] max_sequence_length, else [dims.total] max (prompt and new tokens), bounds the other dims; by
@@ -132,12 +157,14 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
 
 def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: str = "dynamic", reason: str = ""
                       ) -> GenerationRecord:  # fmt: skip
-    layers, kv_heads, head_dim = kv_layout(model.config)
+    layout = kv_layout(model.config, config.mla_cache)
     eos = model.generation_config().get("eos_token_id", model.config.get("eos_token_id"))
     return GenerationRecord(
-        layers=layers,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
+        layers=layout.layers,
+        kv_heads=layout.kv_heads,
+        head_dim=layout.key_dim,
+        value_head_dim=layout.value_dim if layout.value_dim != layout.key_dim else None,
+        cache_form=layout.form,
         max_sequence_length=config.dims["total"].max or model.max_sequence,
         eos_token_id=[eos] if isinstance(eos, int) else list(eos or []),
         pad_token_id=model.config.get("pad_token_id"),
@@ -146,12 +173,17 @@ def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: 
     )
 
 
-def kv_cache_module(loaded: Any) -> torch.nn.Module:
+def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
     """`loaded` (a transformers causal LM) as forward(input_ids, attention_mask, position_ids, *past) →
-    (logits, *presents), two past tensors a layer (as many layers as it is given: the export may trace fewer)."""
+    (logits, *presents), two past tensors a layer (as many layers as it is given: the export may trace fewer),
+    its latent attention, if any, in the `mla_cache` form."""
     import torch
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
+
+    from tensorsmith.compiler.frontend.latent_attention import rewrite_latent_attention
+
+    rewrite_latent_attention(loaded, mla_cache)
 
     class FlatKVCache(torch.nn.Module):
         def __init__(self) -> None:

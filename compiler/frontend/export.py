@@ -158,7 +158,7 @@ def export_source(
             streamed = export_decoder_from_checkpoint(source.huggingface, config, feeds, scratch, shown)
             if streamed is not None:
                 return streamed
-        module = build_module(source.huggingface, [decl.name for decl in config.inputs])
+        module = build_module(source.huggingface, [decl.name for decl in config.inputs], config.mla_cache)
         stamped = (export_stamped(module, source.huggingface, config, feeds, scratch, module_tensors(module))
                    if source.is_decoder else None)  # fmt: skip
         return stamped or _export_torch(module, config, feeds, export_hint(source.huggingface), scratch)

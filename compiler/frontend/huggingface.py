@@ -38,6 +38,8 @@ TOKENIZER_DIRECTORY = "tokenizer"
 MAX_SEQUENCE = 2048  # the default max of the sequence dim: the config's positions, capped here
 # config.json's `dtype` (`torch_dtype` before transformers 4.56) that a checkpoint may give: the weights are loaded
 # in float32 whichever it is (the reference and the fp32 graph are computed as transformers computes in float32)
+# the sizes compiler/frontend/decoder.py reads, under the names transformers' config classes all answer to
+STANDARD_SIZES = ("num_hidden_layers", "num_attention_heads", "hidden_size", "num_key_value_heads")
 CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float64")
 SUPPORTED = ("tensorsmith compiles transformer families' decoders (*ForCausalLM, *LMHeadModel), encoders (*Model) "
              "and heads (*For…)")  # fmt: skip
@@ -97,7 +99,7 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
             hint='add "architectures": ["BertModel"] (the class save_pretrained was called on)',
         )
     if is_decoder(str(architectures[0])):
-        config = _with_kv_heads(config)
+        config = _with_standard_sizes(config)
     model = HuggingFaceModel(path, str(architectures[0]), config)
     _check_architecture(model)
     if not model.weights():
@@ -111,19 +113,20 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
     return model
 
 
-def _with_kv_heads(config: dict[str, Any]) -> dict[str, Any]:
-    """config.json with `num_key_value_heads` as transformers' config class sets it where the file has none: the
-    heads its cache then holds. Falcon's new decoder architecture cached every head before transformers 5.25 and
-    its num_kv_heads since, which that version's FalconConfig says; a file saved by either version lacks the key."""
-    if "num_key_value_heads" in config or not isinstance(config.get("model_type"), str):
+def _with_standard_sizes(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json with the sizes the decoder layout reads under transformers' standard names, as the family's
+    config class gives them: MPT's `n_layers`, XGLM's `attention_heads` and GPT-Neo's `num_layers` through its
+    attribute map, and `num_key_value_heads` where the file has none (the heads its cache then holds: Falcon's new
+    decoder architecture cached every head before transformers 5.25 and its num_kv_heads since)."""
+    if not isinstance(config.get("model_type"), str) or all(key in config for key in STANDARD_SIZES):
         return config
     try:
         fields = {key: value for key, value in config.items() if key != "model_type"}
         built = _transformers().AutoConfig.for_model(config["model_type"], **fields)
     except Exception:  # no transformers, or a model type it does not know: the export says so, in its words
         return config
-    heads = getattr(built, "num_key_value_heads", None)
-    return {**config, "num_key_value_heads": heads} if isinstance(heads, int) else config
+    sizes = {key: getattr(built, key, None) for key in STANDARD_SIZES if key not in config}
+    return {**config, **{key: value for key, value in sizes.items() if isinstance(value, int)}}
 
 
 def _check_architecture(model: HuggingFaceModel) -> None:
@@ -240,16 +243,18 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
 
 
 def experts_option(model: HuggingFaceModel) -> dict[str, str]:
-    """Mixtral-style experts: transformers' default grouped_mm kernel has no ONNX export; batched_mm gathers each
-    token's top-k experts' weights and exports to standard ops."""
-    return {"experts_implementation": "batched_mm"} if "num_local_experts" in model.config else {}
+    """Sparse experts computed as the routing chose them: transformers' default grouped_mm kernel has no ONNX export;
+    batched_mm gathers each token's top-k experts' stacked weights and exports to standard ops. Every family whose
+    experts take the choice (Mixtral's `num_local_experts`, Qwen2-MoE's and OLMoE's `num_experts`, DeepSeek's
+    `n_routed_experts`, …) gets it; a model without such experts ignores it."""
+    return {"experts_implementation": "batched_mm"}
 
 
-def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
+def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "latent") -> torch.nn.Module:
     """The model, loaded from the directory's safetensors only, in float32 whatever dtype the weights were saved
     in (transformers' default, the config's dtype, would make a bfloat16 checkpoint a bfloat16 module: fp32 inputs
     such as a decoder's past would not fit it, nor could its outputs be compared), returning its task's one
-    output tensor."""
+    output tensor. A decoder's latent attention caches as `mla_cache` says (compiler/frontend/latent_attention.py)."""
     import torch
 
     options = {_dtype_argument(_transformers()): torch.float32, "attn_implementation": "eager",
@@ -266,7 +271,7 @@ def build_module(model: HuggingFaceModel, inputs: list[str]) -> torch.nn.Module:
         raise ExportError(f"transformers could not load {model.directory}: {str(err).strip().splitlines()[0]}") from err
 
     if model.is_decoder:
-        return kv_cache_module(loaded)
+        return kv_cache_module(loaded, mla_cache)
 
     class TaskOutput(torch.nn.Module):
         """Keyword arguments to the model (its forward's order differs between families), one output back. Named

@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tensorsmith.compiler.frontend.export")  # one logger for the export, as before
 
 
-def build_empty_decoder(model: HuggingFaceModel, weights: CheckpointWeights) -> tuple[torch.nn.Module, dict[str, str]]:
+def build_empty_decoder(model: HuggingFaceModel, weights: CheckpointWeights, mla_cache: str = "latent"
+                        ) -> tuple[torch.nn.Module, dict[str, str]]:  # fmt: skip
     """The decoder's module with no weight loaded (checkpoint_weights.py): its parameters are float32 tensors
     never written, the checkpoint's persistent buffers loaded; with each tensor's name in the checkpoint by its
     name in the module. An ExportError where some parameter has no name in the checkpoint (transformers renames
@@ -73,7 +74,7 @@ def build_empty_decoder(model: HuggingFaceModel, weights: CheckpointWeights) -> 
         load_buffers(loaded, weights, names)
     except (RuntimeError, MemoryError) as err:
         raise ExportError(f"{model.directory}: the empty module could not be made ({first_line(err)})") from err
-    module = kv_cache_module(loaded.eval())
+    module = kv_cache_module(loaded.eval(), mla_cache)
     return module, {f"model.{name}": key for name, key in names.items()}  # kv_cache_module holds it as `model`
 
 
@@ -109,7 +110,7 @@ def _stamping_refusal(model: HuggingFaceModel, config: CompileConfig) -> str | N
     still find them unlike: export_stamped)."""
     if config.exporter == "torchscript" or config.trace_every_layer:
         return "asked for"
-    layers = kv_layout(model.config)[0]
+    layers = kv_layout(model.config).layers
     reason = per_layer_variation(model.config, layers)
     if reason is None and layers < MIN_LAYERS:
         reason = f"{layers} layers"  # the whole trace costs little
@@ -128,7 +129,7 @@ def export_stamped(
     layers may differ or the trace of two fails, for the whole stack to be traced instead. `weight_tensor` gives
     every weight of the graph, the traced layers' included (the module's may be empty: checkpoint_weights.py)."""
     reason = _stamping_refusal(model, config)
-    layers = kv_layout(model.config)[0]
+    layers = kv_layout(model.config).layers
     stack = find_layer_stack(module, layers) if reason is None else None
     if reason is not None or stack is None:
         logger.info("tracing every layer: %s", reason or "no module list of the layers")
@@ -200,7 +201,7 @@ def export_decoder_from_checkpoint(
     module's tensors have other names in the checkpoint: the module is then loaded whole."""
     weights = CheckpointWeights(model.directory)
     try:
-        module, names = build_empty_decoder(model, weights)
+        module, names = build_empty_decoder(model, weights, config.mla_cache)
     except ExportError as err:
         logger.info("loading %s whole: %s", model.directory, err)
         return None
@@ -221,7 +222,7 @@ def export_decoder_from_checkpoint(
                 return run(feeds)
         except RuntimeError as err:  # a weight read outside its module's forward: released, so it fails loudly
             logger.info("the source's outputs from the whole module: %s", first_line(err))
-            return torch_reference(build_module(model, inputs), inputs)(feeds)
+            return torch_reference(build_module(model, inputs, config.mla_cache), inputs)(feeds)
 
     exported.reference = reference
     return exported

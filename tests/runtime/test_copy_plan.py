@@ -86,7 +86,7 @@ def test_the_plan_agrees_with_the_cache_shape() -> None:
     mask = next(t for t in step_copies(shape, 1, LLAMA_VOCABULARY, "float16").transfers if t.tensor == MASK)
     assert mask.device_pitch is not None and mask.device_pitch * mask.rows == shape.reserved_bytes[MASK]
     dynamic = dynamic_step_copies(shape, shape.capacity, 0, LLAMA_VOCABULARY, "float16").by_tensor()
-    assert all(dynamic[name] == dynamic[present_of(name)] == shape.tensor_bytes for name in shape.pasts)
+    assert all(dynamic[name] == dynamic[present_of(name)] == shape.tensor_bytes(name) for name in shape.pasts)
     # the step buffers at their largest: a step as long as the cache
     assert buffers["input_ids"] == 4 * 1024 * 8 and buffers[LOGITS] == 4 * LLAMA_VOCABULARY * 2
     staged = staging_bytes(shape, LLAMA_VOCABULARY, "float16")

@@ -1,0 +1,148 @@
+"""Multi-head latent attention (DeepSeek-V2/V3's MLA) as the export writes it.
+
+transformers caches MLA's compressed form (the normalised latent c_kv, kv_lora_rank wide, as the key; the rotary
+key k_rot, qk_rope wide, as the value; one head each) but decompresses the whole cache through `kv_b_proj` at
+every step: at 1,024 tokens of context and DeepSeek-V2-Lite's shape that is 2 GFLOP a layer per decoded token.
+The export swaps each MLA module's forward for the absorbed form of the DeepSeek-V2 paper (§2.1.2): W_UK (the key
+half of `kv_b_proj`) multiplies the query into latent space and W_UV (its value half) the attention's output, so
+attention runs over the cache as it is stored:
+
+    scores = (q_nope · W_UK) · c_kvᵀ + q_rot · k_rotᵀ        (× 1/sqrt(qk_nope + qk_rope), the module's scaling)
+    out    = (softmax(scores + mask) · c_kv) · W_UVᵀ         → o_proj
+
+Each head's query reads the one latent head: no key or value is repeated. `mla_cache="full"` instead caches every
+head's decompressed keys (qk_nope + qk_rope) and values (v_head_dim), as NVIDIA's TensorRT-Model-Connect does,
+for comparison. DeepSeek-V2's rotary embedding is complex-valued (torch.polar), which no exporter takes: its
+module returns the angles' cosines and sines instead and the pairs are rotated in real arithmetic.
+
+A module is recognised by what it holds (`kv_a_proj_with_mqa`, `kv_b_proj`, `kv_lora_rank`), not by its family.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, NamedTuple
+
+import torch
+
+
+class PairAngles(NamedTuple):
+    """A complex rotary embedding's rotation as real numbers: [batch, sequence, rotary/2] each."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+def is_latent_attention(module: torch.nn.Module) -> bool:
+    return all(hasattr(module, name) for name in ("kv_a_proj_with_mqa", "kv_b_proj", "kv_lora_rank"))
+
+
+def rewrite_latent_attention(model: torch.nn.Module, mla_cache: str = "latent") -> int:
+    """Swap every MLA module's forward in `model` (in place) for the `mla_cache` form; returns how many."""
+    swapped = 0
+    for module in model.modules():
+        if is_latent_attention(module):
+            forward = _absorbed_forward if mla_cache == "latent" else _full_forward
+            module.forward = types.MethodType(forward, module)
+            swapped += 1
+        elif _returns_complex_rotation(module):
+            module.forward = types.MethodType(_real_rotation_forward, module)
+    return swapped
+
+
+def _returns_complex_rotation(module: torch.nn.Module) -> bool:
+    """A rotary embedding whose forward builds complex numbers (DeepSeek-V2's freqs_cis)."""
+    forward = type(module).forward
+    code = getattr(forward, "__wrapped__", forward).__code__
+    return hasattr(module, "inv_freq") and "polar" in code.co_names
+
+
+def _real_rotation_forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> PairAngles:
+    """The complex rotary embedding's angles as (cos, sin) [batch, sequence, rotary/2], scaled as its forward
+    scales the complex numbers."""
+    angles = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+    scale = self.attention_scaling
+    return PairAngles(angles.cos() * scale, angles.sin() * scale)
+
+
+def _rotate(self: Any, q_rot: torch.Tensor, k_rot: torch.Tensor, position_embeddings: Any
+            ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The family's own rotation of the query's and key's rotary parts."""
+    if isinstance(position_embeddings, PairAngles):  # adjacent pairs as complex numbers (DeepSeek-V2)
+        cos, sin = position_embeddings
+        return _rotate_pairs(q_rot, cos, sin), _rotate_pairs(k_rot, cos, sin)
+    family = sys.modules[type(self).__module__]
+    cos, sin = position_embeddings
+    if getattr(self.config, "rope_interleave", False):
+        rotated: tuple[torch.Tensor, torch.Tensor] = family.apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+    else:
+        rotated = family.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
+    return rotated
+
+
+def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(x0 + i·x1)·(cos + i·sin) for each adjacent pair of the last dim, as torch.view_as_complex reads it."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    even, odd = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [batch, 1, sequence, rotary/2]: every head
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(3).type_as(x)
+
+
+def _projections(self: Any, hidden_states: torch.Tensor, position_embeddings: Any
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The query's two parts [batch, heads, sequence, qk_nope | qk_rope] and the new tokens' latent
+    [batch, 1, sequence, kv_lora_rank] and rotary key [batch, 1, sequence, qk_rope], rotated."""
+    batch, sequence = hidden_states.shape[:-1]
+    if self.q_lora_rank is None:
+        query = self.q_proj(hidden_states)
+    else:
+        query = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+    query = query.view(batch, sequence, -1, self.qk_head_dim).transpose(1, 2)
+    q_nope, q_rot = torch.split(query, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+    latent, k_rot = torch.split(self.kv_a_proj_with_mqa(hidden_states), [self.kv_lora_rank, self.qk_rope_head_dim],
+                                dim=-1)  # fmt: skip
+    latent = self.kv_a_layernorm(latent).view(batch, 1, sequence, self.kv_lora_rank)
+    k_rot = k_rot.view(batch, 1, sequence, self.qk_rope_head_dim)
+    q_rot, k_rot = _rotate(self, q_rot, k_rot, position_embeddings)
+    return q_nope, q_rot, latent, k_rot
+
+
+def _masked_softmax(scores: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    if attention_mask is not None:
+        mask = attention_mask[:, :, :, : scores.shape[-1]]
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+
+
+def _absorbed_forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Any = None,
+                      attention_mask: torch.Tensor | None = None, cache: Any = None, **kwargs: Any
+                      ) -> tuple[torch.Tensor, None]:  # fmt: skip
+    batch, sequence = hidden_states.shape[:-1]
+    q_nope, q_rot, latent, k_rot = _projections(self, hidden_states, position_embeddings)
+    if cache is not None:
+        latent, k_rot = cache.update(latent, k_rot, self.layer_idx)
+    # kv_b_proj's weight [heads × (qk_nope + v), kv_lora_rank] split per head into W_UK and W_UV
+    weight = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+    w_uk, w_uv = torch.split(weight, [self.qk_nope_head_dim, self.v_head_dim], dim=1)
+    q_latent = torch.matmul(q_nope, w_uk)  # [batch, heads, sequence, kv_lora_rank]
+    scores = torch.matmul(q_latent, latent.transpose(2, 3)) + torch.matmul(q_rot, k_rot.transpose(2, 3))
+    probabilities = _masked_softmax(scores * self.scaling, attention_mask)
+    out = torch.matmul(torch.matmul(probabilities, latent), w_uv.transpose(1, 2))  # [batch, heads, sequence, v]
+    return self.o_proj(out.transpose(1, 2).reshape(batch, sequence, -1)), None
+
+
+def _full_forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Any = None,
+                  attention_mask: torch.Tensor | None = None, cache: Any = None, **kwargs: Any
+                  ) -> tuple[torch.Tensor, None]:  # fmt: skip
+    batch, sequence = hidden_states.shape[:-1]
+    q_nope, q_rot, latent, k_rot = _projections(self, hidden_states, position_embeddings)
+    decompressed = self.kv_b_proj(latent[:, 0]).view(batch, sequence, self.num_heads, -1).transpose(1, 2)
+    k_nope, values = torch.split(decompressed, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+    keys = torch.cat((k_nope, k_rot.expand(-1, self.num_heads, -1, -1)), dim=-1)
+    if cache is not None:
+        keys, values = cache.update(keys, values, self.layer_idx)
+    scores = torch.matmul(torch.cat((q_nope, q_rot), dim=-1), keys.transpose(2, 3))
+    probabilities = _masked_softmax(scores * self.scaling, attention_mask)
+    out = torch.matmul(probabilities, values)
+    return self.o_proj(out.transpose(1, 2).reshape(batch, sequence, -1)), None
