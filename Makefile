@@ -10,7 +10,7 @@ EXTRAS := torch,cpu,rtx,hf,samples,ray,openvino,dev
 export NUMPY_MADVISE_HUGEPAGE := 0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tests/corpus.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install samples demo test lint browser clean
+.PHONY: install samples demo test lint browser clean families
 
 # --no-compile: Python byte-compiles the modules it imports, when it first does, instead of pip compiling every
 # file of torch, ray and openvino up front (a fresh install: 63 s -> 36 s)
@@ -48,7 +48,12 @@ browser:
 		(apt-get update -q && apt-get install -y -q chromium >/dev/null)
 
 test: samples lint browser
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25  # both cores, a file per worker; the slowest tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 -m "not families"  # both cores, a file per worker
+
+# The decoder family sweep (tests/families.py): a tiny checkpoint of each family compiled and checked against
+# transformers' tokens, one family per test spread over both cores. CI runs it after `make test`.
+families: samples
+	$(BIN)/python -m pytest -q -n 2 --dist load -m families tests/compiler/test_family_sweep.py
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache

@@ -70,6 +70,20 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-14b": {**_QWEN2, "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 48,
                     "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 152064,
                     "tie_word_embeddings": False},
+    # deepseek-ai/DeepSeek-V2-Lite: latent attention (kv_lora_rank 512, no query LoRA), a dense first layer, then
+    # 64 routed experts (6 active) and 2 shared; 15.7B parameters, 2.4B active
+    "deepseek-v2-lite": {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_act": "silu",
+                         "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+                         "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+                         "n_shared_experts": 2, "n_routed_experts": 64, "num_experts_per_tok": 6,
+                         "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "q_lora_rank": None,
+                         "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "greedy",
+                         "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "norm_topk_prob": False,
+                         "vocab_size": 102400, "max_position_embeddings": 163840, "rms_norm_eps": 1e-6,
+                         "rope_theta": 10000.0, "rope_scaling": {"type": "yarn", "factor": 40,
+                         "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                         "mscale_all_dim": 0.707}, "tie_word_embeddings": False, "bos_token_id": 1,
+                         "eos_token_id": 2},
 }  # fmt: skip
 
 
@@ -167,7 +181,11 @@ def initial_tensor(model: transformers.PreTrainedModel, name: str, meta: torch.T
         return tensor.zero_()
     if attribute == "weight" and ("RMSNorm" in kind or "LayerNorm" in kind):
         return tensor.fill_(1.0)
-    if attribute != "weight" or not isinstance(module, (nn.Linear, nn.Embedding)):
+    stacked = meta.dim() == 3 and attribute.endswith("_proj")  # a mixture's experts, [experts, out, in]
+    router = attribute == "weight" and "Router" in kind  # a gate's [experts, hidden], nn.Linear's layout
+    if attribute == "e_score_correction_bias":
+        return tensor.zero_()
+    if not (stacked or router) and (attribute != "weight" or not isinstance(module, (nn.Linear, nn.Embedding))):
         raise ValueError(f"no initialisation known for {name} ({kind})")
     digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
     generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))

@@ -100,11 +100,7 @@ class CompileConfig(_Strict):
     trace_every_layer: bool = Field(
         False, description="trace every decoder layer in the export, not two with the rest stamped from the second"
     )
-    mla_cache: Literal["latent", "full"] = Field(
-        "latent",
-        description="multi-head latent attention (DeepSeek-V2/V3): cache the compressed latent and the "
-        "rotary key (latent), or every head's keys and values (full)",
-    )
+    mla_cache: Literal["latent", "full"] = Field("latent", description="MLA's cache: the latent, or full heads")
     check_resources: bool = Field(True, description="refuse, before any work, a checkpoint that cannot fit here")
     layerwise: Layerwise = Field("auto", description="run measuring graphs a layer at a time (core/layerwise.py)")
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")

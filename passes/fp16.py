@@ -114,6 +114,7 @@ class ConvertToHalf:
                         )
                         casts += 1
                     node.inputs[position] = wide[id(tensor)]
+        constants += _subgraphs_in_half(graph, half)
         counts = {"constants_converted": constants, "casts_inserted": casts, "kept_fp32": len(regions.kept)}
         if half.narrower_than_fp32:
             counts["kept_fp32_for_range"] = len(regions.for_range)
@@ -121,6 +122,31 @@ class ConvertToHalf:
             logger.debug("%s: kept in fp32 for range: %s", self.name, regions.for_range)
         details: dict[str, object] = {"kept_fp32_for_range": regions.for_range} if regions.for_range else {}
         return PassReport(self.name, changed=True, counts=counts, details=details)
+
+
+def _subgraphs_in_half(graph: gs.Graph, half: HalfFloat, converted: set[int] | None = None) -> int:
+    """The branches of control-flow nodes (If: compiler/frontend/routed_experts.py) in `half` throughout: their
+    float constants (their own, and the outer graph's that only they read), Casts to float and float tensors.
+    Nothing in them keeps fp32; returns the constants converted."""
+    converted = set() if converted is None else converted
+    for node in graph.nodes:
+        for branch in (value for value in node.attrs.values() if isinstance(value, gs.Graph)):
+            for inner in branch.nodes:
+                for tensor in inner.inputs:
+                    fresh = id(tensor) not in converted
+                    if isinstance(tensor, gs.Constant) and element_type(tensor) == FLOAT and fresh:
+                        convert_values(tensor, half.constant, half.values_dtype)
+                        converted.add(id(tensor))
+                if inner.op == "Cast" and inner.attrs.get("to") == FLOAT:
+                    inner.attrs["to"] = half.onnx_type
+                if inner.op == "Constant" and element_type(inner.attrs["value"]) == FLOAT:
+                    value = inner.attrs["value"]
+                    inner.attrs["value"] = gs.Constant(value.name, half.constant(value.values))
+                for tensor in [*inner.outputs, *branch.outputs]:
+                    if element_type(tensor) == FLOAT:
+                        tensor.dtype = half.variable_dtype
+            _subgraphs_in_half(branch, half, converted)
+    return len(converted)
 
 
 @dataclass

@@ -93,6 +93,10 @@ class StaticCache:
         graph.inputs.insert(graph.inputs.index(inputs["input_ids"]) + 1, slots.mask)
         graph.inputs.append(write_indices)
         graph.cleanup(remove_unused_graph_inputs=False)
+        if old_mask.outputs:  # read by more than the masks replaced (BLOOM's ALiBi counts positions from it)
+            readers = sorted({node.op for node in old_mask.outputs})
+            raise PassError(f"{MASK} is read by {readers} besides the attention masks",
+                            hint="the graph derives more than its masks from the padding")  # fmt: skip
         self._check_pasts_read_once(graph)
         cache_dtype = dtype_name(inputs[past_name(0, "key")].dtype)
         return PassReport(self.name, changed=True, counts={"layers": len(self.windows), "masks": len(visible)},

@@ -9,6 +9,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+# The decoder families tensorsmith claims: each compiles from a tiny bf16 checkpoint for the cpu target and
+# generates transformers' greedy tokens (tests/compiler/test_family_sweep.py; docs/families.md).
+FAMILIES = (
+    # dense attention: Llama's lineage and its relatives
+    "llama", "mistral", "ministral", "ministral3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "vaultgemma",
+    "phi", "phi3", "granite", "granite_swa", "helium", "olmo", "olmo2", "olmo3", "flex_olmo", "cohere", "cohere2",
+    "glm", "glm4", "internlm3", "exaone4", "ernie4_5", "hunyuan_v1_dense", "seed_oss", "smollm3", "apertus",
+    "apertus1p5_text", "arcee", "bitnet", "cwm", "diffllama", "doge", "nanochat", "nemotron", "persimmon", "stablelm",
+    "starcoder2", "youtu", "hyperclovax", "iquestcoder", "jais2", "laguna", "mellum", "solar_open", "aria_text",
+    # GPT-2's lineage, learned or ALiBi positions, parallel blocks
+    "gpt2", "gpt_bigcode", "gpt_neo", "gpt_neox", "gpt_neox_japanese", "gptj", "codegen", "bloom", "falcon", "opt",
+    "xglm", "ctrl", "modernbert-decoder",
+    # sparse mixtures of experts (routed experts only: compiler/frontend/routed_experts.py)
+    "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "phimoe", "jetmoe", "gpt_oss",
+    "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "minimax_m2", "exaone_moe", "cohere2_moe", "afmoe",
+    # multi-head latent attention with its latent cache (compiler/frontend/latent_attention.py)
+    "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3",
+)  # fmt: skip
+# Families refused before the export, with what their config.json says they hold.
+REFUSED = {
+    "qwen3_5_text": "linear_attention", "qwen3_next": "linear_attention", "kimi_linear": "linear_attention",
+    "minimax": "linear_attention", "olmo_hybrid": "linear_attention", "jamba": "recurrent",
+    "falcon_h1": "recurrent", "nemotron_h": "linear_attention", "deepseek_v32": "indexed_attention",
+    "recurrent_gemma": "recurrent",
+}  # fmt: skip
 # config keys set where the family's config has them (under their own names, or transformers' attribute_map's)
 SIZES: dict[str, Any] = {
     "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -17,7 +42,8 @@ SIZES: dict[str, Any] = {
     "moe_num_experts": 4, "num_experts_per_tok": 2, "moe_k": 2, "top_k": 2, "n_shared_experts": 1,
     "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
     "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "sliding_window": 8, "attention_chunk_size": 8,
-    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
+    "rotary_dim": 8, "attention_types": [[["global", "local"], 1]], "expert_ffn_hidden_size": 32, "zero_expert_num": 2,
+    "num_dense_layers": 1, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
 }  # fmt: skip
 
 
@@ -30,7 +56,8 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
     names = {**{key: key for key in defaults}, **{alias: key for alias, key in config_class.attribute_map.items()}}
     sizes = {key: value for key, value in SIZES.items() if key in names and names[key] in defaults}
     if "qk_rope_head_dim" in defaults:  # latent attention: head_dim is the rotary part's, every head its own kv head
-        sizes.pop("head_dim", None)
+        sizes["head_dim"] = SIZES["qk_rope_head_dim"]
+        sizes = {key: value for key, value in sizes.items() if key != "head_dim" or key in defaults}
         sizes["num_key_value_heads"] = sizes["num_attention_heads"]
     return config_class(**{**sizes, **overrides})
 

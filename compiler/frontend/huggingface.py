@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
+from tensorsmith.compiler.frontend.architecture_checks import check_architecture
 from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, check_safetensors_dtypes, check_shards
 from tensorsmith.compiler.frontend.checkpoint_weights import shard_owner
 from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module
+from tensorsmith.compiler.frontend.routed_experts import register_routed_experts
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line
 from tensorsmith.runtime.manifest import FileRecord, sha256_of
@@ -36,17 +38,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
 TOKENIZER_DIRECTORY = "tokenizer"
 MAX_SEQUENCE = 2048  # the default max of the sequence dim: the config's positions, capped here
-# config.json's `dtype` (`torch_dtype` before transformers 4.56) that a checkpoint may give: the weights are loaded
-# in float32 whichever it is (the reference and the fp32 graph are computed as transformers computes in float32)
 # the sizes compiler/frontend/decoder.py reads, under the names transformers' config classes all answer to
 STANDARD_SIZES = ("num_hidden_layers", "num_attention_heads", "hidden_size", "num_key_value_heads")
+# config.json's `dtype` (`torch_dtype` before transformers 4.56) that a checkpoint may give: the weights are loaded
+# in float32 whichever it is (the reference and the fp32 graph are computed as transformers computes in float32)
 CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float64")
-SUPPORTED = ("tensorsmith compiles transformer families' decoders (*ForCausalLM, *LMHeadModel), encoders (*Model) "
-             "and heads (*For…)")  # fmt: skip
-# model types whose layers keep a state that is no attention's KV cache (state-space, recurrent, hybrids of them)
-RECURRENT_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "zamba",
-                             "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2",
-                             "qwen3_next"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -101,7 +97,7 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
     if is_decoder(str(architectures[0])):
         config = _with_standard_sizes(config)
     model = HuggingFaceModel(path, str(architectures[0]), config)
-    _check_architecture(model)
+    check_architecture(path, model.architecture, model.config)
     if not model.weights():
         pickled = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
         raise ConfigError(
@@ -127,21 +123,6 @@ def _with_standard_sizes(config: dict[str, Any]) -> dict[str, Any]:
         return config
     sizes = {key: getattr(built, key, None) for key in STANDARD_SIZES if key not in config}
     return {**config, **{key: value for key, value in sizes.items() if isinstance(value, int)}}
-
-
-def _check_architecture(model: HuggingFaceModel) -> None:
-    """A model transformers builds but the export cannot take, said from config.json before any work (else the
-    export fails after seconds, in the exporter's words)."""
-    model_type = model.config.get("model_type")
-    if model.config.get("is_encoder_decoder"):
-        kind = "an encoder-decoder model"
-        hint = "compile a factory that returns the half to run, e.g. model.get_encoder()"
-    elif model_type in RECURRENT_TYPES:
-        kind = f"a model with state-space or recurrent layers (model_type {model_type!r})"
-        hint = "tensorsmith's decoders keep a KV cache of attention layers; compile an ONNX export of the model"
-    else:
-        return
-    raise ConfigError(f"{model.directory} holds a {model.architecture}, {kind}; {SUPPORTED}", hint=hint)
 
 
 def export_hint(model: HuggingFaceModel) -> str:
@@ -243,11 +224,10 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
 
 
 def experts_option(model: HuggingFaceModel) -> dict[str, str]:
-    """Sparse experts computed as the routing chose them: transformers' default grouped_mm kernel has no ONNX export;
-    batched_mm gathers each token's top-k experts' stacked weights and exports to standard ops. Every family whose
-    experts take the choice (Mixtral's `num_local_experts`, Qwen2-MoE's and OLMoE's `num_experts`, DeepSeek's
-    `n_routed_experts`, …) gets it; a model without such experts ignores it."""
-    return {"experts_implementation": "batched_mm"}
+    """Sparse experts computed as the routing chose them (compiler/frontend/routed_experts.py): every family whose
+    stacked experts take transformers' experts kernels (Mixtral's `num_local_experts`, Qwen2-MoE's and OLMoE's
+    `num_experts`, DeepSeek's `n_routed_experts`, …) gets it; a model without such experts ignores it."""
+    return {"experts_implementation": register_routed_experts()}
 
 
 def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "latent") -> torch.nn.Module:

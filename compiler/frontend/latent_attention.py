@@ -26,6 +26,12 @@ from typing import Any, NamedTuple
 
 import torch
 
+from tensorsmith.core.errors import ExportError
+
+# the parts of an MLA module the forwards below compute; a module with others is refused
+KNOWN_PARTS = frozenset({"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
+                         "kv_b_proj", "o_proj"})  # fmt: skip
+
 
 class PairAngles(NamedTuple):
     """A complex rotary embedding's rotation as real numbers: [batch, sequence, rotary/2] each."""
@@ -40,15 +46,19 @@ def is_latent_attention(module: torch.nn.Module) -> bool:
 
 def rewrite_latent_attention(model: torch.nn.Module, mla_cache: str = "latent") -> int:
     """Swap every MLA module's forward in `model` (in place) for the `mla_cache` form; returns how many."""
-    swapped = 0
-    for module in model.modules():
-        if is_latent_attention(module):
-            forward = _absorbed_forward if mla_cache == "latent" else _full_forward
-            module.forward = types.MethodType(forward, module)
-            swapped += 1
-        elif _returns_complex_rotation(module):
+    latent = [module for module in model.modules() if is_latent_attention(module)]
+    for module in latent:
+        unknown = sorted(name for name, _ in module.named_children() if name not in KNOWN_PARTS)
+        if unknown:  # DeepSeek-V3.2's indexer (its sparse attention's token choice) would be dropped silently
+            raise ExportError(f"{type(module).__name__} holds {', '.join(unknown)}, which the latent attention's "
+                              "export does not compute", hint="this attention is not supported yet")  # fmt: skip
+    forward = _absorbed_forward if mla_cache == "latent" else _full_forward
+    for module in latent:
+        module.forward = types.MethodType(forward, module)
+    for module in model.modules() if latent else []:  # the rotation these forwards apply in real arithmetic
+        if _returns_complex_rotation(module):
             module.forward = types.MethodType(_real_rotation_forward, module)
-    return swapped
+    return len(latent)
 
 
 def _returns_complex_rotation(module: torch.nn.Module) -> bool:
@@ -74,7 +84,8 @@ def _rotate(self: Any, q_rot: torch.Tensor, k_rot: torch.Tensor, position_embedd
         return _rotate_pairs(q_rot, cos, sin), _rotate_pairs(k_rot, cos, sin)
     family = sys.modules[type(self).__module__]
     cos, sin = position_embeddings
-    if getattr(self.config, "rope_interleave", False):
+    # DeepSeek-V3's config says whether its pairs interleave; LongCat-Flash's module has only the interleaved form
+    if getattr(self.config, "rope_interleave", not hasattr(family, "apply_rotary_pos_emb")):
         rotated: tuple[torch.Tensor, torch.Tensor] = family.apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
     else:
         rotated = family.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
@@ -94,7 +105,7 @@ def _projections(self: Any, hidden_states: torch.Tensor, position_embeddings: An
     """The query's two parts [batch, heads, sequence, qk_nope | qk_rope] and the new tokens' latent
     [batch, 1, sequence, kv_lora_rank] and rotary key [batch, 1, sequence, qk_rope], rotated."""
     batch, sequence = hidden_states.shape[:-1]
-    if self.q_lora_rank is None:
+    if getattr(self, "q_lora_rank", None) is None:
         query = self.q_proj(hidden_states)
     else:
         query = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
@@ -104,6 +115,9 @@ def _projections(self: Any, hidden_states: torch.Tensor, position_embeddings: An
                                 dim=-1)  # fmt: skip
     latent = self.kv_a_layernorm(latent).view(batch, 1, sequence, self.kv_lora_rank)
     k_rot = k_rot.view(batch, 1, sequence, self.qk_rope_head_dim)
+    # LongCat-Flash scales the query and the latent by the LoRA ranks' ratios to the hidden size (the rotary key not)
+    query_scale, latent_scale = getattr(self, "mla_scale_q_lora", 1.0), getattr(self, "mla_scale_kv_lora", 1.0)
+    q_nope, q_rot, latent = q_nope * query_scale, q_rot * query_scale, latent * latent_scale
     q_rot, k_rot = _rotate(self, q_rot, k_rot, position_embeddings)
     return q_nope, q_rot, latent, k_rot
 

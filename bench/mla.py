@@ -1,0 +1,89 @@
+"""DeepSeek-V2-Lite's layers on the cpu target: the latent cache against the decompressed one, and routed experts
+against every expert, each side compiled and measured in its own process.
+
+    python -m bench.mla [--layers=N]        (default 2: the dense first layer and one MoE layer)
+
+The checkpoint has DeepSeek-V2-Lite's config.json values (hidden 2048, 16 heads, kv_lora_rank 512, qk_rope 64,
+qk_nope 128, v_head 128, 64 routed experts of 1,408, 6 active, 2 shared, a vocabulary of 102,400) with its first N
+layers, seeded bf16 weights (bench/shapes.py). Sides:
+
+- latent cache, routed experts: `tensorsmith compile DIR --target cpu` (the default);
+- decompressed cache (`--mla-cache full`), routed experts;
+- latent cache, every expert: the same compile with the experts' gathered form switched off, so that a decode
+  step computes all 64 experts for its token (the graph a dense export of the mixture gives).
+
+Figures: compile wall and peak RSS, the cache's values per token and layer (from the manifest), decode tokens/s at
+batch 1 after a 128- and a 1,024-token prompt (32 new tokens, the median of 3).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.scale import _process
+from bench.shapes import SAMPLE, TOKENIZER_FILES, shape_config, write_checkpoint
+
+SIDES = {"latent cache, routed experts": ("latent", "routed"), "full cache, routed experts": ("full", "routed"),
+         "latent cache, every expert": ("latent", "every")}  # fmt: skip
+PROMPTS = (128, 1024)
+
+
+def _checkpoint(layers: int, directory: Path) -> Path:
+    if (directory / "config.json").is_file():
+        return directory
+    import shutil
+
+    config = shape_config("deepseek-v2-lite")
+    config.num_hidden_layers = layers
+    write_checkpoint(config, directory)
+    for name in TOKENIZER_FILES:
+        shutil.copy(SAMPLE / name, directory / name)
+    return directory
+
+
+def _compile_side(mla_cache: str, experts: str, checkpoint: str, out: str) -> None:
+    """In its own process: the compile, with every expert computed at every step where `experts` says so."""
+    from tensorsmith.compiler import CompileConfig, compile
+    from tensorsmith.compiler.frontend import routed_experts
+
+    if experts == "every":
+        routed_experts.GATHERED_PAIRS = 0  # every (token, expert) count takes the every-expert branch
+    config = CompileConfig.create({"source": checkpoint, "targets": ["cpu"], "mla_cache": mla_cache})
+    compile(config, Path(out))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--compile"]:
+        _compile_side(*sys.argv[2:6])
+        return
+    layers = next((int(arg.split("=")[1]) for arg in sys.argv if arg.startswith("--layers=")), 2)
+    checkpoint = _checkpoint(layers, Path(f"/tmp/tensorsmith-shapes/deepseek-v2-lite-{layers}l"))
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-mla-") as scratch:
+        for side, (mla_cache, experts) in SIDES.items():
+            out = Path(scratch) / side.replace(" ", "-").replace(",", "")
+            figures = _process([sys.executable, "-m", "bench.mla", "--compile", mla_cache, experts, str(checkpoint),
+                                str(out)], Path(scratch) / f"{out.name}.log")  # fmt: skip
+            if figures["exit"] != 0:
+                figures["tail"] = (Path(scratch) / f"{out.name}.log").read_text()[-600:]
+                results[side] = figures
+                continue
+            generation = json.loads((out / "manifest.json").read_text())["generation"]
+            value_dim = generation["value_head_dim"] or generation["head_dim"]
+            figures["cache_values_per_token_and_layer"] = generation["kv_heads"] * (generation["head_dim"] + value_dim)
+            for prompt in PROMPTS:
+                log = Path(scratch) / f"{out.name}-{prompt}.json"
+                run = _process([sys.executable, "-m", "bench.scale", "--decode", "tensorsmith", str(out), str(log),
+                                str(prompt)], Path(scratch) / f"{out.name}-{prompt}.log")  # fmt: skip
+                figures[f"decode_{prompt}"] = json.loads(log.read_text()) if run["exit"] == 0 else run
+            results[side] = figures
+            print(f"{side}: {figures}", file=sys.stderr, flush=True)
+    print(json.dumps({"layers": layers, **results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""What config.json rules out before any work: models whose layers keep a state that is not attention's KV cache
+(state-space, recurrent and linear-attention layers, alone or mixed with attention), and encoder-decoders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tensorsmith.core.errors import ConfigError
+
+SUPPORTED = ("tensorsmith compiles transformer families' decoders (*ForCausalLM, *LMHeadModel), encoders (*Model) "
+             "and heads (*For…)")  # fmt: skip
+# model types whose layers keep a state that is no attention's KV cache (state-space, recurrent, hybrids of them)
+RECURRENT_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "zamba",
+                             "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2",
+                             "qwen3_next"})  # fmt: skip
+
+
+# layer kinds whose only state is a KV cache (or none): an MoE or MLP block, attention in full, a window or chunks
+KV_CACHE_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention", "mlp",
+                                  "moe"})  # fmt: skip
+
+
+def check_architecture(directory: Path, architecture: str, config: dict[str, Any]) -> None:
+    """A model transformers builds but the export cannot take, said from config.json before any work (else the
+    export fails after seconds, in the exporter's words)."""
+    model_type = config.get("model_type")
+    if config.get("is_encoder_decoder"):
+        kind = "an encoder-decoder model"
+        hint = "compile a factory that returns the half to run, e.g. model.get_encoder()"
+    elif model_type in RECURRENT_TYPES or _stateful_layer_kinds(config):
+        kinds = ", ".join(_stateful_layer_kinds(config)) or "state-space or recurrent"
+        kind = f"a model with {kinds} layers (model_type {model_type!r})"
+        hint = ("their state is not a KV cache: tensorsmith's decoders cache attention layers' keys and values; "
+                "compile an ONNX export of the model")  # fmt: skip
+    else:
+        return
+    raise ConfigError(f"{directory} holds a {architecture}, {kind}; {SUPPORTED}", hint=hint)
+
+
+def _stateful_layer_kinds(config: dict[str, Any]) -> list[str]:
+    """The kinds of layers config.json lists (`layer_types`, Granite 4's `layers_block_type`) that keep a state
+    other than attention's keys and values: Gated DeltaNet's and Mamba's `linear_attention`, Falcon-H1's `hybrid`."""
+    kinds = config.get("layer_types") or config.get("layers_block_type") or []
+    return sorted({kind for kind in kinds if isinstance(kind, str)} - KV_CACHE_LAYER_KINDS)
