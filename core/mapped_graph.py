@@ -147,7 +147,7 @@ def load_mapped(path: Path) -> tuple[gs.Graph, onnx.ModelProto]:
         imported.CopyFrom(structure)
         references = take_references(imported, path.parent)
     graph = gs.import_onnx(imported)
-    for tensor in graph.tensors().values():
+    for tensor in all_tensors(graph):
         if isinstance(tensor, gs.Constant) and _is_external(tensor._values):
             location = next(entry.value for entry in tensor._values.tensor.external_data if entry.key == "location")
             tensor._values = MappedValues(tensor._values.tensor, path.parent / location)
@@ -198,4 +198,14 @@ def weight_bytes(graph: gs.Graph) -> int:
 
 
 def constants_of(graph: gs.Graph) -> list[gs.Constant]:
-    return [tensor for tensor in graph.tensors().values() if isinstance(tensor, gs.Constant)]
+    """The graph's constants, those only its control flow's branches read included (an If's experts)."""
+    return [tensor for tensor in all_tensors(graph) if isinstance(tensor, gs.Constant)]
+
+
+def all_tensors(graph: gs.Graph) -> list[gs.Tensor]:
+    """Every tensor of `graph` and of its nodes' subgraphs, once (a branch reads the outer graph's own)."""
+    found: dict[int, gs.Tensor] = {}
+    for each in [graph, *graph.subgraphs(recursive=True)]:
+        for tensor in each.tensors().values():
+            found.setdefault(id(tensor), tensor)
+    return list(found.values())
