@@ -192,13 +192,15 @@ def _forget_rewriter_matches() -> None:
     initializers was not enough, a value the optimizer had taken out of the graph still held the module's 1.05 GB
     embedding table (the Llama-3.2-1B shape) through every later step of the compile."""
     import gc
+    import weakref
 
     try:
         from onnxscript.rewriter._matcher import PatternMatcher
     except ImportError:  # another onnxscript: nothing known to clear
         return
     for matcher in gc.get_objects():
-        if isinstance(matcher, PatternMatcher):
+        # a proxy whose object was collected raises on isinstance (a weak proxy torch.cond's trace left behind)
+        if type(matcher) not in weakref.ProxyTypes and isinstance(matcher, PatternMatcher):
             for kept in ("_graph", "_match", "_current_node", "_tracer"):
                 if kept in vars(matcher):
                     setattr(matcher, kept, None)
