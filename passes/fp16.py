@@ -124,28 +124,25 @@ class ConvertToHalf:
         return PassReport(self.name, changed=True, counts=counts, details=details)
 
 
-def _subgraphs_in_half(graph: gs.Graph, half: HalfFloat, converted: set[int] | None = None) -> int:
+def _subgraphs_in_half(graph: gs.Graph, half: HalfFloat) -> int:
     """The branches of control-flow nodes (If: compiler/frontend/routed_experts.py) in `half` throughout: their
     float constants (their own, and the outer graph's that only they read), Casts to float and float tensors.
     Nothing in them keeps fp32; returns the constants converted."""
-    converted = set() if converted is None else converted
-    for node in graph.nodes:
-        for branch in (value for value in node.attrs.values() if isinstance(value, gs.Graph)):
-            for inner in branch.nodes:
-                for tensor in inner.inputs:
-                    fresh = id(tensor) not in converted
-                    if isinstance(tensor, gs.Constant) and element_type(tensor) == FLOAT and fresh:
-                        convert_values(tensor, half.constant, half.values_dtype)
-                        converted.add(id(tensor))
-                if inner.op == "Cast" and inner.attrs.get("to") == FLOAT:
-                    inner.attrs["to"] = half.onnx_type
-                if inner.op == "Constant" and element_type(inner.attrs["value"]) == FLOAT:
-                    value = inner.attrs["value"]
-                    inner.attrs["value"] = gs.Constant(value.name, half.constant(value.values))
-                for tensor in [*inner.outputs, *branch.outputs]:
-                    if element_type(tensor) == FLOAT:
-                        tensor.dtype = half.variable_dtype
-            _subgraphs_in_half(branch, half, converted)
+    converted: set[int] = set()  # a constant two branches read is converted once
+    for branch in graph.subgraphs(recursive=True):
+        for inner in branch.nodes:
+            for tensor in inner.inputs:
+                if isinstance(tensor, gs.Constant) and element_type(tensor) == FLOAT and id(tensor) not in converted:
+                    convert_values(tensor, half.constant, half.values_dtype)
+                    converted.add(id(tensor))
+            if inner.op == "Cast" and inner.attrs.get("to") == FLOAT:
+                inner.attrs["to"] = half.onnx_type
+            if inner.op == "Constant" and element_type(inner.attrs["value"]) == FLOAT:
+                value = inner.attrs["value"]
+                inner.attrs["value"] = gs.Constant(value.name, half.constant(value.values))
+        for tensor in [*(output for inner in branch.nodes for output in inner.outputs), *branch.outputs]:
+            if element_type(tensor) == FLOAT:
+                tensor.dtype = half.variable_dtype
     return len(converted)
 
 

@@ -76,8 +76,9 @@ class StaticCache:
         keys_of = {id(node.inputs[1]): node for node in attentions}
         slots = self._slots(graph, old_mask, inputs["input_ids"], write_indices)
         visible: dict[int | None, gs.Variable] = {}
-        for add, operand in explicit:  # every layer's scores: the one mask of the slots
-            visible = visible or {self.windows[0]: self._visible(graph, slots, self.windows[0])}
+        if explicit:  # every layer's scores: the one mask of the slots
+            visible[self.windows[0]] = self._visible(graph, slots, self.windows[0])
+        for add, operand in explicit:
             add.inputs[operand] = self._mask_like(graph, add.name, add.inputs[operand], visible[self.windows[0]])
         for layer, window in enumerate(self.windows if attentions else []):
             attention = keys_of.get(id(outputs[_present_name(layer, "key")]))

@@ -223,7 +223,7 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
     return slices
 
 
-def experts_option(model: HuggingFaceModel) -> dict[str, str]:
+def experts_option() -> dict[str, str]:
     """Sparse experts computed as the routing chose them (compiler/frontend/routed_experts.py): every family whose
     stacked experts take transformers' experts kernels (Mixtral's `num_local_experts`, Qwen2-MoE's and OLMoE's
     `num_experts`, DeepSeek's `n_routed_experts`, …) gets it; a model without such experts ignores it."""
@@ -238,7 +238,7 @@ def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "l
     import torch
 
     options = {_dtype_argument(_transformers()): torch.float32, "attn_implementation": "eager",
-               **experts_option(model), **_no_hub_kernels(_transformers())}  # fmt: skip
+               **experts_option(), **_no_hub_kernels(_transformers())}  # fmt: skip
     cls = model_class(model)
     try:
         try:

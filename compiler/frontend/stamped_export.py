@@ -62,7 +62,7 @@ def build_empty_decoder(model: HuggingFaceModel, weights: CheckpointWeights, mla
         config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
         with parameters_on_meta():
             loaded = cls._from_config(config, dtype=torch.float32, attn_implementation="eager",
-                                      **experts_option(model))  # fmt: skip
+                                      **experts_option())  # fmt: skip
     except Exception as err:  # transformers raises many types for a config it cannot build
         raise ExportError(f"transformers could not build {model.directory}: {first_line(err)}") from err
     names = checkpoint_names(loaded, weights)
