@@ -84,6 +84,16 @@ SHAPES: dict[str, dict[str, Any]] = {
                          "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
                          "mscale_all_dim": 0.707}, "tie_word_embeddings": False, "bos_token_id": 1,
                          "eos_token_id": 2},
+    # Qwen/Qwen3.5-0.8B's text decoder: 24 layers, three Gated DeltaNet layers (16 heads of 128 for keys and
+    # values, a convolution of 4) to each gated full-attention layer (8 heads of 256, 2 for keys and values)
+    "qwen3.5-0.8b": {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_act": "silu",
+                     "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 24,
+                     "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+                     "linear_num_value_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                     "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "vocab_size": 248320,
+                     "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                                         "partial_rotary_factor": 0.25}, "bos_token_id": 1, "eos_token_id": 2},
 }  # fmt: skip
 
 
@@ -185,7 +195,12 @@ def initial_tensor(model: transformers.PreTrainedModel, name: str, meta: torch.T
     router = attribute == "weight" and "Router" in kind  # a gate's [experts, hidden], nn.Linear's layout
     if attribute == "e_score_correction_bias":
         return tensor.zero_()
-    if not (stacked or router) and (attribute != "weight" or not isinstance(module, (nn.Linear, nn.Embedding))):
+    if attribute == "dt_bias":  # Gated DeltaNet's decay: its own initialisation (ones; A from 1 to 16, as log)
+        return tensor.fill_(1.0)
+    if attribute == "A_log":
+        return torch.linspace(1.0, 16.0, tensor.numel()).log().to(tensor.dtype).view(tensor.shape)
+    layers = (nn.Linear, nn.Embedding, nn.Conv1d)  # Conv1d: Gated DeltaNet's depthwise convolution
+    if not (stacked or router) and (attribute != "weight" or not isinstance(module, layers)):
         raise ValueError(f"no initialisation known for {name} ({kind})")
     digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
     generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))

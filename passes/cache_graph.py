@@ -78,3 +78,59 @@ def reads_no_length(node: gs.Node) -> bool:
         return False
     start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
     return end is not None and (int(end) <= 2 or start >= 3) and start >= 0 and int(end) > 0
+
+
+def new_token_columns(mask: gs.Tensor, tokens: gs.Tensor) -> list[gs.Node]:
+    """The Slices `mask[:, -S:]` with S the tokens' sequence length (linear attention's padding mask for the
+    step's tokens: compiler/frontend/linear_attention.py), which the static cache reads at the new slots."""
+    found = []
+    for node in mask.outputs:
+        if node.op != "Slice" or node.inputs[0] is not mask or len(node.inputs) < 4:
+            continue
+        ends, axes = _constant(node.inputs[2]), _constant(node.inputs[3])
+        steps = _constant(node.inputs[4]) if len(node.inputs) > 4 else np.array([1])
+        if ends is None or axes is None or steps is None or axes.size != 1 or int(axes.item()) not in (1, -1):
+            continue
+        if int(ends.item()) >= 2**31 - 1 and int(steps.item()) == 1 and _negated_length(node.inputs[1], tokens):
+            found.append(node)
+    return found
+
+
+_PASS_THROUGH = ("Reshape", "Squeeze", "Unsqueeze", "Cast", "Identity")
+
+
+def _constant(tensor: gs.Tensor) -> np.ndarray | None:
+    return np.asarray(tensor.values) if isinstance(tensor, gs.Constant) else None
+
+
+def _negated_length(tensor: gs.Tensor, tokens: gs.Tensor) -> bool:
+    """Whether `tensor` is minus the tokens' sequence length (Neg, or Mul by -1, of it)."""
+    node = tensor.inputs[0] if tensor.inputs else None
+    if node is None:
+        return False
+    if node.op in _PASS_THROUGH:
+        return _negated_length(node.inputs[0], tokens)
+    if node.op == "Neg":
+        return _sequence_length(node.inputs[0], tokens)
+    if node.op == "Mul":
+        for index, operand in enumerate(node.inputs):
+            value = _constant(operand)
+            if value is not None and value.size == 1 and int(value.item()) == -1:
+                return _sequence_length(node.inputs[1 - index], tokens)
+    return False
+
+
+def _sequence_length(tensor: gs.Tensor, tokens: gs.Tensor) -> bool:
+    """Whether `tensor` is the tokens' dim 1: Shape(tokens, start=1, end=2) or Gather(Shape(tokens), 1)."""
+    node = tensor.inputs[0] if tensor.inputs else None
+    if node is None:
+        return False
+    if node.op in _PASS_THROUGH:
+        return _sequence_length(node.inputs[0], tokens)
+    if node.op == "Shape" and node.inputs[0] is tokens:
+        return int(node.attrs.get("start", 0)) == 1 and node.attrs.get("end") == 2
+    if node.op == "Gather" and node.inputs[0].inputs and node.inputs[0].inputs[0].op == "Shape":
+        shape, index = node.inputs[0].inputs[0], _constant(node.inputs[1])
+        full = int(shape.attrs.get("start", 0)) == 0 and shape.attrs.get("end") is None
+        return shape.inputs[0] is tokens and full and index is not None and int(index.item()) == 1
+    return False

@@ -114,7 +114,7 @@ class ConvertToHalf:
                         )
                         casts += 1
                     node.inputs[position] = wide[id(tensor)]
-        constants += _subgraphs_in_half(graph, half)
+        constants += _subgraphs_in_half(graph, half, kept_ids)
         counts = {"constants_converted": constants, "casts_inserted": casts, "kept_fp32": len(regions.kept)}
         if half.narrower_than_fp32:
             counts["kept_fp32_for_range"] = len(regions.for_range)
@@ -124,12 +124,16 @@ class ConvertToHalf:
         return PassReport(self.name, changed=True, counts=counts, details=details)
 
 
-def _subgraphs_in_half(graph: gs.Graph, half: HalfFloat) -> int:
+def _subgraphs_in_half(graph: gs.Graph, half: HalfFloat, kept_ids: set[int]) -> int:
     """The branches of control-flow nodes (If: compiler/frontend/routed_experts.py) in `half` throughout: their
     float constants (their own, and the outer graph's that only they read), Casts to float and float tensors.
-    Nothing in them keeps fp32; returns the constants converted."""
+    Nothing in them keeps fp32, unless their node does (a Scan's body: all of it); returns the constants
+    converted."""
     converted: set[int] = set()  # a constant two branches read is converted once
-    for branch in graph.subgraphs(recursive=True):
+    branches = [value for node in graph.nodes if id(node) not in kept_ids
+                for value in node.attrs.values() if isinstance(value, gs.Graph)]  # fmt: skip
+    nested = [inner for branch in branches for inner in branch.subgraphs(recursive=True)]
+    for branch in [*branches, *nested]:
         for inner in branch.nodes:
             for tensor in inner.inputs:
                 if isinstance(tensor, gs.Constant) and element_type(tensor) == FLOAT and id(tensor) not in converted:

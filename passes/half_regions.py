@@ -24,7 +24,9 @@ from tensorsmith.passes.half_float import FLOAT, HalfFloat, is_fp32, largest_out
 
 logger = logging.getLogger(__name__)
 
-KEEP_FP32 = ("LayerNormalization",)
+# LayerNormalization: fp16's overflows; Scan: linear attention's recurrent state, which sums over every token so
+# far (compiler/frontend/linear_attention.py), in fp32 as transformers and the FLA kernels keep it
+KEEP_FP32 = ("LayerNormalization", "Scan")
 # Ops whose outputs hold their input's values, moved: an out-of-range weight read through one (an embedding table's
 # Gather) is out of range at the op's readers too
 MOVES_VALUES = frozenset({"Gather", "GatherElements", "GatherND", "Transpose", "Reshape", "Squeeze", "Unsqueeze",
@@ -138,7 +140,9 @@ def half_regions(
     outputs = {id(tensor) for tensor in graph.outputs}
     stay_fp32 = [tensor for node in kept for tensor in node.outputs
                  if id(tensor) in outputs or all(id(user) in kept_ids for user in tensor.outputs)]  # fmt: skip
-    staying = {id(tensor) for tensor in stay_fp32}
+    # a graph input only kept ops read (a recurrent state) is not narrowed on its way in
+    read_kept = [t for t in graph.inputs if t.outputs and all(id(user) in kept_ids for user in t.outputs)]
+    staying = {id(tensor) for tensor in [*stay_fp32, *read_kept]}
     constants = []
     for tensor in graph.tensors().values():
         if isinstance(tensor, gs.Constant) and is_fp32(tensor):

@@ -33,7 +33,13 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.passes.base import PassReport
-from tensorsmith.passes.cache_graph import cache_in_compute_dtype, dtype_name, masked_scores, reads_no_length
+from tensorsmith.passes.cache_graph import (
+    cache_in_compute_dtype,
+    dtype_name,
+    masked_scores,
+    new_token_columns,
+    reads_no_length,
+)
 from tensorsmith.runtime.kv_cache import WRITE_INDICES, past_name, present_of
 
 STATIC_CACHE_OPSET = 24  # TensorScatter's first
@@ -64,23 +70,28 @@ class StaticCache:
             raise PassError("the graph has no attention_mask or input_ids input", hint="a decoder's KV-cache graph")
         write_indices = gs.Variable(WRITE_INDICES, np.dtype(np.int64), ["batch"])
         old_mask = inputs[MASK]
+        layers = self._attention_layers(inputs)
+        windows = [self.windows[layer] for layer in layers]
         attentions = [node for node in graph.nodes if node.op == "Attention"]
         explicit = [] if attentions else masked_scores(graph, old_mask, inputs["input_ids"])
-        if not attentions and (not explicit or len(set(self.windows)) > 1):
+        if not attentions and (not explicit or len(set(windows)) > 1):
             raise PassError("the graph's attention is neither ONNX Attention nodes nor a Softmax over masked scores "
                             "(with one window for every layer)",
                             hint="the attention pass did not match (see the manifest's passes)")  # fmt: skip
-        for layer in range(len(self.windows)):
+        for layer in layers:
             for kind in ("key", "value"):
                 self._scatter(graph, inputs, outputs, layer, kind, write_indices)
         keys_of = {id(node.inputs[1]): node for node in attentions}
         slots = self._slots(graph, old_mask, inputs["input_ids"], write_indices)
         visible: dict[int | None, gs.Variable] = {}
         if explicit:  # every layer's scores: the one mask of the slots
-            visible[self.windows[0]] = self._visible(graph, slots, self.windows[0])
+            visible[windows[0]] = self._visible(graph, slots, windows[0])
         for add, operand in explicit:
-            add.inputs[operand] = self._mask_like(graph, add.name, add.inputs[operand], visible[self.windows[0]])
-        for layer, window in enumerate(self.windows if attentions else []):
+            add.inputs[operand] = self._mask_like(graph, add.name, add.inputs[operand], visible[windows[0]])
+        for slice_node in new_token_columns(old_mask, inputs["input_ids"]):  # linear attention's padding mask
+            slice_node.inputs = [slots.mask, slots.columns]
+            slice_node.op, slice_node.attrs = "GatherElements", {"axis": 1}
+        for layer, window in zip(layers if attentions else [], windows, strict=False):
             attention = keys_of.get(id(outputs[_present_name(layer, "key")]))
             if attention is None or attention.inputs[2] is not outputs[_present_name(layer, "value")]:
                 raise PassError(f"layer {layer}'s Attention does not read present.{layer}.key/value",
@@ -98,11 +109,24 @@ class StaticCache:
             readers = sorted({node.op for node in old_mask.outputs})
             raise PassError(f"{MASK} is read by {readers} besides the attention masks",
                             hint="the graph derives more than its masks from the padding")  # fmt: skip
-        self._check_pasts_read_once(graph)
-        cache_dtype = dtype_name(inputs[past_name(0, "key")].dtype)
-        return PassReport(self.name, changed=True, counts={"layers": len(self.windows), "masks": len(visible)},
+        self._check_pasts_read_once(graph, layers)
+        cache_dtype = dtype_name(inputs[past_name(layers[0], "key")].dtype)
+        return PassReport(self.name, changed=True, counts={"layers": len(layers), "masks": len(visible),
+                                                            "state_layers": len(self.windows) - len(layers)},
                           details={"windows": sorted({w for w in self.windows if w is not None}),
                                    "cache_dtype": cache_dtype, "capacity": self.capacity or CACHE_DIM})  # fmt: skip
+
+    def _attention_layers(self, inputs: dict[str, gs.Tensor]) -> list[int]:
+        """The layers with keys and values; the others (linear attention's) must have their fixed-size states,
+        which stay as they are: present is the new state, of the past's shape."""
+        layers = [layer for layer in range(len(self.windows)) if past_name(layer, "key") in inputs]
+        for layer in sorted(set(range(len(self.windows))) - set(layers)):
+            if not any(name.startswith(past_name(layer, "")) for name in inputs):
+                raise PassError(f"the graph has no {past_name(layer, 'key')} input nor a state of layer {layer}",
+                                hint="config.json's layer count and the graph's cache disagree")  # fmt: skip
+        if not layers:
+            raise PassError("the graph has no attention layer with keys and values", hint="a decoder with attention")
+        return layers
 
     def _scatter(self, graph: gs.Graph, inputs: dict[str, gs.Tensor], outputs: dict[str, gs.Tensor], layer: int,
                  kind: str, write_indices: gs.Variable) -> None:  # fmt: skip
@@ -160,7 +184,7 @@ class StaticCache:
         real = self._node(graph, "Cast", [mask], np.bool_, "real", {"to": 9})
         real_keys = self._node(graph, "Unsqueeze", [real, self._constant("axes1", np.array([1], np.int64))],
                                np.bool_, "real_keys")  # fmt: skip  # [B, 1, C]
-        return _Slots(mask, key_slots, query_slots, real_keys)
+        return _Slots(mask, key_slots, query_slots, real_keys, queries)
 
     def _visible(self, graph: gs.Graph, slots: _Slots, window: int | None) -> gs.Variable:
         """[B, 1, seq, cache] bool: which slots each query attends to."""
@@ -201,9 +225,9 @@ class StaticCache:
                                              f"{visible.name}/additive_{tag}")  # fmt: skip
         return self._additive[key]
 
-    def _check_pasts_read_once(self, graph: gs.Graph) -> None:
+    def _check_pasts_read_once(self, graph: gs.Graph, layers: list[int]) -> None:
         """Nothing but the update may read a past: anything else (its length, say) meant the old layout."""
-        for layer in range(len(self.windows)):
+        for layer in layers:
             for kind in ("key", "value"):
                 past = next(t for t in graph.inputs if t.name == past_name(layer, kind))
                 others = [node for node in past.outputs if node.op != "TensorScatter" and not reads_no_length(node)]
@@ -219,3 +243,4 @@ class _Slots:
     keys: gs.Variable
     queries: gs.Variable
     real: gs.Variable
+    columns: gs.Variable  # [B, S]: the new tokens' slots

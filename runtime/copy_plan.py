@@ -146,9 +146,11 @@ def dynamic_step_copies(
     rows, total = shape.rows, past_length + new_tokens
     itemsize = np.dtype(shape.dtype).itemsize
 
+    growing = {*shape.growing_pasts, *map(present_of, shape.growing_pasts)}
+
     def cache(name: str, direction: Direction, length: int) -> Transfer:
-        row_of = int(np.prod(shape.tensor_shape(name, 1)[1:])) * itemsize  # bytes per row and token
-        return Transfer(name, direction, rows, row_of * length)
+        row_of = int(np.prod(shape.tensor_shape(name, 1)[1:])) * itemsize  # bytes per row and token (a state's all)
+        return Transfer(name, direction, rows, row_of * length if name in growing else row_of)
 
     return CopyPlan(
         (

@@ -49,12 +49,19 @@ class CacheShape:
 
     @property
     def pasts(self) -> list[str]:
-        return [past_name(i, kind) for i in range(self.layout.layers) for kind in ("key", "value")]
+        return [past_name(i, kind) for i in range(self.layout.layers) for kind in self.layout.layer_tensors(i)]
 
-    def tensor_shape(self, name: str, length: int | None = None) -> tuple[int, int, int, int]:
+    @property
+    def growing_pasts(self) -> list[str]:
+        """The pasts with a sequence dim (keys and values; a state's size is fixed)."""
+        return [name for name in self.pasts if name.rsplit(".", 1)[-1] not in self.layout.state_shapes]
+
+    def tensor_shape(self, name: str, length: int | None = None) -> tuple[int, ...]:
         """Past `name`'s [rows, kv_heads, length, last dim] (keys and values may differ in the last); the
-        capacity by default."""
+        capacity by default. A state's [rows, *its fixed shape]."""
         layout, kind = self.layout, name.rsplit(".", 1)[-1]
+        if kind in layout.state_shapes:
+            return (self.rows, *layout.state_shapes[kind])
         return (self.rows, layout.kv_heads, self.capacity if length is None else length, layout.last_dim(kind))
 
     def tensor_bytes(self, name: str) -> int:

@@ -91,7 +91,8 @@ class Model:
                                 pad_token_id, seed)  # fmt: skip
         from tensorsmith.runtime.kv_cache import CacheShape, past_name
 
-        dtype = self._backend.input_dtype(past_name(0, "key"))
+        first = request.layout.attention_layers[0] if request.layout.attention_layers else 0
+        dtype = self._backend.input_dtype(past_name(first, request.layout.layer_tensors(first)[0]))
         static = request.layout.kv_cache == "static"
 
         def open_cache(rows: int, capacity: int) -> CacheSession:

@@ -107,7 +107,8 @@ class TargetRecord(_Record):
 
 class GenerationRecord(_Record):
     """A decoder's KV cache layout, for the runtime's generate(): past_key_values.N.key|value in,
-    present.N.key|value out, [batch, kv_heads, length, head_dim] each."""
+    present.N.key|value out, [batch, kv_heads, length, head_dim] each; a linear-attention layer's fixed-size
+    states in their place (`state_layers`)."""
 
     layers: int
     kv_heads: int
@@ -127,10 +128,26 @@ class GenerationRecord(_Record):
         "[batch, cache] over the slots (passes/static_cache.py); dynamic: Optimum's and GenAI's growing cache",
     )
     kv_cache_reason: str = Field("", description="why the cache is dynamic when static was not asked against")
+    state_layers: list[int] = Field(
+        default_factory=list,
+        description="layers that keep fixed-size states instead of keys and values (linear attention: "
+        "past_key_values.N.conv and past_key_values.N.recurrent in, present.N.conv|recurrent out)",
+    )
+    state_shapes: dict[str, list[int]] = Field(
+        default_factory=dict, description="each state's shape without the batch: conv, recurrent"
+    )
 
     def last_dim(self, kind: str) -> int:
         """The last dim of a layer's `kind` ("key" or "value") cache tensor."""
         return self.value_head_dim or self.head_dim if kind == "value" else self.head_dim
+
+    def layer_tensors(self, layer: int) -> tuple[str, ...]:
+        """What layer `layer` caches: its states' kinds, or key and value."""
+        return tuple(self.state_shapes) if layer in self.state_layers else ("key", "value")
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return [layer for layer in range(self.layers) if layer not in self.state_layers]
 
 
 class Manifest(_Record):

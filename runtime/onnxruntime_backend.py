@@ -79,7 +79,7 @@ class OnnxRuntimeBackend(Backend):
 
         logits = next(spec for spec in self.outputs if spec.name == "logits")
         device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
-        fixed = next(i.shape[2] for i in self._session.get_inputs() if i.name == shape.pasts[0])
+        fixed = next(i.shape[2] for i in self._session.get_inputs() if i.name == shape.growing_pasts[0])
         if isinstance(fixed, int):  # a graph written for an engine: the cache as long as the longest request
             shape = dataclasses.replace(shape, capacity=fixed)
         return OnnxRuntimeStaticCache(self._session, shape, int(logits.shape[-1]), np.dtype(logits.dtype), device)

@@ -1,6 +1,7 @@
 """The static KV cache on ONNX Runtime: every present bound to its past's buffer (I/O binding), so TensorScatter
 writes the step in place (ONNX Runtime checks that the two share an address, and otherwise copies the whole
-past into a new present and logs "in-place optimization not activated").
+past into a new present and logs "in-place optimization not activated"). A linear-attention layer's states are
+two buffers each, the step reading one and writing the other, swapped after it.
 
 The caches, the mask and the logits are bound once per request; a step rebinds only its new token ids,
 positions and write indices. With the CUDA provider the caches are device tensors (OrtValues on "cuda") and only
@@ -27,11 +28,20 @@ class OnnxRuntimeStaticCache(StaticCacheSession):
         self._device = device
         self._binding = session.io_binding()
         self._values: dict[str, Any] = {}
+        growing = set(shape.growing_pasts)
+        # a state's next value is computed from all of its last (a Scan's carry): never in its own buffer, but
+        # in a second one, the two swapped after each step
+        self._spares: dict[str, tuple[np.ndarray, Any]] = {}
         for name, array in self.cache.items():
             value = onnxruntime.OrtValue.ortvalue_from_numpy(array, device, 0)  # on the cpu: the array itself
             self._values[name] = value
             self._binding.bind_ortvalue_input(name, value)
-            self._binding.bind_ortvalue_output(present_of(name), value)  # the same buffer: written in place
+            if name in growing:
+                self._binding.bind_ortvalue_output(present_of(name), value)  # the same buffer: written in place
+                continue
+            spare = np.zeros_like(array)
+            self._spares[name] = (spare, onnxruntime.OrtValue.ortvalue_from_numpy(spare, device, 0))
+            self._binding.bind_ortvalue_output(present_of(name), self._spares[name][1])
         # the host mask's own memory: the columns each step writes into it are what the next run reads
         self._binding.bind_ortvalue_input("attention_mask", onnxruntime.OrtValue.ortvalue_from_numpy(self.mask))
         self.logits = np.zeros((shape.rows, 1, vocabulary), logits_dtype)
@@ -50,6 +60,11 @@ class OnnxRuntimeStaticCache(StaticCacheSession):
             from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
 
             raise InferenceError(f"ONNX Runtime failed running a generation step: {onnxruntime_reason(err)}") from err
+        for name, (spare, value) in list(self._spares.items()):  # the new states become the next step's input
+            self._spares[name] = (self.cache[name], self._values[name])
+            self.cache[name], self._values[name] = spare, value
+            self._binding.bind_ortvalue_input(name, value)
+            self._binding.bind_ortvalue_output(present_of(name), self._spares[name][1])
         return self.logits[:, -1, :]
 
     def reorder(self, origin: np.ndarray) -> None:

@@ -23,6 +23,10 @@ def select_engine(manifest: Manifest, device: Device, directory: Path) -> Select
     anything deserializes it). Depends only on its arguments and the files under `directory`."""
     if device.compute_capability is None:
         return Selection(None, device.reason or NO_DEVICE)
+    generation = manifest.generation
+    if generation is not None and generation.state_layers:  # engines build (checked with tensorrt-rtx); not run
+        return Selection(None, f"layers {generation.state_layers} keep linear-attention states, which the TensorRT "
+                               "runtime does not carry between steps yet")  # fmt: skip
     built = [t for t in manifest.targets if t.status == "built" and t.engine is not None]
     matching = [t for t in built if t.name == device.compute_capability]
     if not matching:

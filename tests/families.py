@@ -26,13 +26,14 @@ FAMILIES = (
     "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "minimax_m2", "exaone_moe", "cohere2_moe", "afmoe",
     # multi-head latent attention with its latent cache (compiler/frontend/latent_attention.py)
     "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3",
+    # Gated DeltaNet's linear attention beside full attention (compiler/frontend/linear_attention.py)
+    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next",
 )  # fmt: skip
 # Families refused before the export, with what their config.json says they hold.
 REFUSED = {
-    "qwen3_5_text": "linear_attention", "qwen3_next": "linear_attention", "kimi_linear": "linear_attention",
-    "minimax": "linear_attention", "olmo_hybrid": "linear_attention", "jamba": "recurrent",
-    "falcon_h1": "recurrent", "nemotron_h": "linear_attention", "deepseek_v32": "indexed_attention",
-    "recurrent_gemma": "recurrent",
+    "kimi_linear": "linear_attention", "minimax": "linear_attention", "olmo_hybrid": "linear_attention",
+    "jamba": "recurrent", "falcon_h1": "recurrent", "nemotron_h": "linear_attention",
+    "deepseek_v32": "indexed_attention", "recurrent_gemma": "recurrent",
 }  # fmt: skip
 # config keys set where the family's config has them (under their own names, or transformers' attribute_map's)
 SIZES: dict[str, Any] = {
@@ -43,7 +44,8 @@ SIZES: dict[str, Any] = {
     "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
     "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "sliding_window": 8, "attention_chunk_size": 8,
     "rotary_dim": 8, "attention_types": [[["global", "local"], 1]], "expert_ffn_hidden_size": 32, "zero_expert_num": 2,
-    "num_dense_layers": 1, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
+    "num_dense_layers": 1, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 8, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
 }  # fmt: skip
 
 
@@ -59,6 +61,8 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
         sizes["head_dim"] = SIZES["qk_rope_head_dim"]
         sizes = {key: value for key, value in sizes.items() if key != "head_dim" or key in defaults}
         sizes["num_key_value_heads"] = sizes["num_attention_heads"]
+    if "linear_attention" in (defaults.get("layer_types") or []):  # a hybrid: one layer of each kind
+        sizes["layer_types"] = ["linear_attention", "full_attention"]
     return config_class(**{**sizes, **overrides})
 
 

@@ -19,7 +19,11 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "nu
 CASES = {
     "llama-tied": {**SHAPES["smollm-135m"], **TINY},
     "qwen2-untied": {**SHAPES["qwen2.5-14b"], **TINY},
-}
+    # Gated DeltaNet beside full attention: A_log, dt_bias and the depthwise convolution have their own initialisers
+    "qwen3.5-hybrid": {**SHAPES["qwen3.5-0.8b"], **TINY, "head_dim": 16, "linear_num_key_heads": 2,
+                       "linear_num_value_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                       "full_attention_interval": 2},
+}  # fmt: skip
 
 
 def _config(values: dict) -> transformers.PretrainedConfig:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
+from tensorsmith.compiler.frontend.layer_states import STATE_KINDS, LinearStates, linear_states
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.precisions import FP16
 from tensorsmith.passes.static_cache import CACHE_DIM
@@ -48,9 +49,20 @@ class KVLayout:
     key_dim: int
     value_dim: int
     form: str = "per_head"  # GenerationRecord.cache_form
+    state_layers: tuple[int, ...] = ()  # linear-attention layers: fixed-size `states` in place of keys and values
+    states: LinearStates | None = None
 
     def last_dim(self, kind: str) -> int:
         return self.key_dim if kind == "key" else self.value_dim
+
+    def layer_tensors(self, layer: int) -> tuple[str, ...]:
+        return STATE_KINDS if layer in self.state_layers else ("key", "value")
+
+    def dims(self, kind: str) -> list[str | int]:
+        """A past's dims: [batch, kv_heads, past, last dim], or a state's [batch, *its fixed shape]."""
+        if kind in STATE_KINDS and self.states is not None:
+            return ["batch", *self.states.shape(kind)]
+        return ["batch", self.kv_heads, "past", self.last_dim(kind)]
 
 
 def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
@@ -68,21 +80,25 @@ def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
             key = int(config["qk_nope_head_dim"]) + int(config["qk_rope_head_dim"])
             return KVLayout(int(layers), int(heads), key, int(config["v_head_dim"]))
         return KVLayout(int(layers), 1, int(config["kv_lora_rank"]), int(config["qk_rope_head_dim"]), "latent")
+    states = linear_states(config)
+    state_layers = tuple(i for i, kind in enumerate(config.get("layer_types") or []) if kind == "linear_attention")
     kv_heads = config.get("num_key_value_heads") or heads
     # Falcon's and GPTBigCode's multi-query attention caches one key and value head; Falcon's new decoder
     # architecture (its num_kv_heads) broadcasts them to every head before the cache, which so holds them all.
     if config.get("multi_query") and not config.get("new_decoder_architecture"):
         kv_heads = 1
     head_dim = int(config.get("head_dim") or hidden // heads)
-    return KVLayout(int(layers), int(kv_heads), head_dim, head_dim)
+    if states is None or not state_layers:
+        return KVLayout(int(layers), int(kv_heads), head_dim, head_dim)
+    return KVLayout(int(layers), int(kv_heads), head_dim, head_dim, state_layers=state_layers, states=states)
 
 
-def past_names(layers: int) -> list[str]:
-    return [past_name(i, kind) for i in range(layers) for kind in ("key", "value")]
+def past_names(layout: KVLayout) -> list[str]:
+    return [past_name(i, kind) for i in range(layout.layers) for kind in layout.layer_tensors(i)]
 
 
-def present_names(layers: int) -> list[str]:
-    return [present_of(name) for name in past_names(layers)]
+def present_names(layout: KVLayout) -> list[str]:
+    return [present_of(name) for name in past_names(layout)]
 
 
 def layer_windows(model: HuggingFaceModel) -> list[int | None]:
@@ -94,8 +110,9 @@ def layer_windows(model: HuggingFaceModel) -> list[int | None]:
     layers = kv_layout(model.config).layers
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
-    if types:
-        unknown = sorted({kind for kind in types if kind not in ("full_attention", "sliding_attention")})
+    if types:  # a linear-attention layer's states are fixed in size: static already (its window: None)
+        known = ("full_attention", "sliding_attention", "linear_attention")
+        unknown = sorted({kind for kind in types if kind not in known})
         if unknown:
             raise ValueError(f"config.json's layer_types has {unknown}: no static cache for these layers")
         return [window if kind == "sliding_attention" else None for kind in types]
@@ -113,7 +130,7 @@ def static_cache_io(inputs: list[TensorRecord], outputs: list[TensorRecord]
     def cached(record: TensorRecord) -> TensorRecord:
         if record.name == "attention_mask":
             return record.model_copy(update={"shape": ["batch", CACHE_DIM]})
-        if record.name.startswith(("past_key_values.", "present.")):
+        if record.name.startswith(("past_key_values.", "present.")) and record.name.endswith((".key", ".value")):
             batch, heads, _, head_dim = record.shape
             return record.model_copy(update={"shape": [batch, heads, CACHE_DIM, head_dim]})
         if record.name == "logits":
@@ -134,8 +151,9 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
         InputDecl(name="attention_mask", dtype="int64", dims=["batch", "total"]),
         InputDecl(name="position_ids", dtype="int64", dims=tokens, value_range=(0, 1)),  # fed as the positions
         *(
-            InputDecl(name=name, dtype="float32", dims=["batch", layout.kv_heads, "past", layout.last_dim(kind)])
-            for name, kind in zip(past_names(layers), ["key", "value"] * layers, strict=True)
+            InputDecl(name=past_name(layer, kind), dtype="float32", dims=layout.dims(kind))
+            for layer in range(layers)
+            for kind in layout.layer_tensors(layer)
         ),
     ]
     # [generation] max_sequence_length, else [dims.total] max (prompt and new tokens), bounds the other dims; by
@@ -147,7 +165,7 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
     dims = {**config.dims, "batch": DimRange(max=batch or MAX_BATCH), "sequence": DimRange(max=longest),
             "past": DimRange(min=0, max=longest - 1), "total": DimRange(max=longest)}  # fmt: skip
     update: dict[str, object] = {"inputs": config.inputs or inputs, "dims": dims,
-                                 "outputs": config.outputs or ["logits", *present_names(layers)]}  # fmt: skip
+                                 "outputs": config.outputs or ["logits", *present_names(layout)]}  # fmt: skip
     if "opset" not in config.model_fields_set:
         update["opset"] = DECODER_OPSET  # RMSNormalization: ONNX Runtime and TensorRT for RTX take it (measured)
     if "precision" not in config.model_fields_set and any(get_target(t).runs(FP16.name) for t in config.targets):
@@ -170,20 +188,43 @@ def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: 
         pad_token_id=model.config.get("pad_token_id"),
         kv_cache=kv_cache,
         kv_cache_reason=reason,
+        state_layers=list(layout.state_layers),
+        state_shapes={kind: list(layout.states.shape(kind)) for kind in STATE_KINDS} if layout.states else {},
     )
 
 
 def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
     """`loaded` (a transformers causal LM) as forward(input_ids, attention_mask, position_ids, *past) →
-    (logits, *presents), two past tensors a layer (as many layers as it is given: the export may trace fewer),
-    its latent attention, if any, in the `mla_cache` form."""
+    (logits, *presents), two past tensors a layer (as many layers as it is given: the export may trace fewer):
+    keys and values, or a linear-attention layer's two states (config.json's layer_types says which); its
+    latent attention, if any, in the `mla_cache` form."""
     import torch
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
     from tensorsmith.compiler.frontend.latent_attention import rewrite_latent_attention
+    from tensorsmith.compiler.frontend.linear_attention import (
+        StateLayer,
+        rewrite_linear_attention,
+        token_masks_while_tracing,
+    )
 
     rewrite_latent_attention(loaded, mla_cache)
+    rewrite_linear_attention(loaded)
+    kinds = list(getattr(loaded.config, "layer_types", None) or [])
+
+    def cache_layer(index: int, first: torch.Tensor, second: torch.Tensor) -> Any:
+        if index < len(kinds) and kinds[index] == "linear_attention":
+            return StateLayer(first, second)
+        layer = DynamicLayer()
+        # the tensors as they are: DynamicLayer.update would concatenate onto an empty 1-D tensor
+        layer.keys, layer.values = first, second
+        layer.device, layer.is_initialized = first.device, True
+        layer.dtype = first.dtype  # type: ignore[attr-defined]  # read by transformers' layers
+        return layer
+
+    def layer_outputs(layer: Any) -> list[torch.Tensor]:
+        return [layer.conv, layer.recurrent] if isinstance(layer, StateLayer) else [layer.keys, layer.values]
 
     class FlatKVCache(torch.nn.Module):
         def __init__(self) -> None:
@@ -195,17 +236,13 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
         ) -> tuple[torch.Tensor, ...]:
             cache = DynamicCache()
             for index in range(len(past) // 2):
-                layer = DynamicLayer()
-                # the tensors as they are: DynamicLayer.update would concatenate onto an empty 1-D tensor
-                layer.keys, layer.values = past[2 * index], past[2 * index + 1]
-                layer.device, layer.is_initialized = past[2 * index].device, True
-                layer.dtype = past[2 * index].dtype  # type: ignore[attr-defined]  # read by transformers' layers
-                cache.layers.append(layer)
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             cache=cache, use_cache=True, return_dict=True)  # fmt: skip
+                cache.layers.append(cache_layer(index, past[2 * index], past[2 * index + 1]))
+            with token_masks_while_tracing(self.model):
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 cache=cache, use_cache=True, return_dict=True)  # fmt: skip
             presents: list[torch.Tensor] = []
             for layer in out.cache.layers:
-                presents += [layer.keys, layer.values]
+                presents += layer_outputs(layer)
             return (out.logits, *presents)
 
     return FlatKVCache().eval()

@@ -129,12 +129,13 @@ def export_stamped(
     layers may differ or the trace of two fails, for the whole stack to be traced instead. `weight_tensor` gives
     every weight of the graph, the traced layers' included (the module's may be empty: checkpoint_weights.py)."""
     reason = _stamping_refusal(model, config)
-    layers = kv_layout(model.config).layers
+    layout = kv_layout(model.config)
+    layers = layout.layers
     stack = find_layer_stack(module, layers) if reason is None else None
     if reason is not None or stack is None:
         logger.info("tracing every layer: %s", reason or "no module list of the layers")
         return None
-    pasts, presents = past_names(layers), present_names(layers)
+    pasts, presents = past_names(layout), present_names(layout)
     trimmed = config.model_copy(update={
         "inputs": [decl for decl in config.inputs if decl.name not in pasts[2 * TRACED_LAYERS :]],
         "outputs": [name for name in config.outputs if name not in presents[2 * TRACED_LAYERS :]]})  # fmt: skip

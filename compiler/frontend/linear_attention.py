@@ -1,0 +1,175 @@
+"""Gated DeltaNet layers (Qwen3.5/3.6's and Qwen3-Next's linear attention) as the export writes them.
+
+A linear-attention layer keeps two fixed-size states instead of keys and values: the last `kernel - 1` inputs
+of its causal depthwise convolution (`conv [batch, conv_dim, kernel - 1]`) and the delta rule's recurrent
+state (`recurrent [batch, value_heads, key_dim, value_dim]`). transformers' forward picks a path by the step's
+length (the chunked rule for a prompt, the recurrent one for a token) and updates its cache in place; neither
+exports. The forward below is one path for both:
+
+    conv:       x' = concat(conv_state, x) over time, depthwise conv without padding, SiLU; conv_state' = the
+                last kernel - 1 columns of x'
+    recurrence: for each token t (ONNX Scan over the sequence, torch's `scan`):
+                S = S · exp(g_t);  S += k_t ⊗ (v_t - Sᵀk_t) · β_t;  o_t = Sᵀq_t
+
+A zero state is the prompt's start (transformers pads the convolution with zeros and starts from a zero state),
+so prefill and decode are the same graph. Left padding is harmless: the padding positions' inputs are zeroed
+(transformers' `apply_mask_to_padding_states`), which leaves a zero state zero. The Scan is per token: TensorRT
+for RTX builds it (checked for SM86); a chunked form would cut the prompt's sequential steps by the chunk size
+and is not written yet.
+
+A module is recognised by what it holds (`A_log`, `dt_bias`, `conv1d` and its input projections), not by its
+family.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch._higher_order_ops.scan import scan
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+from tensorsmith.core.errors import ExportError
+
+# the input projections of the two forms transformers writes (Qwen3.5's split ones; Qwen3-Next's fused ones)
+SPLIT_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+FUSED_PROJECTIONS = ("in_proj_qkvz", "in_proj_ba")
+
+
+def is_gated_delta_net(module: torch.nn.Module) -> bool:
+    held = ("A_log", "dt_bias", "conv1d", "norm", "out_proj")
+    return all(hasattr(module, name) for name in held) and (
+        all(hasattr(module, name) for name in SPLIT_PROJECTIONS)
+        or all(hasattr(module, name) for name in FUSED_PROJECTIONS)
+    )
+
+
+def rewrite_linear_attention(model: torch.nn.Module) -> int:
+    """Swap every Gated DeltaNet module's forward in `model` (in place) for the one below; returns how many."""
+    layers = [module for module in model.modules() if is_gated_delta_net(module)]
+    for module in layers:
+        if getattr(module.conv1d, "bias", None) is not None:
+            raise ExportError(f"{type(module).__name__}'s convolution has a bias, which its export does not add",
+                              hint="this linear attention is not supported yet")  # fmt: skip
+        module.forward = types.MethodType(_forward, module)
+    return len(layers)
+
+
+@contextlib.contextmanager
+def token_masks_while_tracing(model: torch.nn.Module) -> Iterator[None]:
+    """transformers hands a linear-attention layer the padding mask's last columns, except for one new token
+    (a generated token is never padding), which a graph whose sequence length is a variable cannot tell
+    apart: while tracing, every step gets its columns (a decode step's is 1, so the product changes nothing)."""
+    module = sys.modules[type(model).__module__]
+    original = getattr(module, "create_recurrent_attention_mask", None)
+    if original is None:
+        yield
+        return
+
+    def new_token_mask(attention_mask: torch.Tensor | None = None, inputs_embeds: Any = None, **_: Any) -> Any:
+        if attention_mask is None or attention_mask.ndim != 2:
+            return None
+        return attention_mask[:, -inputs_embeds.shape[1] :]
+
+    module.create_recurrent_attention_mask = new_token_mask  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        module.create_recurrent_attention_mask = original  # type: ignore[attr-defined]
+
+
+class StateLayer(LinearAttentionCacheLayerMixin):
+    """A linear-attention layer's place in the traced cache: the states it was given, replaced (not copied
+    into) by the ones it computes, so that the graph returns them. A linear-attention layer to transformers'
+    cache, which so finds the first attention layer for the masks' offsets."""
+
+    def __init__(self, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        super().__init__()
+        self.conv, self.recurrent = conv, recurrent
+
+    def get_seq_length(self) -> int:  # a state has no length
+        return 0
+
+    def lazy_initialization(self, *args: Any, **kwargs: Any) -> None:
+        raise _not_rewritten()
+
+    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0) -> torch.Tensor:
+        raise _not_rewritten()
+
+    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0) -> torch.Tensor:
+        raise _not_rewritten()
+
+
+def _not_rewritten() -> ExportError:
+    return ExportError("a linear-attention layer's states were set through transformers' cache",
+                       hint="its forward was not rewritten (compiler/frontend/linear_attention.py)")  # fmt: skip
+
+
+def _projections(self: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(mixed_qkv [b, s, conv_dim], z [b, s, value_heads, value_dim], b, a [b, s, value_heads])."""
+    batch, length, _ = hidden.shape
+    if hasattr(self, "in_proj_qkv"):
+        z = self.in_proj_z(hidden).reshape(batch, length, -1, self.head_v_dim)
+        return self.in_proj_qkv(hidden), z, self.in_proj_b(hidden), self.in_proj_a(hidden)
+    query, key, value, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(hidden), self.in_proj_ba(hidden))
+    mixed = torch.cat([t.reshape(batch, length, -1) for t in (query, key, value)], dim=-1)
+    return mixed, z, b, a
+
+
+def _convolve(self: Any, mixed: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal depthwise convolution over [state | mixed] (channels first): (SiLU of its output for the new
+    positions, the next state)."""
+    full = torch.cat([state, mixed.to(state.dtype)], dim=-1)
+    out = F.conv1d(full, self.conv1d.weight, None, padding=0, groups=full.shape[1])
+    return F.silu(out).to(mixed.dtype), full[:, :, full.shape[-1] - state.shape[-1] :]
+
+
+def _delta_step(state: torch.Tensor, token: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the gated delta rule: state [b, h, dk, dv]; the token's q, k [b, h, dk], v [b, h, dv], g, β
+    [b, h, 1] packed in one tensor (one scanned input: TensorRT for RTX's Myelin mis-shapes a model's several)."""
+    key_dim, value_dim = state.shape[-2], state.shape[-1]
+    q, k, v, g, beta = torch.split(token[0], [key_dim, key_dim, value_dim, 1, 1], dim=-1)
+    state = state * g.exp()[..., None]
+    remembered = (state * k[..., None]).sum(-2)
+    state = state + k[..., None] * ((v - remembered) * beta)[..., None, :]
+    return state.clone(), (state * q[..., None]).sum(-2)
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The rule over [b, s, heads, d] inputs (keys' heads repeated to the values'), in float32 as transformers
+    computes it: (outputs [b, s, value_heads, dv], the final state)."""
+    repeat = v.shape[2] // q.shape[2]
+    q, k = (t.repeat_interleave(repeat, dim=2) if repeat > 1 else t for t in (q, k))
+    q, k = (t.float() * torch.rsqrt((t.float() * t.float()).sum(-1, keepdim=True) + 1e-6) for t in (q, k))
+    q = q / (q.shape[-1] ** 0.5)
+    packed = torch.cat([q, k, v.float(), g.float()[..., None], beta.float()[..., None]], dim=-1)
+    final, outputs = scan(_delta_step, state.float(), [packed.transpose(0, 1)])  # the sequence first, as Scan takes
+    return outputs.transpose(0, 1), final
+
+
+def _forward(self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
+             ) -> torch.Tensor:  # fmt: skip
+    layer = cache.layers[self.layer_idx] if cache is not None else None
+    if not isinstance(layer, StateLayer):
+        raise ExportError(f"{type(self).__name__} {self.layer_idx} was given no state", hint="a tensorsmith export")
+    if attention_mask is not None:  # padding positions leave the states as they are (zero before the prompt)
+        hidden_states = hidden_states * attention_mask[:, :, None].to(hidden_states.dtype)
+    batch, length, _ = hidden_states.shape
+    mixed, z, b, a = _projections(self, hidden_states)
+    convolved, layer.conv = _convolve(self, mixed.transpose(1, 2), layer.conv)
+    query, key, value = torch.split(convolved.transpose(1, 2), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    query = query.reshape(batch, length, -1, self.head_k_dim)
+    key = key.reshape(batch, length, -1, self.head_k_dim)
+    value = value.reshape(batch, length, -1, self.head_v_dim)
+    beta = b.sigmoid()
+    g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+    out, recurrent = gated_delta_rule(query, key, value, g, beta, layer.recurrent)
+    layer.recurrent = recurrent.to(layer.recurrent.dtype)
+    out = self.norm(out.to(hidden_states.dtype).reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    return self.out_proj(out.reshape(batch, length, -1))

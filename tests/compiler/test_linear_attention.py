@@ -1,0 +1,79 @@
+"""Gated DeltaNet (Qwen3.5/3.6's linear attention) beside full attention: a tiny Qwen3.5 checkpoint compiles with
+each linear-attention layer's conv and recurrent states in the cache, generates transformers' greedy tokens over
+the static cache (states swapped in place of keys and values), keeps its recurrence in fp32 in the fp16 variant,
+and builds fp16 engines for SM86 and SM120, which the runtime does not select yet (it does not carry the states)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from transformers.models.qwen3_5 import modeling_qwen3_5
+
+from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.compiler.frontend.linear_attention import gated_delta_rule
+from tensorsmith.runtime.device import Device
+from tensorsmith.runtime.manifest import read_manifest
+from tensorsmith.runtime.selection import select_engine
+from tests.compiler.test_decoders import assert_greedy_tokens_match
+from tests.families import save_family
+
+
+def test_the_scanned_rule_is_transformers_chunked_and_recurrent_rules() -> None:
+    torch.manual_seed(0)
+    batch, length, key_heads, value_heads, key_dim, value_dim = 2, 70, 2, 4, 16, 8  # 70: two chunks of 64
+    q, k = torch.randn(batch, length, key_heads, key_dim), torch.randn(batch, length, key_heads, key_dim)
+    v = torch.randn(batch, length, value_heads, value_dim)
+    g, beta = -torch.rand(batch, length, value_heads), torch.rand(batch, length, value_heads)
+    state = torch.randn(batch, value_heads, key_dim, value_dim)
+    out, final = gated_delta_rule(q, k, v, g, beta, state)
+    for rule in (modeling_qwen3_5.torch_chunk_gated_delta_rule, modeling_qwen3_5.torch_recurrent_gated_delta_rule):
+        q_v, k_v = (t.repeat_interleave(value_heads // key_heads, dim=2) for t in (q, k))
+        expected, expected_final = rule(q_v, k_v, v, g=g, beta=beta, initial_state=state.clone(),
+                                        output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+        torch.testing.assert_close(out, expected, atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(final, expected_final, atol=2e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def qwen3_5(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    directory = tmp_path_factory.mktemp("qwen3_5") / "checkpoint"
+    return directory, save_family("qwen3_5_text", directory)
+
+
+def test_a_hybrid_caches_its_states_generates_transformers_tokens_and_builds_engines(
+    qwen3_5: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    checkpoint, reference = qwen3_5
+    config = CompileConfig.create({"source": str(checkpoint), "targets": ["cpu", "sm_86", "sm_120"]})
+    manifest = compile(config, tmp_path / "out").manifest
+    generation = manifest.generation
+    assert generation is not None and generation.kv_cache == "static"
+    # layer 0 is Gated DeltaNet (2 key heads and 4 value heads of 16 and 8): conv over q, k, v, kernel 4
+    assert generation.state_layers == [0] and generation.attention_layers == [1]
+    assert generation.state_shapes == {"conv": [2 * 2 * 16 + 4 * 8, 3], "recurrent": [4, 16, 8]}
+    names = {spec.name for spec in manifest.inputs}
+    assert {"past_key_values.0.conv", "past_key_values.0.recurrent", "past_key_values.1.key"} <= names
+    assert "past_key_values.0.key" not in names
+    for target in manifest.targets[1:]:
+        assert target.status == "built" and target.variant == "fp16", target.reason
+    assert_greedy_tokens_match(reference, tmp_path / "out")
+
+    # the fp16 variant's recurrence is fp32 from the state it reads to the state it writes
+    graph = onnx.load(tmp_path / "out" / "variants" / "fp16.onnx", load_external_data=False).graph
+    scan = next(node for node in graph.node if node.op_type == "Scan")
+    assert scan.input[0] == "past_key_values.0.recurrent" and scan.output[0] == "present.0.recurrent"
+    body = next(attribute.g for attribute in scan.attribute if attribute.name == "body")
+    assert {value.type.tensor_type.elem_type for value in body.input} == {onnx.TensorProto.FLOAT}
+
+    selection = select_engine(read_manifest(tmp_path / "out"), Device("sm_86", tensorrt={"tensorrt-rtx": _rtx()}),
+                              tmp_path / "out")  # fmt: skip
+    assert selection.target is None and "linear-attention states" in selection.reason
+
+
+def _rtx() -> str:
+    import tensorrt_rtx
+
+    return str(tensorrt_rtx.__version__)
