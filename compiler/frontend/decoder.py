@@ -202,6 +202,7 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
+    from tensorsmith.compiler.frontend.complex_rotary import real_rotation_while_tracing, rewrite_complex_rotary
     from tensorsmith.compiler.frontend.latent_attention import rewrite_latent_attention
     from tensorsmith.compiler.frontend.linear_attention import (
         StateLayer,
@@ -211,6 +212,7 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
 
     rewrite_latent_attention(loaded, mla_cache)
     rewrite_linear_attention(loaded)
+    rewrite_complex_rotary(loaded)  # Llama 4's (DeepSeek-V2's: with its latent attention)
     kinds = list(getattr(loaded.config, "layer_types", None) or [])
 
     def cache_layer(index: int, first: torch.Tensor, second: torch.Tensor) -> Any:
@@ -237,7 +239,7 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
             cache = DynamicCache()
             for index in range(len(past) // 2):
                 cache.layers.append(cache_layer(index, past[2 * index], past[2 * index + 1]))
-            with token_masks_while_tracing(self.model):
+            with token_masks_while_tracing(self.model), real_rotation_while_tracing(self.model):
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                  cache=cache, use_cache=True, return_dict=True)  # fmt: skip
             presents: list[torch.Tensor] = []

@@ -12,8 +12,8 @@ attention runs over the cache as it is stored:
 
 Each head's query reads the one latent head: no key or value is repeated. `mla_cache="full"` instead caches every
 head's decompressed keys (qk_nope + qk_rope) and values (v_head_dim), as NVIDIA's TensorRT-Model-Connect does,
-for comparison. DeepSeek-V2's rotary embedding is complex-valued (torch.polar), which no exporter takes: its
-module returns the angles' cosines and sines instead and the pairs are rotated in real arithmetic.
+for comparison. DeepSeek-V2's rotary embedding is complex-valued (torch.polar), which no exporter takes: it is
+rotated in real arithmetic (complex_rotary.py).
 
 A module is recognised by what it holds (`kv_a_proj_with_mqa`, `kv_b_proj`, `kv_lora_rank`), not by its family.
 """
@@ -22,22 +22,16 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
+from tensorsmith.compiler.frontend.complex_rotary import PairAngles, rewrite_complex_rotary, rotate_pairs
 from tensorsmith.core.errors import ExportError
 
 # the parts of an MLA module the forwards below compute; a module with others is refused
 KNOWN_PARTS = frozenset({"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
                          "kv_b_proj", "o_proj"})  # fmt: skip
-
-
-class PairAngles(NamedTuple):
-    """A complex rotary embedding's rotation as real numbers: [batch, sequence, rotary/2] each."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
 
 
 def is_latent_attention(module: torch.nn.Module) -> bool:
@@ -55,33 +49,16 @@ def rewrite_latent_attention(model: torch.nn.Module, mla_cache: str = "latent") 
     forward = _absorbed_forward if mla_cache == "latent" else _full_forward
     for module in latent:
         module.forward = types.MethodType(forward, module)
-    for module in model.modules() if latent else []:  # the rotation these forwards apply in real arithmetic
-        if _returns_complex_rotation(module):
-            module.forward = types.MethodType(_real_rotation_forward, module)
+    if latent:  # the rotation these forwards apply in real arithmetic (DeepSeek-V2's)
+        rewrite_complex_rotary(model)
     return len(latent)
-
-
-def _returns_complex_rotation(module: torch.nn.Module) -> bool:
-    """A rotary embedding whose forward builds complex numbers (DeepSeek-V2's freqs_cis)."""
-    forward = type(module).forward
-    code = getattr(forward, "__wrapped__", forward).__code__
-    return hasattr(module, "inv_freq") and "polar" in code.co_names
-
-
-def _real_rotation_forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> PairAngles:
-    """The complex rotary embedding's angles as (cos, sin) [batch, sequence, rotary/2], scaled as its forward
-    scales the complex numbers."""
-    angles = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
-    scale = self.attention_scaling
-    return PairAngles(angles.cos() * scale, angles.sin() * scale)
 
 
 def _rotate(self: Any, q_rot: torch.Tensor, k_rot: torch.Tensor, position_embeddings: Any
             ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The family's own rotation of the query's and key's rotary parts."""
     if isinstance(position_embeddings, PairAngles):  # adjacent pairs as complex numbers (DeepSeek-V2)
-        cos, sin = position_embeddings
-        return _rotate_pairs(q_rot, cos, sin), _rotate_pairs(k_rot, cos, sin)
+        return rotate_pairs(q_rot, position_embeddings, 1), rotate_pairs(k_rot, position_embeddings, 1)
     family = sys.modules[type(self).__module__]
     cos, sin = position_embeddings
     # DeepSeek-V3's config says whether its pairs interleave; LongCat-Flash's module has only the interleaved form
@@ -90,14 +67,6 @@ def _rotate(self: Any, q_rot: torch.Tensor, k_rot: torch.Tensor, position_embedd
     else:
         rotated = family.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
     return rotated
-
-
-def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """(x0 + i·x1)·(cos + i·sin) for each adjacent pair of the last dim, as torch.view_as_complex reads it."""
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    even, odd = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [batch, 1, sequence, rotary/2]: every head
-    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(3).type_as(x)
 
 
 def _projections(self: Any, hidden_states: torch.Tensor, position_embeddings: Any

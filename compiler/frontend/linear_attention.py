@@ -24,6 +24,7 @@ family.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import types
 from collections.abc import Iterator
@@ -129,11 +130,14 @@ def _convolve(self: Any, mixed: torch.Tensor, state: torch.Tensor) -> tuple[torc
     return F.silu(out).to(mixed.dtype), full[:, :, full.shape[-1] - state.shape[-1] :]
 
 
-def _delta_step(state: torch.Tensor, token: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _delta_step(key_dim: int, value_dim: int, state: torch.Tensor, token: list[torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """One token of the gated delta rule: state [b, h, dk, dv]; the token's q, k [b, h, dk], v [b, h, dv], g, β
     [b, h, 1] packed in one tensor (one scanned input: TensorRT for RTX's Myelin mis-shapes a model's several)."""
-    key_dim, value_dim = state.shape[-2], state.shape[-1]
-    q, k, v, g, beta = torch.split(token[0], [key_dim, key_dim, value_dim, 1, 1], dim=-1)
+    packed = token[0]
+    q, k = packed[..., :key_dim], packed[..., key_dim : 2 * key_dim]
+    v = packed[..., 2 * key_dim : 2 * key_dim + value_dim]
+    g, beta = packed[..., -2:-1], packed[..., -1:]
     state = state * g.exp()[..., None]
     remembered = (state * k[..., None]).sum(-2)
     state = state + k[..., None] * ((v - remembered) * beta)[..., None, :]
@@ -149,7 +153,11 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     q, k = (t.float() * torch.rsqrt((t.float() * t.float()).sum(-1, keepdim=True) + 1e-6) for t in (q, k))
     q = q / (q.shape[-1] ** 0.5)
     packed = torch.cat([q, k, v.float(), g.float()[..., None], beta.float()[..., None]], dim=-1)
-    final, outputs = scan(_delta_step, state.float(), [packed.transpose(0, 1)])  # the sequence first, as Scan takes
+    step = functools.partial(_delta_step, int(q.shape[-1]), int(v.shape[-1]))
+    # inference only: inputs that require grad (the weights' products) send the trace through scan's autograd
+    # form, whose joint graph returns the batch size among its outputs and fails the export
+    tokens = packed.transpose(0, 1).detach()  # the sequence first, as Scan takes it
+    final, outputs = scan(step, state.float().detach(), [tokens])
     return outputs.transpose(0, 1), final
 
 
