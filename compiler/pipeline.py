@@ -8,6 +8,7 @@ Each stage is a function of the typed values before it; none edits another's rec
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +45,12 @@ from tensorsmith.runtime.manifest import (
     PassRecord,
     StepRecord,
     TargetRecord,
+    TensorRecord,
     checkpoint_links_path,
     external_data_path,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -92,6 +96,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     ):
         fp16 = any(recipe.floats is FP16 and recipe.quantized is None for recipe in plan.recipes())
         fused = fused_graph(source, staging, timed, ranges=fp16)  # the fp16 variant's range check, in verification
+        config = _read_inputs(config, fused.inputs)
         early.fused((fused.inputs, fused.outputs))
         # what the calibration finishes is kept beside OUT until it is published: a killed compile resumes from it
         resumable = LayerRecords(resume_directory(out), [fused.record.sha256, config.model_dump_json(), __version__])
@@ -127,6 +132,17 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     return CompileResult(out, manifest, round(time.perf_counter() - started, 3), config.opset, variants.unmet)
 
 
+def _read_inputs(config: CompileConfig, graph_inputs: list[TensorRecord]) -> CompileConfig:
+    """`config` without the declared inputs the exported graph does not read (MPT's ALiBi takes no position_ids):
+    nothing feeds them after the export, engine profiles included."""
+    read = {record.name for record in graph_inputs}
+    unread = [decl.name for decl in config.inputs if decl.name not in read]
+    if not unread:
+        return config
+    logger.info("the graph does not read %s: not fed", ", ".join(unread))
+    return config.model_copy(update={"inputs": [decl for decl in config.inputs if decl.name in read]})
+
+
 def _with_note(target: TargetRecord, note: str | None) -> TargetRecord:
     """A target that got another variant than asked (sm_75 for int4) says why, unless a failure says more."""
     return target.model_copy(update={"reason": note}) if note and not target.reason else target
@@ -156,7 +172,13 @@ def _manifest(
         dim_names=source.dim_names,
         default_dims=source.default_dims,
         tokenizer=tokenizer,
-        generation=generation_record(source.huggingface, source.config, layout.kind, layout.reason)
+        generation=generation_record(
+            source.huggingface,
+            source.config,
+            layout.kind,
+            layout.reason,
+            any(record.name == "position_ids" for record in layout.inputs),
+        )
         if source.huggingface and layout
         else None,
         steps=[StepRecord(name=s.name, seconds=s.seconds, peak_rss_bytes=s.peak_rss_bytes) for s in steps],

@@ -129,7 +129,7 @@ def step_copies(
     return CopyPlan(
         (
             Transfer("input_ids", Direction.TO_DEVICE, rows, step_bytes),
-            Transfer("position_ids", Direction.TO_DEVICE, rows, step_bytes),
+            *([Transfer("position_ids", Direction.TO_DEVICE, rows, step_bytes)] if shape.layout.position_ids else []),
             Transfer(WRITE_INDICES, Direction.TO_DEVICE, 1, rows * INDEX_BYTES),
             Transfer(MASK, Direction.TO_DEVICE, rows, step_bytes, shape.capacity * INDEX_BYTES, INDEX_BYTES),
             back,
@@ -155,7 +155,11 @@ def dynamic_step_copies(
     return CopyPlan(
         (
             Transfer("input_ids", Direction.TO_DEVICE, rows, new_tokens * INDEX_BYTES),
-            Transfer("position_ids", Direction.TO_DEVICE, rows, new_tokens * INDEX_BYTES),
+            *(
+                [Transfer("position_ids", Direction.TO_DEVICE, rows, new_tokens * INDEX_BYTES)]
+                if shape.layout.position_ids
+                else []
+            ),
             Transfer(MASK, Direction.TO_DEVICE, rows, total * INDEX_BYTES),
             *(cache(name, Direction.TO_DEVICE, past_length) for name in shape.pasts),
             Transfer(LOGITS, Direction.TO_HOST, rows, new_tokens * vocabulary * np.dtype(logits_dtype).itemsize),

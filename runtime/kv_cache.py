@@ -89,6 +89,10 @@ class StepFeeds:
     def new_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
+    def token_feeds(self, positions: bool) -> dict[str, np.ndarray]:
+        """input_ids, and position_ids where the graph reads them (`GenerationRecord.position_ids`)."""
+        return {"input_ids": self.input_ids, **({"position_ids": self.position_ids} if positions else {})}
+
 
 class CacheSession(abc.ABC):
     """A request's cache. `step` runs one step and returns the last position's logits [rows, vocab]; `reorder`
@@ -130,8 +134,8 @@ class DynamicCacheSession(CacheSession):
 
     def step(self, feeds: StepFeeds) -> np.ndarray:
         self.mask = np.concatenate([self.mask, feeds.new_mask.astype(np.int64)], axis=1)
-        outputs = self._run({"input_ids": feeds.input_ids, "attention_mask": self.mask,
-                             "position_ids": feeds.position_ids, **self.cache})  # fmt: skip
+        outputs = self._run({**feeds.token_feeds(self.shape.layout.position_ids), "attention_mask": self.mask,
+                             **self.cache})  # fmt: skip
         self.cache = {name: outputs[present_of(name)] for name in self.cache}
         return _last_logits(outputs["logits"])
 
@@ -159,7 +163,7 @@ class StaticCacheSession(CacheSession):
                              f"{self.shape.capacity}")  # fmt: skip
         self.mask[:, feeds.write_index : end] = feeds.new_mask
         write_indices = np.full(self.shape.rows, feeds.write_index, np.int64)
-        return {"input_ids": feeds.input_ids, "position_ids": feeds.position_ids, WRITE_INDICES: write_indices}
+        return {**feeds.token_feeds(self.shape.layout.position_ids), WRITE_INDICES: write_indices}
 
     def step(self, feeds: StepFeeds) -> np.ndarray:
         return self._run_step(self._small_feeds(feeds))

@@ -128,6 +128,7 @@ class GenerationRecord(_Record):
         "[batch, cache] over the slots (passes/static_cache.py); dynamic: Optimum's and GenAI's growing cache",
     )
     kv_cache_reason: str = Field("", description="why the cache is dynamic when static was not asked against")
+    position_ids: bool = Field(True, description="whether the graph reads position_ids (MPT's ALiBi does not)")
     state_layers: list[int] = Field(
         default_factory=list,
         description="layers that keep fixed-size states instead of keys and values (linear attention: "

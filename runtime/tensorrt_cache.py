@@ -52,7 +52,7 @@ def step_shapes(shape: CacheShape, new_tokens: int) -> Shapes:
     rows = shape.rows
     return {
         "input_ids": (rows, new_tokens),
-        "position_ids": (rows, new_tokens),
+        **({"position_ids": (rows, new_tokens)} if shape.layout.position_ids else {}),
         MASK: (rows, shape.capacity),
         WRITE_INDICES: (rows,),
         **{name: shape.tensor_shape(name) for name in shape.pasts},
@@ -124,8 +124,7 @@ class TensorRTStaticCache(CacheSession):
             )
         plan = self.plan(feeds.new_tokens)
         values = {
-            "input_ids": feeds.input_ids,
-            "position_ids": feeds.position_ids,
+            **feeds.token_feeds(self.shape.layout.position_ids),
             MASK: feeds.new_mask,
             WRITE_INDICES: np.full(self.shape.rows, feeds.write_index, np.int64),
         }

@@ -16,11 +16,11 @@ FAMILIES = (
     "llama", "mistral", "ministral", "ministral3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "vaultgemma",
     "phi", "phi3", "granite", "granite_swa", "helium", "olmo", "olmo2", "olmo3", "flex_olmo", "cohere", "cohere2",
     "glm", "glm4", "internlm3", "exaone4", "ernie4_5", "hunyuan_v1_dense", "seed_oss", "smollm3", "apertus",
-    "apertus1p5_text", "arcee", "bitnet", "cwm", "diffllama", "doge", "nanochat", "nemotron", "persimmon", "stablelm",
+    "apertus1p5_text", "llama4_text", "arcee", "bitnet", "cwm", "diffllama", "doge", "nanochat", "nemotron", "persimmon", "stablelm",
     "starcoder2", "youtu", "hyperclovax", "iquestcoder", "jais2", "laguna", "mellum", "solar_open", "aria_text",
     # GPT-2's lineage, learned or ALiBi positions, parallel blocks
     "gpt2", "gpt_bigcode", "gpt_neo", "gpt_neox", "gpt_neox_japanese", "gptj", "codegen", "bloom", "falcon", "opt",
-    "xglm", "ctrl", "modernbert-decoder",
+    "xglm", "ctrl", "modernbert-decoder", "mpt",
     # sparse mixtures of experts (routed experts only: compiler/frontend/routed_experts.py)
     "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "granitemoeshared", "phimoe", "jetmoe", "gpt_oss",
     "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "minimax_m2", "exaone_moe", "cohere2_moe", "afmoe",

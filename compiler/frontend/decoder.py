@@ -173,8 +173,8 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
     return config.model_copy(update=update)
 
 
-def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: str = "dynamic", reason: str = ""
-                      ) -> GenerationRecord:  # fmt: skip
+def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: str = "dynamic", reason: str = "",
+                      positions: bool = True) -> GenerationRecord:  # fmt: skip
     layout = kv_layout(model.config, config.mla_cache)
     eos = model.generation_config().get("eos_token_id", model.config.get("eos_token_id"))
     return GenerationRecord(
@@ -188,6 +188,7 @@ def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: 
         pad_token_id=model.config.get("pad_token_id"),
         kv_cache=kv_cache,
         kv_cache_reason=reason,
+        position_ids=positions,
         state_layers=list(layout.state_layers),
         state_shapes={kind: list(layout.states.shape(kind)) for kind in STATE_KINDS} if layout.states else {},
     )
