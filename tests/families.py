@@ -16,8 +16,9 @@ FAMILIES = (
     "llama", "mistral", "ministral", "ministral3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "vaultgemma",
     "phi", "phi3", "granite", "granite_swa", "helium", "olmo", "olmo2", "olmo3", "flex_olmo", "cohere", "cohere2",
     "glm", "glm4", "internlm3", "exaone4", "ernie4_5", "hunyuan_v1_dense", "seed_oss", "smollm3", "apertus",
-    "apertus1p5_text", "llama4_text", "arcee", "bitnet", "cwm", "diffllama", "doge", "nanochat", "nemotron", "persimmon", "stablelm",
-    "starcoder2", "youtu", "hyperclovax", "iquestcoder", "jais2", "laguna", "mellum", "solar_open", "aria_text",
+    "apertus1p5_text", "llama4_text", "arcee", "bitnet", "cwm", "diffllama", "doge", "nanochat", "nemotron",
+    "persimmon", "stablelm", "starcoder2", "youtu", "hyperclovax", "iquestcoder", "jais2", "laguna", "mellum",
+    "solar_open", "aria_text",
     # GPT-2's lineage, learned or ALiBi positions, parallel blocks
     "gpt2", "gpt_bigcode", "gpt_neo", "gpt_neox", "gpt_neox_japanese", "gptj", "codegen", "bloom", "falcon", "opt",
     "xglm", "ctrl", "modernbert-decoder", "mpt",
@@ -28,6 +29,8 @@ FAMILIES = (
     "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3",
     # Gated DeltaNet's linear attention beside full attention (compiler/frontend/linear_attention.py)
     "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next",
+    # LFM2's short convolutions beside full attention (compiler/frontend/short_convolution.py)
+    "lfm2", "lfm2_moe",
 )  # fmt: skip
 # Families refused before the export, with what their config.json says they hold.
 REFUSED = {
@@ -63,6 +66,8 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
         sizes["num_key_value_heads"] = sizes["num_attention_heads"]
     if "linear_attention" in (defaults.get("layer_types") or []):  # a hybrid: one layer of each kind
         sizes["layer_types"] = ["linear_attention", "full_attention"]
+    if "conv_L_cache" in defaults:  # LFM2: a short convolution, then attention
+        sizes["layer_types"] = ["conv", "full_attention"]
     return config_class(**{**sizes, **overrides})
 
 

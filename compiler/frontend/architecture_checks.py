@@ -12,10 +12,11 @@ SUPPORTED = ("tensorsmith compiles transformer families' decoders (*ForCausalLM,
              "and heads (*For…)")  # fmt: skip
 # model types whose layers keep a state that is no attention's KV cache (state-space, recurrent, hybrids of them)
 RECURRENT_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "zamba",
-                             "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2"})  # fmt: skip
-# families whose linear_attention layers are Gated DeltaNet as Qwen writes it: their conv and recurrent states are
-# cached (compiler/frontend/linear_attention.py)
-GATED_DELTA_NET_TYPES = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"})
+                             "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h"})  # fmt: skip
+# families whose stateful layers the export writes, by the kind config.json's layer_types gives them: Gated DeltaNet
+# as Qwen writes it (compiler/frontend/linear_attention.py), LFM2's short convolutions (short_convolution.py)
+STATE_LAYER_KINDS = {"qwen3_5_text": "linear_attention", "qwen3_5_moe_text": "linear_attention",
+                     "qwen3_next": "linear_attention", "lfm2": "conv", "lfm2_moe": "conv"}  # fmt: skip
 
 
 # layer kinds whose only state is a KV cache (or none): an MoE or MLP block, attention in full, a window or chunks
@@ -42,8 +43,9 @@ def check_architecture(directory: Path, architecture: str, config: dict[str, Any
 
 def _stateful_layer_kinds(config: dict[str, Any]) -> list[str]:
     """The kinds of layers config.json lists (`layer_types`, Granite 4's `layers_block_type`) that keep a state
-    other than attention's keys and values: Gated DeltaNet's and Mamba's `linear_attention`, Falcon-H1's `hybrid`."""
+    other than attention's keys and values and not among STATE_LAYER_KINDS: Mamba's `linear_attention`, Falcon-H1's
+    `hybrid`."""
     kinds = config.get("layer_types") or config.get("layers_block_type") or []
-    gated_delta_net = config.get("model_type") in GATED_DELTA_NET_TYPES
-    cached = KV_CACHE_LAYER_KINDS | ({"linear_attention"} if gated_delta_net else set())
+    own = STATE_LAYER_KINDS.get(str(config.get("model_type")))
+    cached = KV_CACHE_LAYER_KINDS | ({own} if own else set())
     return sorted({kind for kind in kinds if isinstance(kind, str)} - cached)

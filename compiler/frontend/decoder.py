@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
-from tensorsmith.compiler.frontend.layer_states import STATE_KINDS, LinearStates, linear_states
+from tensorsmith.compiler.frontend.layer_states import LayerStates, layer_states
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.precisions import FP16
 from tensorsmith.passes.static_cache import CACHE_DIM
@@ -49,19 +49,19 @@ class KVLayout:
     key_dim: int
     value_dim: int
     form: str = "per_head"  # GenerationRecord.cache_form
-    state_layers: tuple[int, ...] = ()  # linear-attention layers: fixed-size `states` in place of keys and values
-    states: LinearStates | None = None
+    state_layers: tuple[int, ...] = ()  # layers with fixed-size `states` in place of keys and values
+    states: LayerStates | None = None
 
     def last_dim(self, kind: str) -> int:
         return self.key_dim if kind == "key" else self.value_dim
 
     def layer_tensors(self, layer: int) -> tuple[str, ...]:
-        return STATE_KINDS if layer in self.state_layers else ("key", "value")
+        return tuple(self.states.shapes) if self.states and layer in self.state_layers else ("key", "value")
 
     def dims(self, kind: str) -> list[str | int]:
         """A past's dims: [batch, kv_heads, past, last dim], or a state's [batch, *its fixed shape]."""
-        if kind in STATE_KINDS and self.states is not None:
-            return ["batch", *self.states.shape(kind)]
+        if self.states is not None and kind in self.states.shapes:
+            return ["batch", *self.states.shapes[kind]]
         return ["batch", self.kv_heads, "past", self.last_dim(kind)]
 
 
@@ -80,8 +80,9 @@ def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
             key = int(config["qk_nope_head_dim"]) + int(config["qk_rope_head_dim"])
             return KVLayout(int(layers), int(heads), key, int(config["v_head_dim"]))
         return KVLayout(int(layers), 1, int(config["kv_lora_rank"]), int(config["qk_rope_head_dim"]), "latent")
-    states = linear_states(config)
-    state_layers = tuple(i for i, kind in enumerate(config.get("layer_types") or []) if kind == "linear_attention")
+    states = layer_states(config)
+    kinds = config.get("layer_types") or []
+    state_layers = tuple(i for i, kind in enumerate(kinds) if states and kind == states.kind)
     kv_heads = config.get("num_key_value_heads") or heads
     # Falcon's and GPTBigCode's multi-query attention caches one key and value head; Falcon's new decoder
     # architecture (its num_kv_heads) broadcasts them to every head before the cache, which so holds them all.
@@ -111,7 +112,7 @@ def layer_windows(model: HuggingFaceModel) -> list[int | None]:
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if types:  # a linear-attention layer's states are fixed in size: static already (its window: None)
-        known = ("full_attention", "sliding_attention", "linear_attention")
+        known = ("full_attention", "sliding_attention", "linear_attention", "conv")
         unknown = sorted({kind for kind in types if kind not in known})
         if unknown:
             raise ValueError(f"config.json's layer_types has {unknown}: no static cache for these layers")
@@ -190,14 +191,14 @@ def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: 
         kv_cache_reason=reason,
         position_ids=positions,
         state_layers=list(layout.state_layers),
-        state_shapes={kind: list(layout.states.shape(kind)) for kind in STATE_KINDS} if layout.states else {},
+        state_shapes={kind: list(shape) for kind, shape in layout.states.shapes.items()} if layout.states else {},
     )
 
 
 def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
     """`loaded` (a transformers causal LM) as forward(input_ids, attention_mask, position_ids, *past) →
-    (logits, *presents), two past tensors a layer (as many layers as it is given: the export may trace fewer):
-    keys and values, or a linear-attention layer's two states (config.json's layer_types says which); its
+    (logits, *presents), the past tensors of as many layers as it is given (the export may trace fewer): keys
+    and values, or a stateful layer's states (config.json's layer_types says which layers: layer_states.py); its
     latent attention, if any, in the `mla_cache` form."""
     import torch
     from transformers import DynamicCache
@@ -210,24 +211,35 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
         rewrite_linear_attention,
         token_masks_while_tracing,
     )
+    from tensorsmith.compiler.frontend.short_convolution import rewrite_short_convolution
 
     rewrite_latent_attention(loaded, mla_cache)
     rewrite_linear_attention(loaded)
+    rewrite_short_convolution(loaded)
     rewrite_complex_rotary(loaded)  # Llama 4's (DeepSeek-V2's: with its latent attention)
-    kinds = list(getattr(loaded.config, "layer_types", None) or [])
+    config = loaded.config.to_dict()
+    states, kinds = layer_states(config), list(config.get("layer_types") or [])
 
-    def cache_layer(index: int, first: torch.Tensor, second: torch.Tensor) -> Any:
-        if index < len(kinds) and kinds[index] == "linear_attention":
-            return StateLayer(first, second)
-        layer = DynamicLayer()
-        # the tensors as they are: DynamicLayer.update would concatenate onto an empty 1-D tensor
-        layer.keys, layer.values = first, second
-        layer.device, layer.is_initialized = first.device, True
-        layer.dtype = first.dtype  # type: ignore[attr-defined]  # read by transformers' layers
-        return layer
+    def cache_layers(past: tuple[torch.Tensor, ...]) -> list[Any]:
+        """The past tensors as transformers' cache layers: keys and values, or a stateful layer's states."""
+        layers: list[Any] = []
+        while past:
+            index = len(layers)
+            if states is not None and index < len(kinds) and kinds[index] == states.kind:
+                layers.append(StateLayer(dict(zip(states.shapes, past, strict=False))))
+                past = past[len(states.shapes) :]
+                continue
+            layer = DynamicLayer()
+            # the tensors as they are: DynamicLayer.update would concatenate onto an empty 1-D tensor
+            layer.keys, layer.values = past[0], past[1]
+            layer.device, layer.is_initialized = past[0].device, True
+            layer.dtype = past[0].dtype  # type: ignore[attr-defined]  # read by transformers' layers
+            layers.append(layer)
+            past = past[2:]
+        return layers
 
     def layer_outputs(layer: Any) -> list[torch.Tensor]:
-        return [layer.conv, layer.recurrent] if isinstance(layer, StateLayer) else [layer.keys, layer.values]
+        return list(layer.states.values()) if isinstance(layer, StateLayer) else [layer.keys, layer.values]
 
     class FlatKVCache(torch.nn.Module):
         def __init__(self) -> None:
@@ -238,8 +250,7 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
             self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
         ) -> tuple[torch.Tensor, ...]:
             cache = DynamicCache()
-            for index in range(len(past) // 2):
-                cache.layers.append(cache_layer(index, past[2 * index], past[2 * index + 1]))
+            cache.layers.extend(cache_layers(past))
             with token_masks_while_tracing(self.model), real_rotation_while_tracing(self.model):
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                  cache=cache, use_cache=True, return_dict=True)  # fmt: skip

@@ -1,31 +1,34 @@
-"""The fixed-size states a linear-attention layer caches in place of keys and values, as config.json sizes them
-(Gated DeltaNet's `linear_*` keys: Qwen3.5/3.6, Qwen3-Next); the layers' export is linear_attention.py."""
+"""The fixed-size states a layer without keys and values caches in their place, as config.json sizes them:
+
+- Gated DeltaNet's `linear_attention` layers (Qwen3.5/3.6, Qwen3-Next; `linear_*` keys): the last kernel - 1
+  inputs of the depthwise convolution over q, k and v (`conv`) and the delta rule's state (`recurrent`);
+- LFM2's short-convolution `conv` layers (`conv_L_cache`): the last L - 1 inputs of its depthwise convolution.
+
+The layers' export is linear_attention.py (Gated DeltaNet) and short_convolution.py (LFM2)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-STATE_KINDS = ("conv", "recurrent")
-
 
 @dataclass(frozen=True)
-class LinearStates:
-    """The fixed shapes (batch excluded) of a linear-attention layer's states, from config.json."""
+class LayerStates:
+    """The layers of `kind` (config.json's layer_types) and each of their states' shape, batch excluded."""
 
-    conv: tuple[int, int]
-    recurrent: tuple[int, int, int]
-
-    def shape(self, kind: str) -> tuple[int, ...]:
-        return self.conv if kind == "conv" else self.recurrent
+    kind: str
+    shapes: dict[str, tuple[int, ...]]
 
 
-def linear_states(config: dict[str, Any]) -> LinearStates | None:
-    """Gated DeltaNet's state shapes from config.json's `linear_*` sizes; None for a model without them."""
-    if not config.get("linear_num_value_heads"):
-        return None
-    key_heads, value_heads = int(config["linear_num_key_heads"]), int(config["linear_num_value_heads"])
-    key_dim, value_dim = int(config["linear_key_head_dim"]), int(config["linear_value_head_dim"])
-    conv_dim = 2 * key_heads * key_dim + value_heads * value_dim
-    kernel = int(config.get("linear_conv_kernel_dim", 4))
-    return LinearStates((conv_dim, kernel - 1), (value_heads, key_dim, value_dim))
+def layer_states(config: dict[str, Any]) -> LayerStates | None:
+    """The states config.json's sizes give; None for a model without stateful layers."""
+    if config.get("linear_num_value_heads"):
+        key_heads, value_heads = int(config["linear_num_key_heads"]), int(config["linear_num_value_heads"])
+        key_dim, value_dim = int(config["linear_key_head_dim"]), int(config["linear_value_head_dim"])
+        conv_dim = 2 * key_heads * key_dim + value_heads * value_dim
+        kernel = int(config.get("linear_conv_kernel_dim", 4))
+        return LayerStates("linear_attention", {"conv": (conv_dim, kernel - 1),
+                                                "recurrent": (value_heads, key_dim, value_dim)})  # fmt: skip
+    if config.get("conv_L_cache"):
+        return LayerStates("conv", {"conv": (int(config["hidden_size"]), int(config["conv_L_cache"]) - 1)})
+    return None

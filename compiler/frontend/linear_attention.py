@@ -54,9 +54,6 @@ def rewrite_linear_attention(model: torch.nn.Module) -> int:
     """Swap every Gated DeltaNet module's forward in `model` (in place) for the one below; returns how many."""
     layers = [module for module in model.modules() if is_gated_delta_net(module)]
     for module in layers:
-        if getattr(module.conv1d, "bias", None) is not None:
-            raise ExportError(f"{type(module).__name__}'s convolution has a bias, which its export does not add",
-                              hint="this linear attention is not supported yet")  # fmt: skip
         module.forward = types.MethodType(_forward, module)
     return len(layers)
 
@@ -85,13 +82,13 @@ def token_masks_while_tracing(model: torch.nn.Module) -> Iterator[None]:
 
 
 class StateLayer(LinearAttentionCacheLayerMixin):
-    """A linear-attention layer's place in the traced cache: the states it was given, replaced (not copied
+    """A stateful layer's place in the traced cache: the states it was given by kind, replaced (not copied
     into) by the ones it computes, so that the graph returns them. A linear-attention layer to transformers'
     cache, which so finds the first attention layer for the masks' offsets."""
 
-    def __init__(self, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+    def __init__(self, states: dict[str, torch.Tensor]) -> None:
         super().__init__()
-        self.conv, self.recurrent = conv, recurrent
+        self.states = states
 
     def get_seq_length(self) -> int:  # a state has no length
         return 0
@@ -122,12 +119,14 @@ def _projections(self: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return mixed, z, b, a
 
 
-def _convolve(self: Any, mixed: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The causal depthwise convolution over [state | mixed] (channels first): (SiLU of its output for the new
-    positions, the next state)."""
-    full = torch.cat([state, mixed.to(state.dtype)], dim=-1)
-    out = F.conv1d(full, self.conv1d.weight, None, padding=0, groups=full.shape[1])
-    return F.silu(out).to(mixed.dtype), full[:, :, full.shape[-1] - state.shape[-1] :]
+def causal_convolution(conv: torch.nn.Conv1d, inputs: torch.Tensor, state: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A causal depthwise convolution over [state | inputs] (channels first, without padding: the state is the
+    left context, zeros before a prompt): (its output at the new positions, the next state, the last
+    kernel - 1 columns)."""
+    full = torch.cat([state, inputs.to(state.dtype)], dim=-1)
+    out = F.conv1d(full, conv.weight, conv.bias, padding=0, groups=full.shape[1])
+    return out.to(inputs.dtype), full[:, :, full.shape[-1] - state.shape[-1] :]
 
 
 def _delta_step(key_dim: int, value_dim: int, state: torch.Tensor, token: list[torch.Tensor]
@@ -170,14 +169,15 @@ def _forward(self: Any, hidden_states: torch.Tensor, cache: Any = None, attentio
         hidden_states = hidden_states * attention_mask[:, :, None].to(hidden_states.dtype)
     batch, length, _ = hidden_states.shape
     mixed, z, b, a = _projections(self, hidden_states)
-    convolved, layer.conv = _convolve(self, mixed.transpose(1, 2), layer.conv)
+    convolved, layer.states["conv"] = causal_convolution(self.conv1d, mixed.transpose(1, 2), layer.states["conv"])
+    convolved = F.silu(convolved)
     query, key, value = torch.split(convolved.transpose(1, 2), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
     query = query.reshape(batch, length, -1, self.head_k_dim)
     key = key.reshape(batch, length, -1, self.head_k_dim)
     value = value.reshape(batch, length, -1, self.head_v_dim)
     beta = b.sigmoid()
     g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-    out, recurrent = gated_delta_rule(query, key, value, g, beta, layer.recurrent)
-    layer.recurrent = recurrent.to(layer.recurrent.dtype)
+    out, recurrent = gated_delta_rule(query, key, value, g, beta, layer.states["recurrent"])
+    layer.states["recurrent"] = recurrent.to(layer.states["recurrent"].dtype)
     out = self.norm(out.to(hidden_states.dtype).reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     return self.out_proj(out.reshape(batch, length, -1))
