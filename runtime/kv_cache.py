@@ -59,10 +59,11 @@ class CacheShape:
     def tensor_shape(self, name: str, length: int | None = None) -> tuple[int, ...]:
         """Past `name`'s [rows, kv_heads, length, last dim] (keys and values may differ in the last); the
         capacity by default. A state's [rows, *its fixed shape]."""
-        layout, kind = self.layout, name.rsplit(".", 1)[-1]
+        layout, (layer, kind) = self.layout, name.rsplit(".", 2)[-2:]
         if kind in layout.state_shapes:
             return (self.rows, *layout.state_shapes[kind])
-        return (self.rows, layout.kv_heads, self.capacity if length is None else length, layout.last_dim(kind))
+        length = self.capacity if length is None else length
+        return (self.rows, layout.kv_heads, length, layout.last_dim(kind, int(layer)))
 
     def tensor_bytes(self, name: str) -> int:
         """Bytes of past (or present) `name` at the capacity."""

@@ -128,6 +128,9 @@ class GenerationRecord(_Record):
         "[batch, cache] over the slots (passes/static_cache.py); dynamic: Optimum's and GenAI's growing cache",
     )
     kv_cache_reason: str = Field("", description="why the cache is dynamic when static was not asked against")
+    layer_head_dims: dict[int, int] = Field(
+        default_factory=dict, description="layers whose keys and values are another width (Gemma 4's global ones)"
+    )
     position_ids: bool = Field(True, description="whether the graph reads position_ids (MPT's ALiBi does not)")
     state_layers: list[int] = Field(
         default_factory=list,
@@ -138,8 +141,10 @@ class GenerationRecord(_Record):
         default_factory=dict, description="each state's shape without the batch: conv, recurrent"
     )
 
-    def last_dim(self, kind: str) -> int:
+    def last_dim(self, kind: str, layer: int | None = None) -> int:
         """The last dim of a layer's `kind` ("key" or "value") cache tensor."""
+        if layer is not None and layer in self.layer_head_dims:
+            return self.layer_head_dims[layer]
         return self.value_head_dim or self.head_dim if kind == "value" else self.head_dim
 
     def layer_tensors(self, layer: int) -> tuple[str, ...]:

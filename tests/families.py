@@ -18,7 +18,7 @@ FAMILIES = (
     "glm", "glm4", "internlm3", "exaone4", "ernie4_5", "hunyuan_v1_dense", "seed_oss", "smollm3", "apertus",
     "apertus1p5_text", "llama4_text", "arcee", "bitnet", "cwm", "diffllama", "doge", "nanochat", "nemotron",
     "persimmon", "stablelm", "starcoder2", "youtu", "hyperclovax", "iquestcoder", "jais2", "laguna", "mellum",
-    "solar_open", "aria_text",
+    "solar_open", "aria_text", "gemma4_text",
     # GPT-2's lineage, learned or ALiBi positions, parallel blocks
     "gpt2", "gpt_bigcode", "gpt_neo", "gpt_neox", "gpt_neox_japanese", "gptj", "codegen", "bloom", "falcon", "opt",
     "xglm", "ctrl", "modernbert-decoder", "mpt",

@@ -36,6 +36,9 @@ def check_architecture(directory: Path, architecture: str, config: dict[str, Any
         kind = f"a model with {kinds} layers (model_type {model_type!r})"
         hint = ("their state is not a KV cache: tensorsmith's decoders cache attention layers' keys and values; "
                 "compile an ONNX export of the model")  # fmt: skip
+    elif config.get("num_kv_shared_layers"):  # Gemma 3n's and 4's small models: later layers read earlier caches
+        kind = f"a model whose last {config['num_kv_shared_layers']} layers share earlier layers' keys and values"
+        hint = "caches shared between layers are not supported yet; compile an ONNX export of the model"
     else:
         return
     raise ConfigError(f"{directory} holds a {architecture}, {kind}; {SUPPORTED}", hint=hint)

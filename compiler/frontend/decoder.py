@@ -14,7 +14,8 @@ presents are always past + sequence long and a window is honoured past its lengt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
@@ -51,18 +52,21 @@ class KVLayout:
     form: str = "per_head"  # GenerationRecord.cache_form
     state_layers: tuple[int, ...] = ()  # layers with fixed-size `states` in place of keys and values
     states: LayerStates | None = None
+    layer_head_dims: Mapping[int, int] = field(default_factory=dict)  # layers of another width (Gemma 4's global)
 
-    def last_dim(self, kind: str) -> int:
+    def last_dim(self, kind: str, layer: int | None = None) -> int:
+        if layer is not None and layer in self.layer_head_dims:
+            return self.layer_head_dims[layer]
         return self.key_dim if kind == "key" else self.value_dim
 
     def layer_tensors(self, layer: int) -> tuple[str, ...]:
         return tuple(self.states.shapes) if self.states and layer in self.state_layers else ("key", "value")
 
-    def dims(self, kind: str) -> list[str | int]:
+    def dims(self, kind: str, layer: int | None = None) -> list[str | int]:
         """A past's dims: [batch, kv_heads, past, last dim], or a state's [batch, *its fixed shape]."""
         if self.states is not None and kind in self.states.shapes:
             return ["batch", *self.states.shapes[kind]]
-        return ["batch", self.kv_heads, "past", self.last_dim(kind)]
+        return ["batch", self.kv_heads, "past", self.last_dim(kind, layer)]
 
 
 def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
@@ -89,9 +93,19 @@ def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
     if config.get("multi_query") and not config.get("new_decoder_architecture"):
         kv_heads = 1
     head_dim = int(config.get("head_dim") or hidden // heads)
-    if states is None or not state_layers:
-        return KVLayout(int(layers), int(kv_heads), head_dim, head_dim)
-    return KVLayout(int(layers), int(kv_heads), head_dim, head_dim, state_layers=state_layers, states=states)
+    return KVLayout(int(layers), int(kv_heads), head_dim, head_dim, state_layers=state_layers if states else (),
+                    states=states if state_layers else None, layer_head_dims=_layer_head_dims(config))  # fmt: skip
+
+
+def _layer_head_dims(config: dict[str, Any]) -> dict[int, int]:
+    """The layers whose head size config.json's `per_layer_config` sets (Gemma 4's global layers: 512)."""
+    dims = {}
+    for layer, settings in (config.get("per_layer_config") or {}).items():
+        other = sorted(set(settings) - {"head_dim"})
+        if other:
+            raise ValueError(f"config.json's per_layer_config sets {other} for layer {layer}: no cache layout for it")
+        dims[int(layer)] = int(settings["head_dim"])
+    return dims
 
 
 def past_names(layout: KVLayout) -> list[str]:
@@ -152,7 +166,7 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
         InputDecl(name="attention_mask", dtype="int64", dims=["batch", "total"]),
         InputDecl(name="position_ids", dtype="int64", dims=tokens, value_range=(0, 1)),  # fed as the positions
         *(
-            InputDecl(name=past_name(layer, kind), dtype="float32", dims=layout.dims(kind))
+            InputDecl(name=past_name(layer, kind), dtype="float32", dims=layout.dims(kind, layer))
             for layer in range(layers)
             for kind in layout.layer_tensors(layer)
         ),
@@ -190,6 +204,7 @@ def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: 
         kv_cache=kv_cache,
         kv_cache_reason=reason,
         position_ids=positions,
+        layer_head_dims=dict(layout.layer_head_dims),
         state_layers=list(layout.state_layers),
         state_shapes={kind: list(shape) for kind, shape in layout.states.shapes.items()} if layout.states else {},
     )

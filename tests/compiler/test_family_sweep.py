@@ -16,7 +16,7 @@ from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.compiler.frontend.huggingface import read_model_directory
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.runtime import load
-from tests.families import FAMILIES, REFUSED, save_family
+from tests.families import FAMILIES, REFUSED, save_family, tiny_config
 
 NEW_TOKENS = 12
 
@@ -45,3 +45,13 @@ def test_a_family_with_recurrent_layers_is_refused_by_name(model_type: str, tmp_
     save_family(model_type, tmp_path / "checkpoint")
     with pytest.raises(ConfigError, match=f"{REFUSED[model_type]}.*model_type '{model_type}'"):
         read_model_directory(tmp_path / "checkpoint")
+
+
+@pytest.mark.families
+def test_caches_shared_between_layers_are_refused_by_name(tmp_path: Path) -> None:
+    config = tiny_config("gemma4_text", num_hidden_layers=3, num_kv_shared_layers=1,
+                         layer_types=["sliding_attention", "full_attention", "full_attention"])  # fmt: skip
+    config.architectures = ["Gemma4ForCausalLM"]
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="last 1 layers share earlier layers' keys and values"):
+        read_model_directory(tmp_path)
