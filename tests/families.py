@@ -18,7 +18,7 @@ FAMILIES = (
     "glm", "glm4", "internlm3", "exaone4", "ernie4_5", "hunyuan_v1_dense", "seed_oss", "smollm3", "apertus",
     "apertus1p5_text", "llama4_text", "arcee", "bitnet", "cwm", "diffllama", "doge", "nanochat", "nemotron",
     "persimmon", "stablelm", "starcoder2", "youtu", "hyperclovax", "iquestcoder", "jais2", "laguna", "mellum",
-    "solar_open", "aria_text", "gemma4_text",
+    "solar_open", "aria_text", "gemma4_text", "gemma3n_text",
     # GPT-2's lineage, learned or ALiBi positions, parallel blocks
     "gpt2", "gpt_bigcode", "gpt_neo", "gpt_neox", "gpt_neox_japanese", "gptj", "codegen", "bloom", "falcon", "opt",
     "xglm", "ctrl", "modernbert-decoder", "mpt",
@@ -48,7 +48,8 @@ SIZES: dict[str, Any] = {
     "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "sliding_window": 8, "attention_chunk_size": 8,
     "rotary_dim": 8, "attention_types": [[["global", "local"], 1]], "expert_ffn_hidden_size": 32, "zero_expert_num": 2,
     "num_dense_layers": 1, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
-    "linear_value_head_dim": 8, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
+    "linear_value_head_dim": 8, "num_kv_shared_layers": 0, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+    "tie_word_embeddings": False,
 }  # fmt: skip
 
 
