@@ -136,6 +136,7 @@ def half_regions(
         for_range.pop(node_id, None)
     kept = [node for node in graph.nodes if id(node) in by_op or id(node) in for_range]
     kept_ids = {id(node) for node in kept}
+    _own_body_constants(kept)
     _own_fp32_constants(kept, kept_ids)
     outputs = {id(tensor) for tensor in graph.outputs}
     stay_fp32 = [tensor for node in kept for tensor in node.outputs
@@ -162,6 +163,18 @@ def half_regions(
                  if isinstance(t, gs.Variable) and is_fp32(t) and id(t) not in staying]  # fmt: skip
     labels = {node.name or node.outputs[0].name: record for node, record in for_range.values()}
     return HalfRegions(kept, stay_fp32, constants, constant_nodes, float_casts, variables, labels)
+
+
+def _own_body_constants(kept: list[gs.Node]) -> None:
+    """Each float constant a kept op's body reads (a Scan's, which the exporter may share with the graph outside
+    it) replaced there by its own copy: the body stays fp32 whatever the graph outside converts."""
+    for node in kept:
+        bodies = [value for value in node.attrs.values() if isinstance(value, gs.Graph)]
+        for body in [*bodies, *(inner for value in bodies for inner in value.subgraphs(recursive=True))]:
+            for inner in body.nodes:
+                for index, tensor in enumerate(inner.inputs):
+                    if isinstance(tensor, gs.Constant) and is_fp32(tensor):
+                        inner.inputs[index] = gs.Constant(f"{tensor.name}/{inner.name}/fp32", np.array(tensor.values))
 
 
 def half_readers(tensor: gs.Tensor, kept_ids: set[int]) -> list[gs.Node]:

@@ -8,14 +8,13 @@ exports. The forward below is one path for both:
 
     conv:       x' = concat(conv_state, x) over time, depthwise conv without padding, SiLU; conv_state' = the
                 last kernel - 1 columns of x'
-    recurrence: for each token t (ONNX Scan over the sequence, torch's `scan`):
-                S = S · exp(g_t);  S += k_t ⊗ (v_t - Sᵀk_t) · β_t;  o_t = Sᵀq_t
+    recurrence: the gated delta rule chunk by chunk, an ONNX Scan over chunks of up to 64 tokens
+                (delta_rule.py: a decode step is one chunk of one token)
 
 A zero state is the prompt's start (transformers pads the convolution with zeros and starts from a zero state),
 so prefill and decode are the same graph. Left padding is harmless: the padding positions' inputs are zeroed
-(transformers' `apply_mask_to_padding_states`), which leaves a zero state zero. The Scan is per token: TensorRT
-for RTX builds it (checked for SM86); a chunked form would cut the prompt's sequential steps by the chunk size
-and is not written yet.
+(transformers' `apply_mask_to_padding_states`), which leaves a zero state zero. TensorRT for RTX builds the
+Scan (checked for SM86 and SM120).
 
 A module is recognised by what it holds (`A_log`, `dt_bias`, `conv1d` and its input projections), not by its
 family.
@@ -24,7 +23,6 @@ family.
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 import types
 from collections.abc import Iterator
@@ -32,9 +30,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch._higher_order_ops.scan import scan
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
+from tensorsmith.compiler.frontend.delta_rule import gated_delta_rule
 from tensorsmith.core.errors import ExportError
 
 # the input projections of the two forms transformers writes (Qwen3.5's split ones; Qwen3-Next's fused ones)
@@ -127,37 +125,6 @@ def causal_convolution(conv: torch.nn.Conv1d, inputs: torch.Tensor, state: torch
     full = torch.cat([state, inputs.to(state.dtype)], dim=-1)
     out = F.conv1d(full, conv.weight, conv.bias, padding=0, groups=full.shape[1])
     return out.to(inputs.dtype), full[:, :, full.shape[-1] - state.shape[-1] :]
-
-
-def _delta_step(key_dim: int, value_dim: int, state: torch.Tensor, token: list[torch.Tensor]
-                ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """One token of the gated delta rule: state [b, h, dk, dv]; the token's q, k [b, h, dk], v [b, h, dv], g, β
-    [b, h, 1] packed in one tensor (one scanned input: TensorRT for RTX's Myelin mis-shapes a model's several)."""
-    packed = token[0]
-    q, k = packed[..., :key_dim], packed[..., key_dim : 2 * key_dim]
-    v = packed[..., 2 * key_dim : 2 * key_dim + value_dim]
-    g, beta = packed[..., -2:-1], packed[..., -1:]
-    state = state * g.exp()[..., None]
-    remembered = (state * k[..., None]).sum(-2)
-    state = state + k[..., None] * ((v - remembered) * beta)[..., None, :]
-    return state.clone(), (state * q[..., None]).sum(-2)
-
-
-def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The rule over [b, s, heads, d] inputs (keys' heads repeated to the values'), in float32 as transformers
-    computes it: (outputs [b, s, value_heads, dv], the final state)."""
-    repeat = v.shape[2] // q.shape[2]
-    q, k = (t.repeat_interleave(repeat, dim=2) if repeat > 1 else t for t in (q, k))
-    q, k = (t.float() * torch.rsqrt((t.float() * t.float()).sum(-1, keepdim=True) + 1e-6) for t in (q, k))
-    q = q / (q.shape[-1] ** 0.5)
-    packed = torch.cat([q, k, v.float(), g.float()[..., None], beta.float()[..., None]], dim=-1)
-    step = functools.partial(_delta_step, int(q.shape[-1]), int(v.shape[-1]))
-    # inference only: inputs that require grad (the weights' products) send the trace through scan's autograd
-    # form, whose joint graph returns the batch size among its outputs and fails the export
-    tokens = packed.transpose(0, 1).detach()  # the sequence first, as Scan takes it
-    final, outputs = scan(step, state.float().detach(), [tokens])
-    return outputs.transpose(0, 1), final
 
 
 def _forward(self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any

@@ -13,7 +13,7 @@ import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
 from tensorsmith.compiler import CompileConfig, compile
-from tensorsmith.compiler.frontend.linear_attention import gated_delta_rule
+from tensorsmith.compiler.frontend.delta_rule import gated_delta_rule
 from tensorsmith.runtime.device import Device
 from tensorsmith.runtime.manifest import read_manifest
 from tensorsmith.runtime.selection import select_engine
@@ -21,9 +21,10 @@ from tests.compiler.test_decoders import assert_greedy_tokens_match
 from tests.families import save_family
 
 
-def test_the_scanned_rule_is_transformers_chunked_and_recurrent_rules() -> None:
+@pytest.mark.parametrize("length", [1, 20, 64, 130])  # one token, one chunk, a full chunk, three (the last padded)
+def test_the_chunked_rule_is_transformers_chunked_and_recurrent_rules(length: int) -> None:
     torch.manual_seed(0)
-    batch, length, key_heads, value_heads, key_dim, value_dim = 2, 70, 2, 4, 16, 8  # 70: two chunks of 64
+    batch, key_heads, value_heads, key_dim, value_dim = 2, 2, 4, 16, 8
     q, k = torch.randn(batch, length, key_heads, key_dim), torch.randn(batch, length, key_heads, key_dim)
     v = torch.randn(batch, length, value_heads, value_dim)
     g, beta = -torch.rand(batch, length, value_heads), torch.rand(batch, length, value_heads)
