@@ -72,6 +72,11 @@ def cache_in_compute_dtype(past: gs.Variable, present: gs.Variable) -> None:
     replace_uses(cast_in.outputs[0], past)
 
 
+def reads_batch_only(node: gs.Node) -> bool:
+    """A Shape of dim 0 alone: the exporter takes the batch size from the padding mask too (LFM2)."""
+    return node.op == "Shape" and int(node.attrs.get("start", 0)) == 0 and node.attrs.get("end") == 1
+
+
 def reads_no_length(node: gs.Node) -> bool:
     """A Shape of dims that exclude the sequence's (axis 2): the exporter takes the batch size from a past."""
     if node.op != "Shape":

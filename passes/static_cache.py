@@ -38,6 +38,7 @@ from tensorsmith.passes.cache_graph import (
     dtype_name,
     masked_scores,
     new_token_columns,
+    reads_batch_only,
     reads_no_length,
 )
 from tensorsmith.runtime.kv_cache import WRITE_INDICES, past_name, present_of
@@ -91,6 +92,8 @@ class StaticCache:
         for slice_node in new_token_columns(old_mask, inputs["input_ids"]):  # linear attention's padding mask
             slice_node.inputs = [slots.mask, slots.columns]
             slice_node.op, slice_node.attrs = "GatherElements", {"axis": 1}
+        for shape in [node for node in old_mask.outputs if reads_batch_only(node)]:  # the same batch either way
+            shape.inputs[0] = slots.mask
         for layer, window in zip(layers if attentions else [], windows, strict=False):
             attention = keys_of.get(id(outputs[_present_name(layer, "key")]))
             if attention is None or attention.inputs[2] is not outputs[_present_name(layer, "value")]:
