@@ -76,6 +76,22 @@ def side_genai(directory: str) -> Any:
     return generate
 
 
+class TokenStamps:
+    """A streamer for transformers' generate that calls `stamp` at each new token (its first put is the
+    prompt)."""
+
+    def __init__(self, stamp: Any) -> None:
+        self.stamp, self.calls = stamp, 0
+
+    def put(self, _: object) -> None:
+        self.calls += 1
+        if self.calls > 1:
+            self.stamp()
+
+    def end(self) -> None:
+        pass
+
+
 def side_transformers(directory: str) -> Any:
     import torch
     from transformers import LlamaForCausalLM
@@ -83,23 +99,11 @@ def side_transformers(directory: str) -> Any:
     torch.set_num_threads(os.cpu_count() or 1)
     model = LlamaForCausalLM.from_pretrained(directory).eval()
 
-    class Stamps:
-        def __init__(self, stamp: Any) -> None:
-            self.stamp, self.calls = stamp, 0
-
-        def put(self, _: object) -> None:
-            self.calls += 1
-            if self.calls > 1:  # the first put is the prompt
-                self.stamp()
-
-        def end(self) -> None:
-            pass
-
     def generate(batch: np.ndarray, stamp: Any) -> np.ndarray:
         with torch.inference_mode():
             return model.generate(torch.from_numpy(batch), attention_mask=torch.ones_like(torch.from_numpy(batch)),
                                   do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                  eos_token_id=None, pad_token_id=0, streamer=Stamps(stamp)).numpy()  # fmt: skip
+                                  eos_token_id=None, pad_token_id=0, streamer=TokenStamps(stamp)).numpy()  # fmt: skip
 
     return generate
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.generate import TokenStamps
 from bench.scale import _process
 from bench.shapes import SAMPLE, TOKENIZER_FILES, shape_config, write_checkpoint
 
@@ -67,22 +68,10 @@ def _generation_side(kind: str, path: str, prompt_tokens: int) -> dict[str, floa
         torch.set_num_threads(2)
         reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
-        class Stamps(transformers.generation.BaseStreamer):  # type: ignore[misc]
-            def __init__(self, stamp: Any) -> None:
-                self.stamp, self.calls = stamp, 0
-
-            def put(self, value: Any) -> None:
-                self.calls += 1
-                if self.calls > 1:  # the first call is the prompt
-                    self.stamp()
-
-            def end(self) -> None:
-                pass
-
         def generate(stamp: Any) -> None:
             with torch.no_grad():
                 reference.generate(input_ids=torch.from_numpy(prompt), max_new_tokens=NEW_TOKENS,
-                                   min_new_tokens=NEW_TOKENS, do_sample=False, streamer=Stamps(stamp))  # fmt: skip
+                                   min_new_tokens=NEW_TOKENS, do_sample=False, streamer=TokenStamps(stamp))  # fmt: skip
 
     prompts, rates = [], []
     for run in range(RUNS + 1):

@@ -108,13 +108,19 @@ def _constant(tensor: gs.Tensor) -> np.ndarray | None:
     return np.asarray(tensor.values) if isinstance(tensor, gs.Constant) else None
 
 
+def _producer(tensor: gs.Tensor) -> gs.Node | None:
+    """The node that computes `tensor`'s value, past the nodes that only reshape or cast it."""
+    node = tensor.inputs[0] if tensor.inputs else None
+    while node is not None and node.op in _PASS_THROUGH:
+        node = node.inputs[0].inputs[0] if node.inputs[0].inputs else None
+    return node
+
+
 def _negated_length(tensor: gs.Tensor, tokens: gs.Tensor) -> bool:
     """Whether `tensor` is minus the tokens' sequence length (Neg, or Mul by -1, of it)."""
-    node = tensor.inputs[0] if tensor.inputs else None
+    node = _producer(tensor)
     if node is None:
         return False
-    if node.op in _PASS_THROUGH:
-        return _negated_length(node.inputs[0], tokens)
     if node.op == "Neg":
         return _sequence_length(node.inputs[0], tokens)
     if node.op == "Mul":
@@ -127,11 +133,9 @@ def _negated_length(tensor: gs.Tensor, tokens: gs.Tensor) -> bool:
 
 def _sequence_length(tensor: gs.Tensor, tokens: gs.Tensor) -> bool:
     """Whether `tensor` is the tokens' dim 1: Shape(tokens, start=1, end=2) or Gather(Shape(tokens), 1)."""
-    node = tensor.inputs[0] if tensor.inputs else None
+    node = _producer(tensor)
     if node is None:
         return False
-    if node.op in _PASS_THROUGH:
-        return _sequence_length(node.inputs[0], tokens)
     if node.op == "Shape" and node.inputs[0] is tokens:
         return int(node.attrs.get("start", 0)) == 1 and node.attrs.get("end") == 2
     if node.op == "Gather" and node.inputs[0].inputs and node.inputs[0].inputs[0].op == "Shape":

@@ -28,7 +28,7 @@ import onnx_graphsurgeon as gs
 from tensorsmith.core.mapped_graph import convert_values
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.half_float import BF16_FLOAT, BFLOAT16, FLOAT, FP16_FLOAT, HalfFloat, element_type
-from tensorsmith.passes.half_regions import KEEP_FP32, half_readers, half_regions
+from tensorsmith.passes.half_regions import KEEP_FP32, bodies_of, half_readers, half_regions
 
 logger = logging.getLogger(__name__)
 
@@ -130,10 +130,7 @@ def _subgraphs_in_half(graph: gs.Graph, half: HalfFloat, kept_ids: set[int]) -> 
     Nothing in them keeps fp32, unless their node does (a Scan's body: all of it); returns the constants
     converted."""
     converted: set[int] = set()  # a constant two branches read is converted once
-    branches = [value for node in graph.nodes if id(node) not in kept_ids
-                for value in node.attrs.values() if isinstance(value, gs.Graph)]  # fmt: skip
-    nested = [inner for branch in branches for inner in branch.subgraphs(recursive=True)]
-    for branch in [*branches, *nested]:
+    for branch in bodies_of([node for node in graph.nodes if id(node) not in kept_ids]):
         for inner in branch.nodes:
             for tensor in inner.inputs:
                 if isinstance(tensor, gs.Constant) and element_type(tensor) == FLOAT and id(tensor) not in converted:

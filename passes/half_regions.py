@@ -165,16 +165,20 @@ def half_regions(
     return HalfRegions(kept, stay_fp32, constants, constant_nodes, float_casts, variables, labels)
 
 
+def bodies_of(nodes: list[gs.Node]) -> list[gs.Graph]:
+    """The subgraphs of control-flow `nodes` (If branches, Scan and Loop bodies), nested ones included."""
+    bodies = [value for node in nodes for value in node.attrs.values() if isinstance(value, gs.Graph)]
+    return [*bodies, *(inner for body in bodies for inner in body.subgraphs(recursive=True))]
+
+
 def _own_body_constants(kept: list[gs.Node]) -> None:
     """Each float constant a kept op's body reads (a Scan's, which the exporter may share with the graph outside
     it) replaced there by its own copy: the body stays fp32 whatever the graph outside converts."""
-    for node in kept:
-        bodies = [value for value in node.attrs.values() if isinstance(value, gs.Graph)]
-        for body in [*bodies, *(inner for value in bodies for inner in value.subgraphs(recursive=True))]:
-            for inner in body.nodes:
-                for index, tensor in enumerate(inner.inputs):
-                    if isinstance(tensor, gs.Constant) and is_fp32(tensor):
-                        inner.inputs[index] = gs.Constant(f"{tensor.name}/{inner.name}/fp32", np.array(tensor.values))
+    for body in bodies_of(kept):
+        for inner in body.nodes:
+            for index, tensor in enumerate(inner.inputs):
+                if isinstance(tensor, gs.Constant) and is_fp32(tensor):
+                    inner.inputs[index] = gs.Constant(f"{tensor.name}/{inner.name}/fp32", np.array(tensor.values))
 
 
 def half_readers(tensor: gs.Tensor, kept_ids: set[int]) -> list[gs.Node]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
+from tensorsmith.compiler.frontend.architecture_checks import STATE_LAYER_KINDS
 from tensorsmith.compiler.frontend.layer_states import LayerStates, layer_states
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.precisions import FP16
@@ -50,8 +51,7 @@ class KVLayout:
     key_dim: int
     value_dim: int
     form: str = "per_head"  # GenerationRecord.cache_form
-    state_layers: tuple[int, ...] = ()  # layers with fixed-size `states` in place of keys and values
-    states: LayerStates | None = None
+    states: LayerStates | None = None  # layers with fixed-size states in place of keys and values
     layer_head_dims: Mapping[int, int] = field(default_factory=dict)  # layers of another width (Gemma 4's global)
 
     def last_dim(self, kind: str, layer: int | None = None) -> int:
@@ -60,7 +60,7 @@ class KVLayout:
         return self.key_dim if kind == "key" else self.value_dim
 
     def layer_tensors(self, layer: int) -> tuple[str, ...]:
-        return tuple(self.states.shapes) if self.states and layer in self.state_layers else ("key", "value")
+        return tuple(self.states.shapes) if self.states and layer in self.states.layers else ("key", "value")
 
     def dims(self, kind: str, layer: int | None = None) -> list[str | int]:
         """A past's dims: [batch, kv_heads, past, last dim], or a state's [batch, *its fixed shape]."""
@@ -84,17 +84,14 @@ def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
             key = int(config["qk_nope_head_dim"]) + int(config["qk_rope_head_dim"])
             return KVLayout(int(layers), int(heads), key, int(config["v_head_dim"]))
         return KVLayout(int(layers), 1, int(config["kv_lora_rank"]), int(config["qk_rope_head_dim"]), "latent")
-    states = layer_states(config)
-    kinds = config.get("layer_types") or []
-    state_layers = tuple(i for i, kind in enumerate(kinds) if states and kind == states.kind)
     kv_heads = config.get("num_key_value_heads") or heads
     # Falcon's and GPTBigCode's multi-query attention caches one key and value head; Falcon's new decoder
     # architecture (its num_kv_heads) broadcasts them to every head before the cache, which so holds them all.
     if config.get("multi_query") and not config.get("new_decoder_architecture"):
         kv_heads = 1
     head_dim = int(config.get("head_dim") or hidden // heads)
-    return KVLayout(int(layers), int(kv_heads), head_dim, head_dim, state_layers=state_layers if states else (),
-                    states=states if state_layers else None, layer_head_dims=_layer_head_dims(config))  # fmt: skip
+    return KVLayout(int(layers), int(kv_heads), head_dim, head_dim, states=layer_states(config),
+                    layer_head_dims=_layer_head_dims(config))  # fmt: skip
 
 
 def _layer_head_dims(config: dict[str, Any]) -> dict[int, int]:
@@ -125,8 +122,8 @@ def layer_windows(model: HuggingFaceModel) -> list[int | None]:
     layers = kv_layout(model.config).layers
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
-    if types:  # a linear-attention layer's states are fixed in size: static already (its window: None)
-        known = ("full_attention", "sliding_attention", "linear_attention", "conv")
+    if types:  # a stateful layer's states are fixed in size: static already (its window: None)
+        known = {"full_attention", "sliding_attention", *STATE_LAYER_KINDS.values()}
         unknown = sorted({kind for kind in types if kind not in known})
         if unknown:
             raise ValueError(f"config.json's layer_types has {unknown}: no static cache for these layers")
@@ -205,7 +202,7 @@ def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: 
         kv_cache_reason=reason,
         position_ids=positions,
         layer_head_dims=dict(layout.layer_head_dims),
-        state_layers=list(layout.state_layers),
+        state_layers=list(layout.states.layers) if layout.states else [],
         state_shapes={kind: list(shape) for kind, shape in layout.states.shapes.items()} if layout.states else {},
     )
 
@@ -232,15 +229,14 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
     rewrite_linear_attention(loaded)
     rewrite_short_convolution(loaded)
     rewrite_complex_rotary(loaded)  # Llama 4's (DeepSeek-V2's: with its latent attention)
-    config = loaded.config.to_dict()
-    states, kinds = layer_states(config), list(config.get("layer_types") or [])
+    states = layer_states(loaded.config.to_dict())
 
     def cache_layers(past: tuple[torch.Tensor, ...]) -> list[Any]:
         """The past tensors as transformers' cache layers: keys and values, or a stateful layer's states."""
         layers: list[Any] = []
         while past:
             index = len(layers)
-            if states is not None and index < len(kinds) and kinds[index] == states.kind:
+            if states is not None and index in states.layers:
                 layers.append(StateLayer(dict(zip(states.shapes, past, strict=False))))
                 past = past[len(states.shapes) :]
                 continue

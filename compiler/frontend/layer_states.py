@@ -14,9 +14,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class LayerStates:
-    """The layers of `kind` (config.json's layer_types) and each of their states' shape, batch excluded."""
+    """The stateful layers (config.json's layer_types say `kind` for them) and each of their states' shape, batch
+    excluded."""
 
     kind: str
+    layers: tuple[int, ...]
     shapes: dict[str, tuple[int, ...]]
 
 
@@ -27,8 +29,11 @@ def layer_states(config: dict[str, Any]) -> LayerStates | None:
         key_dim, value_dim = int(config["linear_key_head_dim"]), int(config["linear_value_head_dim"])
         conv_dim = 2 * key_heads * key_dim + value_heads * value_dim
         kernel = int(config.get("linear_conv_kernel_dim", 4))
-        return LayerStates("linear_attention", {"conv": (conv_dim, kernel - 1),
-                                                "recurrent": (value_heads, key_dim, value_dim)})  # fmt: skip
-    if config.get("conv_L_cache"):
-        return LayerStates("conv", {"conv": (int(config["hidden_size"]), int(config["conv_L_cache"]) - 1)})
-    return None
+        kind, shapes = "linear_attention", {"conv": (conv_dim, kernel - 1), "recurrent": (value_heads, key_dim,
+                                                                                          value_dim)}  # fmt: skip
+    elif config.get("conv_L_cache"):
+        kind, shapes = "conv", {"conv": (int(config["hidden_size"]), int(config["conv_L_cache"]) - 1)}
+    else:
+        return None
+    layers = tuple(index for index, each in enumerate(config.get("layer_types") or []) if each == kind)
+    return LayerStates(kind, layers, shapes) if layers else None

@@ -101,6 +101,18 @@ class StateLayer(LinearAttentionCacheLayerMixin):
         raise _not_rewritten()
 
 
+def layer_and_inputs(module: Any, cache: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
+                     ) -> tuple[StateLayer, torch.Tensor]:  # fmt: skip
+    """A stateful layer's states in the traced cache, and its inputs with the padding positions zeroed (as
+    transformers zeroes them: they leave the states as they are, zero before the prompt)."""
+    layer = cache.layers[module.layer_idx] if cache is not None else None
+    if not isinstance(layer, StateLayer):
+        raise ExportError(f"{type(module).__name__} {module.layer_idx} was given no state", hint="a tensorsmith export")
+    if attention_mask is not None:
+        hidden_states = hidden_states * attention_mask[:, :, None].to(hidden_states.dtype)
+    return layer, hidden_states
+
+
 def _not_rewritten() -> ExportError:
     return ExportError("a linear-attention layer's states were set through transformers' cache",
                        hint="its forward was not rewritten (compiler/frontend/linear_attention.py)")  # fmt: skip
@@ -129,11 +141,7 @@ def causal_convolution(conv: torch.nn.Conv1d, inputs: torch.Tensor, state: torch
 
 def _forward(self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
              ) -> torch.Tensor:  # fmt: skip
-    layer = cache.layers[self.layer_idx] if cache is not None else None
-    if not isinstance(layer, StateLayer):
-        raise ExportError(f"{type(self).__name__} {self.layer_idx} was given no state", hint="a tensorsmith export")
-    if attention_mask is not None:  # padding positions leave the states as they are (zero before the prompt)
-        hidden_states = hidden_states * attention_mask[:, :, None].to(hidden_states.dtype)
+    layer, hidden_states = layer_and_inputs(self, cache, hidden_states, attention_mask)
     batch, length, _ = hidden_states.shape
     mixed, z, b, a = _projections(self, hidden_states)
     convolved, layer.states["conv"] = causal_convolution(self.conv1d, mixed.transpose(1, 2), layer.states["conv"])

@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from tensorsmith.compiler.frontend.linear_attention import StateLayer, causal_convolution
-from tensorsmith.core.errors import ExportError
+from tensorsmith.compiler.frontend.linear_attention import causal_convolution, layer_and_inputs
 
 
 def is_short_convolution(module: torch.nn.Module) -> bool:
@@ -43,11 +42,7 @@ def rewrite_short_convolution(model: torch.nn.Module) -> int:
 
 def _forward(self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
              ) -> torch.Tensor:  # fmt: skip
-    layer = cache.layers[self.layer_idx] if cache is not None else None
-    if not isinstance(layer, StateLayer):
-        raise ExportError(f"{type(self).__name__} {self.layer_idx} was given no state", hint="a tensorsmith export")
-    if attention_mask is not None:  # padding positions leave the state as it is (zero before the prompt)
-        hidden_states = hidden_states * attention_mask[:, :, None].to(hidden_states.dtype)
+    layer, hidden_states = layer_and_inputs(self, cache, hidden_states, attention_mask)
     gate_in, gate_out, x = self.in_proj(hidden_states).transpose(-1, -2).chunk(3, dim=-2)
     convolved, layer.states["conv"] = causal_convolution(self.conv, gate_in * x, layer.states["conv"])
     return self.out_proj((gate_out * convolved).transpose(-1, -2).contiguous())
