@@ -10,7 +10,7 @@ EXTRAS := torch,cpu,rtx,hf,samples,ray,openvino,dev
 export NUMPY_MADVISE_HUGEPAGE := 0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tests/corpus.txt | cksum | cut -d' ' -f1)
 
-.PHONY: install samples demo test lint browser clean families
+.PHONY: install samples demo test slow lint browser clean families
 
 # --no-compile: Python byte-compiles the modules it imports, when it first does, instead of pip compiling every
 # file of torch, ray and openvino up front (a fresh install: 63 s -> 36 s)
@@ -48,7 +48,12 @@ browser:
 		(apt-get update -q && apt-get install -y -q chromium >/dev/null)
 
 test: samples lint browser
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 -m "not families"  # both cores, a file per worker
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 -m "not slow and not families"  # a file per core
+
+# The end-to-end tests of 12 s or more each (marked `slow`: whole decoders compiled, engines built, compiles killed
+# and resumed). They keep `make test` within its 10 minutes; CI runs them after it.
+slow: samples browser
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 -m "slow and not families"  # a file per core: fixtures of a file built once
 
 # The decoder family sweep (tests/families.py): a tiny checkpoint of each family compiled and checked against
 # transformers' tokens, one family per test spread over both cores. CI runs it after `make test`.

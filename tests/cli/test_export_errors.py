@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.cli.test_bad_inputs import FACTORY, directory_export_fails
 from tests.conftest import run_cli
 
@@ -34,6 +36,7 @@ def _compile_in_a_process(out: Path, *flags: str) -> subprocess.CompletedProcess
     return subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.slow
 def test_torch_error_lines_show_with_v_only(tmp_path: Path) -> None:
     quiet = _compile_in_a_process(tmp_path / "quiet")
     assert quiet.returncode == 1 and "error: could not export" in quiet.stderr, quiet.stderr

@@ -58,6 +58,7 @@ def gpt_neox(directory: Path) -> Path:
     return _save(transformers.GPTNeoXForCausalLM(config).eval(), directory, norms=True)
 
 
+@pytest.mark.slow
 def test_gpt_neox_for_a_gpu_prints_json_and_writes_a_valid_fp16_variant(tmp_path: Path) -> None:
     compiled, _ = compile_json(gpt_neox(tmp_path / "neox"), tmp_path / "out", "--target", "sm_86")
     (target,) = compiled["targets"]
@@ -78,6 +79,7 @@ def test_gpt_neox_for_a_gpu_prints_json_and_writes_a_valid_fp16_variant(tmp_path
     assert logits.shape == (1, 1, 256) and np.isfinite(logits).all()
 
 
+@pytest.mark.slow
 def test_qwen2_with_its_zero_biases_prints_json_for_the_cpu(tmp_path: Path) -> None:
     """Its q, k and v biases start as zeros, which the exporter stores once for every layer: folding attention's
     scale into each layer's q bias makes one copy per layer, each of its own name."""

@@ -116,6 +116,7 @@ def _variant_line(printed: str, name: str) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_int4_on_a_small_decoder_says_what_went_to_int4_and_why_the_rest_did_not(qwen2: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = run_cli("compile", qwen2 / "checkpoint", "-o", out, "--precision", "int4", "--int4-algorithm", "rtn",
@@ -144,6 +145,7 @@ def test_int4_on_a_small_decoder_says_what_went_to_int4_and_why_the_rest_did_not
     assert _variant_line(run_cli("inspect", out).stdout, "cpu-int4") == line
 
 
+@pytest.mark.slow
 def test_a_budget_no_quantized_layer_meets_says_the_variant_holds_none(qwen2: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     compiled = run_cli_json(

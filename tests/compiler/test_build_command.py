@@ -25,6 +25,7 @@ def test_build_adds_an_engine_with_the_compile_time_profile(artifact: Path) -> N
     assert (artifact / "engines" / "sm_86.engine").is_file()
 
 
+@pytest.mark.slow
 def test_concurrent_builds_for_different_targets_all_land(artifact: Path) -> None:
     processes = [
         subprocess.Popen(

@@ -72,6 +72,7 @@ def test_shard_files_merge_into_the_unsharded_compile(block: tuple[Path, Path, P
     assert {v.name: v.sha256 for v in merged.manifest.variants} == variants and "cpu-int8" in variants
 
 
+@pytest.mark.slow
 def test_ray_tasks_give_the_statistics_of_one_process(block: tuple[Path, Path, Path], tmp_path: Path) -> None:
     import ray
 

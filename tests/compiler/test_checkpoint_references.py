@@ -42,6 +42,7 @@ def _weights(path: Path) -> dict[str, np.ndarray]:
     return {tensor.name: onnx.numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True])
 def test_the_graph_refers_to_the_checkpoint_and_computes_what_its_weights_would(
     tmp_path: Path, tied: bool, monkeypatch: pytest.MonkeyPatch
@@ -83,6 +84,7 @@ def test_the_graph_refers_to_the_checkpoint_and_computes_what_its_weights_would(
         assert np.array_equal(written[name], values), name
 
 
+@pytest.mark.slow
 def test_a_nan_in_a_referred_weight_is_refused_naming_it(tmp_path: Path) -> None:
     """The weights kept in the checkpoint are still read once at the export, as they are checked for NaN."""
     checkpoint = _llama(tmp_path / "checkpoint")

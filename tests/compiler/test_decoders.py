@@ -137,6 +137,7 @@ def test_generate_gives_transformers_tokens(family: str, tmp_path: Path, caplog:
     assert max_relative_error(logits[:, -1:], prefill) <= 1e-4
 
 
+@pytest.mark.slow
 def test_sampling_is_reproducible_with_a_seed_and_streams(tmp_path: Path) -> None:
     save_checkpoint("llama", tmp_path / "checkpoint")
     compile(CompileConfig.create({"source": str(tmp_path / "checkpoint")}), tmp_path / "out")
@@ -159,6 +160,7 @@ def test_sampling_is_reproducible_with_a_seed_and_streams(tmp_path: Path) -> Non
     assert np.array_equal(np.stack(streamed, 1), first[:, 12:])
 
 
+@pytest.mark.slow
 def test_generation_lengths_shape_the_profiles_and_bound_requests(tmp_path: Path) -> None:
     from tests.conftest import run_cli
 
@@ -178,6 +180,7 @@ def test_generation_lengths_shape_the_profiles_and_bound_requests(tmp_path: Path
         assert model.generate(prompt, max_new_tokens=4, eos_token_id=[]).shape == (1, 64)
 
 
+@pytest.mark.slow
 def test_the_generate_command_prints_tokens_and_timings(tmp_path: Path) -> None:
     import json
 

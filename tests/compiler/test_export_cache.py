@@ -46,6 +46,7 @@ def _exported(manifest: dict) -> bool:
     return FROM_EXPORT_CACHE not in step
 
 
+@pytest.mark.slow
 def test_a_second_compile_of_the_same_bytes_skips_the_export(
     bert: Path, first: tuple[Path, dict], tmp_path: Path
 ) -> None:
@@ -72,6 +73,7 @@ def _program(path: Path, seed: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_other_bytes_or_export_settings_export_again(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     program = _program(tmp_path / "model.pt2", seed=0)
@@ -100,6 +102,7 @@ def test_a_damaged_entry_exports_again(tmp_path: Path) -> None:
     assert sha256_of(stored) == json.loads((stored.parent / ENTRY_INFO).read_text())["sha256"]  # stored anew
 
 
+@pytest.mark.slow
 def test_a_factory_is_keyed_by_its_module_code_and_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same module again hits; other weights, or another content of the file that defines the factory and its
     class, miss."""

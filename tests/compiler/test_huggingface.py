@@ -19,6 +19,7 @@ from tests.conftest import max_relative_error, run_cli
 SENTENCES = ["The with statement wraps a block in a context manager.", "Generators yield values lazily."]
 
 
+@pytest.mark.slow
 def test_the_minilm_directory_compiles_as_feature_extraction(tmp_path: Path) -> None:
     from transformers import BertModel
 
@@ -57,6 +58,7 @@ def _small_classifier(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_a_head_gives_its_logits_and_token_type_ids_default_to_zeros(tmp_path: Path) -> None:
     from transformers import BertForSequenceClassification
 

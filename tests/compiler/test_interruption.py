@@ -71,6 +71,7 @@ def assert_intact(out: Path, before: dict[str, bytes], reference: np.ndarray) ->
         np.testing.assert_array_equal(model.run({"x": np.ones((3, 8), np.float32)})["y"], reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_compile_killed_at_any_stage_leaves_the_previous_artifact(
     previous: tuple[Path, Path, dict[str, bytes], np.ndarray], stage: str
@@ -96,6 +97,7 @@ def wait_for_stage(process: subprocess.Popen[str], stage: str) -> float:
     raise AssertionError(f"the compile ended without logging '{stage}'")
 
 
+@pytest.mark.slow
 def test_kills_at_arbitrary_moments_never_lose_the_artifact(
     previous: tuple[Path, Path, dict[str, bytes], np.ndarray],
 ) -> None:
@@ -123,6 +125,7 @@ def test_kills_at_arbitrary_moments_never_lose_the_artifact(
     assert survived >= 3
 
 
+@pytest.mark.slow
 def test_two_compiles_into_one_out_one_wins_the_other_fails_clearly(
     previous: tuple[Path, Path, dict[str, bytes], np.ndarray],
 ) -> None:
@@ -162,6 +165,7 @@ def test_a_temporary_directory_still_being_written_is_not_removed(tmp_path: Path
     assert remove_stale_staging(out) == [dead]
 
 
+@pytest.mark.slow
 def test_compile_and_build_exclude_each_other_builds_share(
     previous: tuple[Path, Path, dict[str, bytes], np.ndarray],
 ) -> None:

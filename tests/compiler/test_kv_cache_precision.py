@@ -78,7 +78,6 @@ def test_the_fp8_cache_is_measured_by_perplexity(fp8_compile: tuple[Manifest, Pa
     assert abs(fp16["kv_fp8_perplexity"] / fp16["perplexity"] - 1) < 0.02, fp16
 
 
-@pytest.mark.slow
 def test_the_engine_graph_keeps_its_cache_in_fp8_and_tensorrt_refuses_it(fp8_compile: tuple[Manifest, Path]) -> None:
     manifest, out = fp8_compile
     fp16 = onnx.load(str(out / "variants" / "fp16.onnx"), load_external_data=False)

@@ -36,6 +36,7 @@ def _llama(directory: Path, layers: int, hidden: int = 64, intermediate: int = 1
     return directory
 
 
+@pytest.mark.slow
 def test_a_decoder_exports_and_verifies_without_loading_its_module(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -73,6 +74,7 @@ print(next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if 
 """
 
 
+@pytest.mark.slow
 def test_the_compile_s_peak_does_not_grow_with_the_layers(tmp_path: Path) -> None:
     """The bound for a whole INT4 compile (the export and its reference's run, verification, the variant written
     and measured, the cpu's choices, the generation graph), each in its own process: 12 layers peak less than one
@@ -196,6 +198,7 @@ def test_a_shard_missing_or_cut_short_is_named(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_weights_holding_nan_are_refused_naming_the_tensor(tmp_path: Path) -> None:
     """4 KB of 0xFF in a weight (2,048 bf16 NaNs) is refused as the tensor is read, naming it."""
     from safetensors import safe_open
@@ -228,6 +231,7 @@ def test_a_verification_whose_error_is_nan_fails() -> None:
         verify(config, ["logits"], [np.full((2, 3), np.nan, np.float32)], [np.full((2, 3), np.nan, np.float32)])
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_up_mid_compile_is_one_line_and_nothing_is_left(tmp_path: Path) -> None:
     """A write refused mid-compile (here a file size limit: EFBIG, as ENOSPC would be) names the file in one line,
     exits 1, and leaves neither the artifact nor its staging directory."""
@@ -250,6 +254,7 @@ def test_a_disk_that_fills_up_mid_compile_is_one_line_and_nothing_is_left(tmp_pa
     assert not out.exists() and list(out.parent.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_large_decoder_s_artifact_holds_what_its_targets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No target runs the fp32 reference: it is measured, recorded as not shipped, and left out (at 8B it is 32 GB,
     at 14B 59 GB). The runtime's fallback on a machine without the GPU is the cpu target's

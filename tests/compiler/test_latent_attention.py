@@ -33,6 +33,7 @@ def _cache_values_per_token(artifact: Path) -> int:
     return sum(int(shape[1]) * int(shape[3]) for shape in shapes.values())
 
 
+@pytest.mark.slow
 def test_the_latent_cache_generates_transformers_tokens_and_builds_engines(
     deepseek_v3: tuple[Path, torch.nn.Module], tmp_path: Path
 ) -> None:

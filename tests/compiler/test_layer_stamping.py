@@ -67,6 +67,7 @@ def _fused(directory: Path, out: Path, **options: Any) -> FusedGraph:
     return fused_graph(open_source(config), out, LogReporter())  # verifies against transformers (1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt"])  # llama: below; its kin (Phi3, Qwen2) alike
 def test_families_stamp_their_layers_and_match_transformers(family: str, tmp_path: Path) -> None:
     _model(family).save_pretrained(tmp_path / "checkpoint")
@@ -77,6 +78,7 @@ def test_families_stamp_their_layers_and_match_transformers(family: str, tmp_pat
     assert any(f".{LAYERS - 1}." in path for path in paths), "the last layer's nodes name its modules"
 
 
+@pytest.mark.slow
 def test_the_stamped_graph_is_the_whole_trace(tmp_path: Path) -> None:
     _model("llama").save_pretrained(tmp_path / "checkpoint")
     stamped = _fused(tmp_path / "checkpoint", tmp_path / "stamped")
@@ -97,6 +99,7 @@ def test_the_stamped_graph_is_the_whole_trace(tmp_path: Path) -> None:
     assert weights(stamped.model) == weights(traced.model) and len(weights(traced.model)) >= 7 * LAYERS
 
 
+@pytest.mark.slow
 def test_layers_that_differ_are_traced_whole(tmp_path: Path) -> None:
     _model("gemma2").save_pretrained(tmp_path / "checkpoint")
     fused = _fused(tmp_path / "checkpoint", tmp_path / "out")

@@ -45,6 +45,7 @@ def qwen3_5(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Mo
     return directory, save_family("qwen3_5_text", directory, linear_num_key_heads=4)
 
 
+@pytest.mark.slow
 def test_a_hybrid_caches_its_states_generates_transformers_tokens_and_builds_engines(
     qwen3_5: tuple[Path, torch.nn.Module], tmp_path: Path
 ) -> None:

@@ -177,6 +177,7 @@ def test_a_crash_inside_tensorrt_fails_that_target_not_the_compile(tmp_path: Pat
         assert model.backend == cpu_backend(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_can_compile_with_engines(tmp_path: Path) -> None:
     """Engine builds run in a child process that does not re-run the caller's script (multiprocessing's spawn
     would, and a script without `if __name__ == "__main__"` would then compile again, recursively)."""

@@ -38,6 +38,7 @@ def compile_auto(out: Path, calibration: Path, budget: str, *extra: str) -> tupl
     return result.exit_code, json.loads(result.stdout), result.stderr
 
 
+@pytest.mark.slow
 def test_auto_meets_the_budget_per_recipe_and_explains_each_layer(calibration: Path, tmp_path: Path) -> None:
     code, compiled, _ = compile_auto(tmp_path / "out", calibration, "cosine>=0.999")
     assert code == 0 and compiled["ok"]

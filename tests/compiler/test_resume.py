@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.compiler.test_decoder_quantization import TINYLM
 
 COMPILE = """
@@ -40,6 +42,7 @@ def _compile(out: Path, kill_at: int) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_compile_killed_in_awq_s_search_resumes_with_the_same_artifact(tmp_path: Path) -> None:
     whole = _compile(tmp_path / "whole", kill_at=0)
     assert whole.returncode == 0, whole.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tensorsmith.core.graph_segments import segments
@@ -114,6 +115,7 @@ def _peak(path: Path, mode: str) -> int:
     return int(done.stdout.split()[-1])
 
 
+@pytest.mark.slow
 def test_a_layerwise_run_s_peak_does_not_grow_with_the_layers(tmp_path: Path) -> None:
     """The bound itself, each run in its own process: 16 layers of 32 MB peak less than one layer + 48 MB above 4
     layers run the same way; held whole, the same graphs differ by their 384 MB of weights."""

@@ -107,6 +107,7 @@ def test_qdq_layout_and_accuracy(exported: onnx.ModelProto, precision: str) -> N
     assert mean_cosine(reference, actual) > 0.99
 
 
+@pytest.mark.slow
 def test_engines_build_for_the_architectures_that_run_them(opset20: onnx.ModelProto, tmp_path: Path) -> None:
     profile = Profile({"images": ((1, 3, 8, 8), (8, 3, 8, 8), (32, 3, 8, 8))})
     for precision, targets in (("int8", ["sm_80", "sm_86", "sm_89", "sm_120"]), ("fp8", ["sm_89", "sm_120"])):

@@ -215,7 +215,6 @@ def test_tinylm_generates_the_same_greedy_tokens_on_openvino(tinylm: Path) -> No
 
 
 @needs_openvino
-@pytest.mark.slow
 def test_load_runs_the_backend_the_manifest_records_and_falls_back_saying_why(
     tinylm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

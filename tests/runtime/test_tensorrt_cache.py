@@ -454,7 +454,6 @@ def test_generation_on_the_fake_device_gives_onnxruntimes_tokens(tinylm_cpu_arti
         assert session.graph.launches == 0  # TensorRT for RTX's own graphs
 
 
-@pytest.mark.slow
 def test_a_second_request_reuses_the_buffers_and_the_graph(tinylm_cpu_artifact: Path) -> None:
     prompt, mask = _prompts()
     gpu = FakeGpu(tinylm_cpu_artifact, explicit_graphs=True)
@@ -473,7 +472,6 @@ def test_a_second_request_reuses_the_buffers_and_the_graph(tinylm_cpu_artifact: 
     assert not gpu.cudart.device and not gpu.cudart.host
 
 
-@pytest.mark.slow
 def test_beam_search_reorders_the_cache_on_the_device(tinylm_cpu_artifact: Path) -> None:
     prompt, mask = _prompts()
     gpu = FakeGpu(tinylm_cpu_artifact, explicit_graphs=True)
@@ -483,7 +481,6 @@ def test_beam_search_reorders_the_cache_on_the_device(tinylm_cpu_artifact: Path)
     assert moved.to_device == moved.to_host == 0  # rows gathered on the device, no host round trip
 
 
-@pytest.mark.slow
 def test_a_call_to_run_in_between_rebinds_the_decode_context(tinylm_cpu_artifact: Path) -> None:
     gpu = FakeGpu(tinylm_cpu_artifact, explicit_graphs=True)
     prompt, mask = _prompts()
@@ -546,7 +543,6 @@ def test_the_gpu_table_renders_measured_and_skipped_rows() -> None:
     assert rows[0].share_of_bound == pytest.approx(0.2469) and rows[1].share_of_bound is None
 
 
-@pytest.mark.slow
 def test_the_gpu_tables_decode_loop_runs_on_the_host(tinylm_cpu_artifact: Path) -> None:
     """bench/gpu_decode.py's loop, on ONNX Runtime here: a row per batch and context, too long a context noted."""
     from bench.gpu_decode import decode_rows
