@@ -6,17 +6,18 @@ from pathlib import Path
 from typing import Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from tensorsmith.calibration.layers import Override
+from tensorsmith.compiler.declarations import DimRange, InputDecl, StrictModel
 from tensorsmith.compiler.settings import BuildConfig, GenerationConfig
 from tensorsmith.compiler.targets import TARGETS, Request, check_precision
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.grouped_int4 import declares_quantization
 from tensorsmith.core.layerwise import Layerwise
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.precisions import AUTO, FP32, INT4, Calibration, Family, precision, requestable
 
-DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]  # dtypes, not precisions
 SourceKind = Literal["factory", "exported_program", "onnx", "huggingface"]
 
 DEFAULT_OPSET = 20
@@ -38,50 +39,7 @@ class _HintedValueError(ValueError):
         self.hint = error.hint
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class InputDecl(_Strict):
-    """One model input. A dim given as a name (e.g. "batch", or any string an exporter wrote) is dynamic; so is
-    `-1`, `?` or an empty name, which becomes NAME_dimAXIS (e.g. `x_dim2`)."""
-
-    name: str = Field(description="the forward() argument / ONNX graph input name")
-    dtype: DType = Field(description="numpy dtype name")
-    dims: list[int | str] = Field(description="sizes; a name makes that axis dynamic")
-    value_range: tuple[float, float] | None = Field(
-        None, description="[low, high) of example values used for export and verification (e.g. token ids)"
-    )
-
-    @model_validator(mode="after")
-    def _dims_named(self) -> InputDecl:
-        for axis, dim in enumerate(self.dims):
-            if dim in (-1, "-1", "?") or (isinstance(dim, str) and not dim.strip()):
-                self.dims[axis] = f"{self.name}_dim{axis}"
-            elif isinstance(dim, int) and dim < 1:
-                raise ValueError(f"static dim {dim} of input '{self.name}' must be >= 1 (-1 makes it dynamic)")
-        return self
-
-    def describe(self) -> str:
-        return f"{self.name}:{self.dtype}:{','.join(str(d) for d in self.dims)}"
-
-
-class DimRange(_Strict):
-    """Sizes of one dynamic dim: `opt` is also the size used for export and verification."""
-
-    min: int = Field(1, ge=0, description="0 only for a dim that may be empty, like a decoder's past length")
-    opt: int | None = Field(None, ge=1)
-    max: int | None = Field(None, ge=1)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> DimRange:
-        sizes = [s for s in (self.min, self.opt, self.max) if s is not None]
-        if sizes != sorted(sizes):
-            raise ValueError(f"need min <= opt <= max, got min={self.min} opt={self.opt} max={self.max}")
-        return self
-
-
-class CompileConfig(_Strict):
+class CompileConfig(StrictModel):
     """What to compile and how. Relative paths are resolved against `base_dir` (the TOML file's folder)."""
 
     source: str = Field(
@@ -121,11 +79,10 @@ class CompileConfig(_Strict):
         "entropy", description="how activation thresholds are chosen (TensorRT's entropy by default)"
     )
     percentile: float = Field(99.99, gt=0, le=100, description="for --calibrator percentile")
-    int4_algorithm: Literal["awq", "rtn"] = Field(
-        "awq",
-        description="for precision int4: AWQ's activation-aware scales and clipping (needs calibration data), "
-        "or round-to-nearest",
-    )
+    int4_algorithm: Literal["awq", "rtn", "checkpoint"] = Field(
+        "awq", description="for precision int4: AWQ (needs calibration data), round-to-nearest, or the codes of a "
+        "pre-quantized checkpoint (its default)",
+    )  # fmt: skip
     int4_block_size: Literal[32, 64, 128] = Field(128, description="for precision int4: weights per scale, along K")
     calibration: Path | None = Field(None, description=".npz (inputs stacked on axis 0) or a folder of them")
     calibration_samples: int | None = Field(None, ge=1, description="use at most this many calibration samples")
@@ -187,7 +144,8 @@ class CompileConfig(_Strict):
         calibrated = record is None or record.calibration is Calibration.ACTIVATIONS
         if calibrated and self.calibration is None and self.calibration_stats is None:
             raise ValueError(f"precision {self.precision} needs calibration data: --calibration PATH")
-        if record is INT4 and self.int4_algorithm == "awq" and self.calibration is None:
+        awq = record is INT4 and self.int4_algorithm == "awq"  # a pre-quantized checkpoint's codes need no data
+        if awq and self.calibration is None and not declares_quantization(self.resolve(self.source)):
             raise ValueError(f"precision {self.precision} with awq needs calibration data: --calibration PATH (or "
                              "--int4-algorithm rtn); random inputs are never used in its place")  # fmt: skip
         weight_only = record is None or record.family is Family.WEIGHT_ONLY

@@ -19,6 +19,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.formats import absolute_max
+from tensorsmith.core.grouped_int4 import GroupedInt4
 from tensorsmith.core.mapped_graph import reads_rows
 from tensorsmith.core.precisions import INT4, INT8
 from tensorsmith.passes.base import PassReport
@@ -78,6 +79,7 @@ class Int4Weight:
     input_scale: np.ndarray | None  # AWQ's t [K], shared by every MatMul reading the same activation
     clip: np.ndarray | None  # [K/B, N]
     block: int | None = None  # its block where the pass's does not divide K (layer_block); None: the pass's
+    stored: GroupedInt4 | None = None  # a pre-quantized checkpoint's codes, taken as they are (nothing computed)
 
 
 def int4_constant(name: str, q: np.ndarray) -> gs.Constant:
@@ -104,10 +106,11 @@ class WeightOnlyInt4:
         nodes = {node.name: node for node in graph.nodes if node.name in self.weights}
         scaled = self._apply_input_scales(graph, nodes)
         quantized, weight_bytes, skipped = 0, 0, dict(self.floats)
+        indicators: dict[tuple[int, int], gs.Constant] = {}  # group sums' 0/1 matrices, one per (K/G, G)
         for name, node in nodes.items():
             weight = constant_value(node.inputs[1])
             plan = self.weights[name]
-            block = plan.block or self.block
+            block = plan.stored.group if plan.stored is not None else plan.block or self.block
             if weight is None or weight.ndim != 2 or weight.shape[0] % block:
                 skipped[name] = f"weight {None if weight is None else list(weight.shape)}: not [K, N], K % {block}"
                 continue
@@ -115,7 +118,12 @@ class WeightOnlyInt4:
             weight = np.asarray(weight, dtype=np.float32)  # mapped, read for this layer only
             if plan.input_scale is not None:
                 weight = weight * plan.input_scale[:, None]
-            if reads_rows(stored):  # codes made a block of rows at a time when written
+            if plan.stored is not None:
+                packed, scale = int4_constant(f"{name}/weight_int4", plan.stored.codes), plan.stored.scales
+                offsets = plan.stored.zero_offsets()
+                if offsets is not None:
+                    _subtract_zero_offsets(graph, node, block, offsets, indicators)
+            elif reads_rows(stored):  # codes made a block of rows at a time when written
                 scale = int4_scale(weight, block, plan.clip)
                 packed = gs.Constant(f"{name}/weight_int4", Int4Codes(stored, scale, block, plan.input_scale))
             else:
@@ -165,6 +173,29 @@ class WeightOnlyInt4:
             for node in readers:
                 node.inputs[0] = divided
         return len(groups)
+
+
+def _subtract_zero_offsets(graph: gs.Graph, node: gs.Node, block: int, offsets: np.ndarray,
+                           indicators: dict[tuple[int, int], gs.Constant]) -> None:  # fmt: skip
+    """An asymmetric checkpoint's y = x·((q - z)·s) as x·(q·s) - (x summed per group)·(z·s): TensorRT takes INT4
+    DequantizeLinear with zero points of 0 only ("Non-zero zero point is not supported", checked with tensorrt-rtx
+    1.7), so the codes stay symmetric and the zero points become one small product (K/G rows) per layer. The sum
+    per group is a product with a 0/1 matrix [K, K/G], rank-agnostic and shared by every layer of that K."""
+    groups = offsets.shape[0]
+    if (groups, block) not in indicators:
+        indicator = np.repeat(np.eye(groups, dtype=np.float32), block, axis=0)
+        indicators[groups, block] = gs.Constant(f"int4_group_sum_{groups * block}x{block}", indicator)
+    indicator = indicators[groups, block]
+    (output,) = node.outputs
+    raw = gs.Variable(f"{node.name}/before_zero_points", dtype=output.dtype, shape=output.shape)
+    node.outputs = [raw]
+    (sums,) = graph.layer(op="MatMul", name=f"{node.name}/GroupSum", inputs=[node.inputs[0], indicator],
+                          outputs=[f"{node.name}/group_sums"])  # fmt: skip
+    (correction,) = graph.layer(op="MatMul", name=f"{node.name}/ZeroPoints",
+                                inputs=[sums, gs.Constant(f"{node.name}/zero_offsets", offsets)],
+                                outputs=[f"{node.name}/zero_correction"])  # fmt: skip
+    sums.dtype = correction.dtype = np.float32
+    graph.layer(op="Sub", name=f"{node.name}/SubtractZeroPoints", inputs=[raw, correction], outputs=[output])
 
 
 def int8_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

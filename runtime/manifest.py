@@ -37,6 +37,9 @@ class SourceRecord(_Record):
     path: str = Field(description="factory 'pkg.module:function', or the file's path as given")
     sha256: str | None = Field(None, description="of the source file; of the checkpoint for a factory")
     checkpoint: str | None = None
+    weights: str | None = Field(
+        None, description="a checkpoint directory's weights as stored: 'bfloat16', or its quantized format"
+    )
     exporter: Literal["dynamo", "torchscript", "none"] = "none"
     fallback_reason: str | None = Field(None, description="why the dynamo exporter was not used, if it was not")
     traced_layers: int | None = Field(

@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("calibration",),  # its search quantizes graphs with the passes
     ("compiler.version",),
     ("compiler.targets",),  # the target table
+    ("compiler.declarations",),  # inputs and dims ranges
     ("compiler.settings",),  # [build] and [generation]
     ("compiler.config",),
     ("compiler.frontend",),  # stage: source → fused graph

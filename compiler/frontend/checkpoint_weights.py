@@ -68,6 +68,13 @@ class CheckpointWeights:
     def __contains__(self, name: object) -> bool:
         return name in self._files
 
+    def names(self) -> list[str]:
+        return list(self._files)
+
+    def dtype_code(self, name: str) -> str:
+        """safetensors' dtype code of a tensor ("BF16", "I32", …), from the header."""
+        return self._codes[name]
+
     def files(self) -> list[Path]:
         return sorted(set(self._files.values()))
 

@@ -27,6 +27,7 @@ from tensorsmith.compiler.frontend.export_cache import (
 )
 from tensorsmith.compiler.frontend.exported import ExportedModel
 from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
+from tensorsmith.compiler.frontend.quantized_checkpoint import stored_weights
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.verify import compare_outputs
 from tensorsmith.compiler.targets import get_target
@@ -216,6 +217,7 @@ def source_record(
         kind=config.source_kind,
         path=str(path),
         sha256=_directory_digest(path, files) if path.is_dir() else files[path.name] if files else sha256_of(path),
+        weights=stored_weights(path) if config.source_kind == "huggingface" else None,
         exporter=exported.exporter,
         fallback_reason=exported.fallback_reason,
         traced_layers=exported.traced_layers,

@@ -14,7 +14,7 @@ import inspect
 import json
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from tensorsmith.compiler.frontend.architecture_checks import check_architecture
 from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, check_safetensors_dtypes, check_shards
 from tensorsmith.compiler.frontend.checkpoint_weights import shard_owner
 from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module
+from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, read_quantized_checkpoint
 from tensorsmith.compiler.frontend.routed_experts import register_routed_experts
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line
@@ -50,6 +51,7 @@ class HuggingFaceModel:
     directory: Path
     architecture: str  # e.g. "BertModel", from config.json's `architectures`
     config: dict[str, Any]  # config.json
+    quantized: QuantizedCheckpoint | None = None  # a pre-quantized checkpoint's INT4 weights
 
     @property
     def output(self) -> str:
@@ -106,7 +108,7 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
         )
     check_shards(model.directory)
     _check_dtypes(model)
-    return model
+    return replace(model, quantized=read_quantized_checkpoint(path, config))
 
 
 def _with_standard_sizes(config: dict[str, Any]) -> dict[str, Any]:
@@ -139,11 +141,6 @@ def _check_dtypes(model: HuggingFaceModel) -> None:
         if declared is not None and declared not in CONFIG_DTYPES:
             raise ConfigError(f"{model.directory / CONFIG_FILE} gives {key} {declared!r}; {FLOAT_WEIGHTS}",
                               hint=SAVE_FLOAT)  # fmt: skip
-    quantization = model.config.get("quantization_config")
-    if quantization:
-        method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
-        raise ConfigError(f"{model.directory / CONFIG_FILE} describes a quantized checkpoint (quant_method "
-                          f"{method!r}); {FLOAT_WEIGHTS}", hint=SAVE_FLOAT)  # fmt: skip
     for path in model.weights():
         check_safetensors_dtypes(path)
 
@@ -212,6 +209,7 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
     """The checkpoint's tensors as safetensors slices that transformers reads one at a time, with pread: its own
     loader maps the files, and every mapped page it has read stays resident until the last tensor is loaded (at
     the Llama-3.2-1B shape, the 2.5 GB bf16 file on top of the 4.9 GB fp32 module)."""
+    import torch
     from safetensors import safe_open
 
     owner = shard_owner(model.directory)  # a sharded checkpoint's: which file holds each tensor
@@ -220,6 +218,11 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
         opened = safe_open(str(path), framework="pt", device="cpu", backend="pread")
         slices.update((name, opened.get_slice(name)) for name in opened.keys()  # noqa: SIM118 (not iterable)
                       if owner is None or owner.get(name) == path.name)  # fmt: skip
+    if model.quantized is not None:  # each INT4 weight as the float weight the format's dequantization gives
+        for module in model.quantized.modules:
+            for name in model.quantized.stored_names(module):
+                del slices[name]
+            slices[f"{module}.weight"] = torch.from_numpy(model.quantized.float_weight(module))
     return slices
 
 
@@ -243,8 +246,12 @@ def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "l
     try:
         try:
             config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
+            if model.quantized is not None:  # its weights arrive dequantized: no quantizer of transformers' to run
+                del config.quantization_config
             loaded = cls.from_pretrained(None, config=config, state_dict=_read_as_needed(model), **options)
         except Exception as err:  # an older safetensors (no pread) or transformers (no lazy slices): its own reader
+            if model.quantized is not None:
+                raise
             logger.info("transformers reads %s with its own loader (%s)", model.directory, first_line(err))
             loaded = cls.from_pretrained(str(model.directory), local_files_only=True, use_safetensors=True, **options)
     except Exception as err:  # transformers raises OSError, ValueError, RuntimeError for a broken directory

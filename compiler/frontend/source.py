@@ -9,9 +9,11 @@ from typing import get_args
 
 import onnx
 
-from tensorsmith.compiler.config import CompileConfig, DType, InputDecl
+from tensorsmith.compiler.config import CompileConfig, InputDecl
+from tensorsmith.compiler.declarations import DType
 from tensorsmith.compiler.frontend.dims import declare_dims
 from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, declare_model_inputs, read_model_directory
+from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_precision
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import io_records, load_onnx, value_dims, value_record
 from tensorsmith.core.precisions import AUTO, precision
@@ -36,6 +38,8 @@ def open_source(config: CompileConfig) -> Source:
     are exported later, by the export stage."""
     _check_source_path(config)
     directory = read_model_directory(config.resolve(config.source)) if config.source_kind == "huggingface" else None
+    if directory is not None and directory.quantized is not None:
+        config = checkpoint_precision(config, directory.quantized)
     decoder = directory is not None and directory.is_decoder  # exported at opset 23 unless the config says
     floor = 0 if config.precision == AUTO else precision(config.precision).min_opset  # the request's graph form
     if config.opset < floor and not decoder:  # (a lower one given explicitly is refused by the config)

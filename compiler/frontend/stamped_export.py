@@ -185,8 +185,9 @@ def _named_cause(err: BaseException) -> BaseException:
 
 def streams_weights(model: HuggingFaceModel, config: CompileConfig) -> bool:
     """Whether the export will read `model`'s weights from its checkpoint (no float32 module): a decoder whose
-    config.json says its layers are alike, as far as config.json tells (the trace may still refuse)."""
-    return model.is_decoder and _stamping_refusal(model, config) is None
+    config.json says its layers are alike, as far as config.json tells (the trace may still refuse). A
+    pre-quantized checkpoint is dequantized into a loaded module instead (its weights have other names)."""
+    return model.is_decoder and model.quantized is None and _stamping_refusal(model, config) is None
 
 
 def export_decoder_from_checkpoint(

@@ -30,6 +30,8 @@ NAMED = 3  # float layers named per reason; the rest counted
 def source_sentence(source: SourceRecord, compiled_opset: int | None = None) -> str:
     """e.g. 'an ONNX file at opset 17, compiled at opset 20'."""
     text = SOURCE_KINDS.get(source.kind, source.kind)
+    if source.weights:
+        text += f" ({source.weights} weights)"
     if source.exporter in EXPORTERS:
         text += f", exported by {EXPORTERS[source.exporter]}"
         if source.fallback_reason:

@@ -257,6 +257,8 @@ def int4_recipe_plan(
             reason = plan.skipped.get(name, "policy")
         elif requested is NVFP4:
             reason = "nvfp4: e2m1 in blocks of 16, fp8 block scales (Model Optimizer's form)"
+        elif plan.algorithm == "checkpoint":
+            reason = "the checkpoint's own codes, scales and zero points"
         elif plan.algorithm == "awq":
             reason = f"awq: α={plan.alphas[activation]:g}, sample error {plan.error_vs_rtn[activation]:.3f}× RTN's"
         else:

@@ -15,6 +15,7 @@ from tensorsmith.calibration import CalibrationData
 from tensorsmith.calibration.data import Feeds
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.fused import FusedGraph
+from tensorsmith.compiler.frontend.quantized_checkpoint import source_checkpoint
 from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, calibration_split, registered
 from tensorsmith.compiler.variants.cpu_choice import choose_accuracy_level
 from tensorsmith.compiler.variants.data import READ_BATCH, SplitData, concatenated
@@ -23,6 +24,7 @@ from tensorsmith.compiler.variants.language import text_evaluation
 from tensorsmith.compiler.variants.measure import Evaluation
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.rewrite import rewrite_file
+from tensorsmith.compiler.variants.stored_int4 import plan_stored
 from tensorsmith.compiler.variants.weight_mix import (
     build_mixed_variant,
     plan_weight_levels,
@@ -51,7 +53,11 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
     nvfp4 = plan.request == NVFP4.name
     algorithm, block = ("rtn", NVFP4.block) if nvfp4 else (config.int4_algorithm, config.int4_block_size)
     awq_data = split.calibration if split is not None and algorithm == "awq" else None
-    int4_plan = plan_int4(model, algorithm, block, awq_data, reporter, job.records)
+    stored = source_checkpoint(config) if algorithm == "checkpoint" else None
+    if stored is not None:
+        int4_plan = plan_stored(model, stored)
+    else:
+        int4_plan = plan_int4(model, algorithm, block, awq_data, reporter, job.records)
     data = split.calibration if split is not None else None
     levels = plan_weight_levels(model, int4_plan, config, data, list(plan.by_target), directory, reporter)
     budget = config.accuracy_budget()  # `auto`: each weight layer's precision against it
@@ -68,7 +74,7 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
             chosen = dict.fromkeys(int4_plan.weights, recipe.quantized.name)
             assignment = recipe_levels(recipe, chosen | {n: lv for n, (lv, _) in levels.pinned.items()})
             record, passes = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
-                                                scales=levels.scales)  # fmt: skip
+                                                tables=stored is None, scales=levels.scales)  # fmt: skip
             pinned = {n: (assignment[n], reason) for n, (_, reason) in levels.pinned.items()}
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
         else:

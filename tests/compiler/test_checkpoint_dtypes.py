@@ -78,7 +78,6 @@ def test_a_half_checkpoint_generates_transformers_float32_tokens(family: str, dt
     assert_greedy_tokens_match(reference, tmp_path / "out", NEW_TOKENS)
 
 
-@pytest.mark.slow
 def test_a_bfloat16_encoder_matches_transformers_in_float32(tmp_path: Path) -> None:
     from transformers import BertConfig
 
@@ -156,7 +155,7 @@ def _factory_checkpoint_int8(tmp: Path) -> tuple[list[str], str]:
         (_weight_as(torch.float8_e4m3fn), "float8_e4m3fn"),
         (_config_with(dtype="float8"), "dtype 'float8'"),
         (_config_with(torch_dtype="int4"), "torch_dtype 'int4'"),  # dtypes, not precisions
-        (_config_with(quantization_config={"quant_method": "fp8"}), "quant_method 'fp8'"),
+        (_config_with(quantization_config={"quant_method": "fp8"}), "quant_method is 'fp8'"),
         (_factory_checkpoint_int8, "0.weight as int8"),  # dtypes, not precisions
     ],
     ids=["int8 weight", "float8 weight", "config dtype", "config torch_dtype", "quantization_config", "factory"],
