@@ -48,7 +48,11 @@ def awq_layout(weight: np.ndarray) -> dict[str, np.ndarray]:
     scales = np.maximum((high - low) / 15, 1e-8).astype(np.float16)
     zeros = np.clip(np.round(-low / scales.astype(np.float32)), 0, 15).astype(np.int32)
     codes = np.clip(np.round(groups / scales.astype(np.float32)[:, None] + zeros[:, None]), 0, 15).astype(np.int32)
-    return {"qweight": _pack(codes.reshape(columns.shape)), "qzeros": _pack(zeros), "scales": scales}
+    return {
+        "qweight": _pack(codes.reshape(columns.shape)),
+        "qzeros": _pack(zeros),
+        "scales": np.ascontiguousarray(scales),
+    }
 
 
 def make_awq_checkpoint(source: Path, directory: Path) -> Path:
