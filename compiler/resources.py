@@ -24,7 +24,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
+from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_weights
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.plan import VariantPlan
 from tensorsmith.core.errors import ConfigError
@@ -91,7 +91,7 @@ def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool, stream
     """What compiling the checkpoint in `directory` into `out` by `plan` holds at its peak, and writes. `search`:
     a decoder's `auto`, whose weight search holds every level of a layer at once; `streamed`: the export reads the
     weights from the checkpoint (a stamped decoder), else it loads the float32 module whole beside the rest."""
-    weights = CheckpointWeights(directory)
+    weights = checkpoint_weights(directory)  # a pre-quantized checkpoint's INT4 weights counted as float weights
     parameters = weights.float_parameters()
     fp32 = 4 * parameters
     recipes = plan.recipes()

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ml_dtypes
 import numpy as np
@@ -26,6 +26,10 @@ from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.grouped_int4 import GroupedInt4, awq_int4, compressed_tensors_int4, gptq_int4
 from tensorsmith.core.precisions import INT4
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ class Layout:
     scales: str  # the group scales' tensor, stored beside it
     optional: tuple[str, ...]  # tensors that may be stored beside it (zero points, shapes, g_idx)
     features: tuple[int, int]  # (axis, codes per element) of the marker along the input features K
+    columns: tuple[int, int]  # the same along the output features N
     groups_axis: int  # the scales' axis of the groups along K
     read: Callable[[CheckpointWeights, str], GroupedInt4]  # (weights, module) → its INT4 weight
 
@@ -65,10 +70,54 @@ class QuantizedCheckpoint:
         names = (self.layout.marker, self.layout.scales, *self.layout.optional)
         return [f"{module}.{name}" for name in names if f"{module}.{name}" in self.weights]
 
+    def weight_shape(self, module: str) -> tuple[int, int]:
+        """`module.weight`'s [N, K], from the packed tensor's header."""
+        packed = self.weights.shape(f"{module}.{self.layout.marker}")
+        (rows, per_row), (columns, per_column) = self.layout.features, self.layout.columns
+        return packed[columns] * per_column, packed[rows] * per_row
+
     def float_weight(self, module: str) -> np.ndarray:
         """`module.weight` [N, K] float32 as the format dequantizes it, rounded through its scales' type."""
         rounding = ROUNDING.get(self.weights.dtype_code(f"{module}.{self.layout.scales}"), np.float32)
         return np.ascontiguousarray(self.weight(module).dequantized(rounding).T)
+
+
+class DequantizedWeights(CheckpointWeights):
+    """A pre-quantized checkpoint's tensors as the export reads a float checkpoint's: each INT4 Linear's `weight`
+    [N, K] is there too, dequantized when read (never a reference to stored bytes), so that the export streams
+    it a tensor at a time (checkpoint_weights.py) and the estimate counts it."""
+
+    def __init__(self, quantized: QuantizedCheckpoint) -> None:
+        super().__init__(quantized.weights.directory)
+        self.quantized = quantized
+        self._virtual = {f"{module}.weight": module for module in quantized.modules}
+        for name, module in self._virtual.items():
+            scales = f"{module}.{quantized.layout.scales}"
+            self._files[name], self._codes[name] = self._files[scales], self._codes[scales]
+            self._shapes[name] = quantized.weight_shape(module)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        if name not in self._virtual:
+            return super().tensor(name)
+        import torch
+
+        self.on_read()
+        weight = self.quantized.float_weight(self._virtual[name])
+        if not np.isfinite(weight.sum()):  # a NaN or an infinity in the scales: named as a float weight's would be
+            self._refuse_nonfinite(
+                f"{self._virtual[name]}.{self.quantized.layout.scales}", int((~np.isfinite(weight)).sum())
+            )
+        return torch.from_numpy(weight)
+
+    def lazy(self, name: str, graph_name: str, referable: bool = False) -> ir.TensorProtocol:
+        return super().lazy(name, graph_name, referable and name not in self._virtual)
+
+
+def checkpoint_weights(directory: Path) -> CheckpointWeights:
+    """The directory's tensors by name, a pre-quantized checkpoint's INT4 weights among them as float weights."""
+    config = json.loads((directory / "config.json").read_text())
+    quantized = read_quantized_checkpoint(directory, config) if config.get(FIELD) else None
+    return CheckpointWeights(directory) if quantized is None else DequantizedWeights(quantized)
 
 
 def _awq(weights: CheckpointWeights, module: str) -> GroupedInt4:
@@ -121,7 +170,7 @@ def _layout(where: str, method: str, settings: Mapping[str, Any]) -> tuple[Layou
         if version != "gemm":
             raise ConfigError(f"{where}.version is {version!r}: tensorsmith takes AWQ's gemm packing", hint=HINT)
         _four_bits(where, settings.get("bits", settings.get("w_bit")))
-        layout = Layout("qweight", "scales", ("qzeros",), (0, 1), 0, _awq)
+        layout = Layout("qweight", "scales", ("qzeros",), (0, 1), (1, 8), 0, _awq)
         return layout, f"awq gemm int4, group {_group(where, settings)}"
     if method == "gptq":
         _four_bits(where, settings.get("bits"))
@@ -130,7 +179,7 @@ def _layout(where: str, method: str, settings: Mapping[str, Any]) -> tuple[Layou
             raise ConfigError(f"{where}.checkpoint_format is {checkpoint_format!r}: tensorsmith takes gptq and "
                               "gptq_v2", hint=HINT)  # fmt: skip
         reader = _gptq(stored_minus_one=checkpoint_format == "gptq")
-        layout = Layout("qweight", "scales", ("qzeros", "g_idx"), (0, 8), 0, reader)
+        layout = Layout("qweight", "scales", ("qzeros", "g_idx"), (0, 8), (1, 1), 0, reader)
         return layout, f"gptq int4, group {_group(where, settings)}"
     if method == "compressed-tensors":
         for name, group in dict(settings.get("config_groups") or {}).items():
@@ -141,7 +190,8 @@ def _layout(where: str, method: str, settings: Mapping[str, Any]) -> tuple[Layou
                                   f"{'quantized' if group.get('input_activations') else 'none'}: tensorsmith takes "
                                   "pack-quantized int weights (W4A16)", hint=HINT)  # fmt: skip
             _four_bits(scheme + ".weights", weights.get("num_bits"))
-        layout = Layout("weight_packed", "weight_scale", ("weight_zero_point", "weight_shape"), (1, 8), 1, _compressed)
+        layout = Layout("weight_packed", "weight_scale", ("weight_zero_point", "weight_shape"), (1, 8), (0, 1), 1,
+                        _compressed)  # fmt: skip
         return layout, "compressed-tensors pack-quantized int4"
     raise ConfigError(f"{where}.quant_method is {method!r}", hint=HINT)
 

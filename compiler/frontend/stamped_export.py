@@ -37,6 +37,7 @@ from tensorsmith.compiler.frontend.layer_stamping import (
     truncated,
     weights_as_inputs,
 )
+from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_weights
 from tensorsmith.core.checkpoint_references import can_link
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.importing import first_line
@@ -60,6 +61,8 @@ def build_empty_decoder(model: HuggingFaceModel, weights: CheckpointWeights, mla
     cls = model_class(model)
     try:
         config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
+        if model.quantized is not None:  # its weights are read dequantized (quantized_checkpoint.DequantizedWeights)
+            del config.quantization_config
         with parameters_on_meta():
             loaded = cls._from_config(config, dtype=torch.float32, attn_implementation="eager",
                                       **experts_option())  # fmt: skip
@@ -185,9 +188,8 @@ def _named_cause(err: BaseException) -> BaseException:
 
 def streams_weights(model: HuggingFaceModel, config: CompileConfig) -> bool:
     """Whether the export will read `model`'s weights from its checkpoint (no float32 module): a decoder whose
-    config.json says its layers are alike, as far as config.json tells (the trace may still refuse). A
-    pre-quantized checkpoint is dequantized into a loaded module instead (its weights have other names)."""
-    return model.is_decoder and model.quantized is None and _stamping_refusal(model, config) is None
+    config.json says its layers are alike, as far as config.json tells (the trace may still refuse)."""
+    return model.is_decoder and _stamping_refusal(model, config) is None
 
 
 def export_decoder_from_checkpoint(
@@ -201,7 +203,7 @@ def export_decoder_from_checkpoint(
     the graph read from the checkpoint as it is written, and a reference that reads one module's weights at a
     time (checkpoint_weights.py); each shown as a counted task. None where the layers cannot be stamped or the
     module's tensors have other names in the checkpoint: the module is then loaded whole."""
-    weights = CheckpointWeights(model.directory)
+    weights = checkpoint_weights(model.directory)
     try:
         module, names = build_empty_decoder(model, weights, config.mla_cache)
     except ExportError as err:

@@ -28,11 +28,11 @@ GROUP = 32
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def tiny_llama(dtype: torch.dtype = torch.bfloat16) -> Any:
+def tiny_llama(dtype: torch.dtype = torch.bfloat16, layers: int = 2) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**COMMON, **DECODER)).to(dtype).eval()
+    return LlamaForCausalLM(LlamaConfig(**COMMON, **{**DECODER, "num_hidden_layers": layers})).to(dtype).eval()
 
 
 def compressed_tensors_checkpoint(directory: Path, symmetric: bool) -> None:
@@ -83,9 +83,9 @@ def _pack(codes: np.ndarray, order: tuple[int, ...] = tuple(range(8))) -> np.nda
     return np.ascontiguousarray(words).view(np.int32)
 
 
-def packed_checkpoint(directory: Path, method: str) -> dict[str, np.ndarray]:
+def packed_checkpoint(directory: Path, method: str, layers: int = 2) -> dict[str, np.ndarray]:
     """AutoAWQ's GEMM or GPTQ's original layout of a tiny Llama's Linears; the codes [K, N] by module."""
-    model = tiny_llama(torch.float16)
+    model = tiny_llama(torch.float16, layers)
     model.save_pretrained(directory)
     tensors, stored = load_file(directory / "model.safetensors"), {}
     for name in [name for name in tensors if name.rsplit(".", 2)[-2] in LINEARS]:
@@ -116,7 +116,7 @@ def read(directory: Path) -> QuantizedCheckpoint:
 def dequantized_reference(directory: Path) -> Any:
     """transformers' module of the checkpoint with each INT4 weight dequantized by the format's definition."""
     quantized = read(directory)
-    model = tiny_llama(torch.float32)
+    model = tiny_llama(torch.float32, json.loads((directory / "config.json").read_text())["num_hidden_layers"])
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             module = name.removesuffix(".weight")
@@ -137,7 +137,7 @@ def variant_codes(artifact: Path, variant: str) -> dict[str, np.ndarray]:
 
 def _assert_codes_are_the_checkpoint_s(artifact: Path, variant: str, stored: dict[str, np.ndarray]) -> None:
     codes = variant_codes(artifact, variant)
-    assert len(codes) == len(stored) == 2 * len(LINEARS)
+    assert len(codes) == len(stored)
     plan = json.loads((artifact / "precision.json").read_text())
     modules = {layer["name"]: layer["module"] for layer in plan["recipes"][variant]["layers"]}
     for node, value in codes.items():
@@ -206,6 +206,18 @@ def test_awq_and_gptq_checkpoints_compile_to_their_own_codes(method: str, tmp_pa
     assert_greedy_tokens_match(dequantized_reference(tmp_path / "checkpoint"), tmp_path / "out")
 
 
+@pytest.mark.slow
+def test_a_deeper_checkpoint_streams_its_dequantized_weights_into_the_stamped_export(tmp_path: Path) -> None:
+    """Four layers: the export traces two and stamps the rest, each INT4 weight read dequantized when the graph
+    is written (quantized_checkpoint.DequantizedWeights), never a float32 module of the whole checkpoint."""
+    stored = packed_checkpoint(tmp_path / "checkpoint", "awq", layers=4)
+    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu"]})
+    manifest = compile(config, tmp_path / "out").manifest
+    assert manifest.source.traced_layers == 2 and len(stored) == 4 * len(LINEARS)
+    _assert_codes_are_the_checkpoint_s(tmp_path / "out", "cpu-int4", stored)
+    assert_greedy_tokens_match(dequantized_reference(tmp_path / "checkpoint"), tmp_path / "out")
+
+
 def _without(tensor: str) -> Callable[[Path], None]:
     def damage(directory: Path) -> None:
         tensors = load_file(directory / "model.safetensors")
@@ -250,3 +262,17 @@ def test_a_bad_layout_is_one_line_before_the_export(method: str, damage: Callabl
     assert len(result.stderr.strip().splitlines()) <= 2 and not (tmp_path / "out").exists()
     with pytest.raises(ConfigError, match=named.split(" ")[0]):
         read(tmp_path / "checkpoint")
+
+
+def test_the_benchmark_s_awq_checkpoints_read_back_within_one_step() -> None:
+    """bench/prequantized.py writes AutoAWQ's layout at real shapes: read back, each weight is within one step of
+    its group (its scale) of the weight it came from (half a step inside the range; a group's top may clip)."""
+    from bench.prequantized import GROUP as BENCH_GROUP
+    from bench.prequantized import awq_layout
+    from tensorsmith.core.grouped_int4 import awq_int4
+
+    weight = np.random.default_rng(0).standard_normal((96, 256)).astype(np.float32)  # [N, K]
+    stored = awq_int4(**awq_layout(weight))
+    assert stored.group == BENCH_GROUP and stored.codes.shape == (256, 96)
+    steps = np.repeat(stored.scales, BENCH_GROUP, axis=0)
+    assert np.all(np.abs(stored.dequantized() - weight.T) <= steps + 1e-6)
