@@ -113,6 +113,9 @@ def measure(shape: str) -> dict[str, Any]:
                     manifest = json.loads((out / "manifest.json").read_text())
                     figures["accuracy"] = {variant["name"]: variant["accuracy"] for variant in manifest["variants"]}
                     figures["source_weights"] = manifest["source"].get("weights")
+                    plan = json.loads((out / "precision.json").read_text())  # MatMulNBits' accuracy level, and why
+                    figures["cpu"] = {name: (recipe.get("cpu") or {}).get("reason") for name, recipe in
+                                      plan["recipes"].items()}  # fmt: skip
                 log = work / f"{out.name}-decode.json"
                 run = _process([sys.executable, "-m", "bench.scale", "--decode", kind, str(out), str(log),
                                 str(PROMPT_TOKENS)], work / f"{out.name}-decode.log")  # fmt: skip
