@@ -144,8 +144,9 @@ class CompileConfig(StrictModel):
         calibrated = record is None or record.calibration is Calibration.ACTIVATIONS
         if calibrated and self.calibration is None and self.calibration_stats is None:
             raise ValueError(f"precision {self.precision} needs calibration data: --calibration PATH")
-        awq = record is INT4 and self.int4_algorithm == "awq"  # a pre-quantized checkpoint's codes need no data
-        if awq and self.calibration is None and not declares_quantization(self.resolve(self.source)):
+        awq = record is INT4 and self.int4_algorithm == "awq"  # by default a pre-quantized checkpoint's own codes
+        stored = "int4_algorithm" not in self.model_fields_set and declares_quantization(self.resolve(self.source))
+        if awq and self.calibration is None and not stored:
             raise ValueError(f"precision {self.precision} with awq needs calibration data: --calibration PATH (or "
                              "--int4-algorithm rtn); random inputs are never used in its place")  # fmt: skip
         weight_only = record is None or record.family is Family.WEIGHT_ONLY

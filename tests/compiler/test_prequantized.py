@@ -276,3 +276,11 @@ def test_the_benchmark_s_awq_checkpoints_read_back_within_one_step() -> None:
     assert stored.group == BENCH_GROUP and stored.codes.shape == (256, 96)
     steps = np.repeat(stored.scales, BENCH_GROUP, axis=0)
     assert np.all(np.abs(stored.dequantized() - weight.T) <= steps + 1e-6)
+
+
+def test_requantizing_a_checkpoint_with_awq_still_asks_for_calibration_data(tmp_path: Path) -> None:
+    packed_checkpoint(tmp_path, "awq")
+    defaults = CompileConfig.create({"source": str(tmp_path), "precision": "int4"})  # the checkpoint's codes
+    assert defaults.int4_algorithm == "awq"  # until the source is opened: checkpoint_precision sets "checkpoint"
+    with pytest.raises(ConfigError, match="with awq needs calibration data"):
+        CompileConfig.create({"source": str(tmp_path), "precision": "int4", "int4_algorithm": "awq"})
