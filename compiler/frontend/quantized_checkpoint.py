@@ -5,7 +5,7 @@ Taken: AutoAWQ's GEMM (`quant_method: awq`), GPTQ with its rows in order (`quant
 format and `gptq_v2`) and compressed-tensors' `pack-quantized` INT4 weights (W4A16, symmetric or not). The export
 reads each quantized weight dequantized as the format's own code computes it (in its scales' type), so the float
 graph and its reference are the checkpoint as transformers runs it; `--precision int4` then takes the stored codes,
-scales and zero points as they are (compiler/variants/int4.py), nothing requantized. Every layout is checked from
+scales and zero points as they are (compiler/variants/stored_int4.py), nothing requantized. Every layout is checked from
 the headers and config.json before the export, an error naming the field or the tensor.
 """
 
@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 FIELD = "quantization_config"
 TAKEN = "awq (gemm), gptq (rows in order), compressed-tensors pack-quantized int4"
 HINT = f"tensorsmith takes {TAKEN}; or give the unquantized bf16/fp16 checkpoint and --precision"
-ROUNDING = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}  # the scales' type: the dequantized
+# a dequantized weight is rounded to its scales' type, as the formats' own code computes it
+ROUNDING = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class QuantizedCheckpoint:
     """The INT4 Linears of a pre-quantized checkpoint, by module name, read on demand."""
 
     method: str  # config.json's quant_method
-    described: str  # for the summary and the manifest: e.g. "awq gemm int4, group 128, zero points"
+    described: str  # for the summary and the manifest: e.g. "awq gemm int4, group 128"
     modules: tuple[str, ...]
     layout: Layout
     weights: CheckpointWeights
