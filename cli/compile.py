@@ -58,11 +58,7 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
 )
 @click.option("--calibrator", type=click.Choice(["entropy", "percentile", "minmax"]), help="Default: entropy.")
 @click.option("--percentile", type=float, help="For --calibrator percentile (default 99.99).")
-@click.option(
-    "--int4-algorithm",
-    type=click.Choice(["awq", "rtn", "checkpoint"]),
-    help="For --precision int4 (default awq; a pre-quantized checkpoint's own codes for one).",
-)
+@click.option("--int4-algorithm", type=click.Choice(["awq", "rtn", "checkpoint"]), help="For int4 (default: awq).")
 @click.option("--int4-block-size", type=click.Choice(["32", "64", "128"]), help="For --precision int4 (default 128).")
 @click.option(
     "--calibration",
