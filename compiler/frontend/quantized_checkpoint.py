@@ -77,10 +77,13 @@ class QuantizedCheckpoint:
         (rows, per_row), (columns, per_column) = self.layout.features, self.layout.columns
         return packed[columns] * per_column, packed[rows] * per_row
 
+    def rounding(self, module: str) -> type:
+        """The type `module`'s dequantized weight is rounded through: its scales' (the format's own arithmetic)."""
+        return ROUNDING.get(self.weights.dtype_code(f"{module}.{self.layout.scales}"), np.float32)
+
     def float_weight(self, module: str) -> np.ndarray:
         """`module.weight` [N, K] float32 as the format dequantizes it, rounded through its scales' type."""
-        rounding = ROUNDING.get(self.weights.dtype_code(f"{module}.{self.layout.scales}"), np.float32)
-        return np.ascontiguousarray(self.weight(module).dequantized(rounding).T)
+        return np.ascontiguousarray(self.weight(module).dequantized(self.rounding(module)).T)
 
 
 class DequantizedWeights(CheckpointWeights):

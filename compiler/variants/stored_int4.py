@@ -38,7 +38,7 @@ def _with_folded_factor(checkpoint: QuantizedCheckpoint, module: str, graph_weig
     into the query projection: passes/attention.py): the codes stay the checkpoint's. Anything else than one
     factor is refused: the graph would no longer compute the checkpoint's weight."""
     stored = checkpoint.weight(module)
-    weight = checkpoint.float_weight(module).T  # as the export read it
+    weight = stored.dequantized(checkpoint.rounding(module))  # as the export read it, unpacked once
     factor = float(np.vdot(graph_weight, weight) / max(float(np.vdot(weight, weight)), 1e-30))
     if np.abs(graph_weight - factor * weight).max() > 1e-5 * max(float(np.abs(graph_weight).max()), 1e-30):
         raise ExportError(f"{checkpoint.weights.directory}: the graph passes changed {module}'s weight beyond one "
