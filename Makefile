@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU wheel of torch. Unpinned, pip would pull a CUDA build of several GB.
 TORCH := torch==2.13.0
-EXTRAS := torch,cpu,rtx,hf,samples,ray,openvino,dev
+EXTRAS := torch,cpu,rtx,hf,samples,ray,openvino,serve,dev
 # numpy's huge-page advice stalls large first touches in the kernel's compaction here (cli/__init__.py): off for
 # every command below, the tests' workers included
 export NUMPY_MADVISE_HUGEPAGE := 0
@@ -40,7 +40,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	PYTHON=$(BIN)/python bash scripts/tensorrt-stubs.sh   # the builder is checked against tensorrt-stubs
-	MYPYPATH=.typings $(BIN)/mypy core compiler passes calibration runtime cli samples
+	MYPYPATH=.typings $(BIN)/mypy core compiler passes calibration runtime serve cli samples
 
 # The report tests render report.html in headless Chromium (Debian's package; nothing downloaded by a test tool).
 browser:

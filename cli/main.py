@@ -17,6 +17,7 @@ from tensorsmith.cli.calibrate import calibrate_command
 from tensorsmith.cli.compile import build_command, compile_command, merge_command
 from tensorsmith.cli.generate import generate_command
 from tensorsmith.cli.output import emit_json, handle_errors, setup_logging, stdout
+from tensorsmith.cli.serve import serve_command
 from tensorsmith.runtime.errors import TensorsmithError
 
 
@@ -33,6 +34,7 @@ main.add_command(build_command)
 main.add_command(merge_command)
 main.add_command(calibrate_command)
 main.add_command(generate_command)
+main.add_command(serve_command)
 
 
 @main.command("run")

@@ -9,6 +9,7 @@ from types import TracebackType
 import numpy as np
 
 from tensorsmith.runtime.kv_cache import CacheSession, CacheShape, DynamicCacheSession, StaticCacheSession, present_of
+from tensorsmith.runtime.slots import SlotCache
 from tensorsmith.runtime.specs import Limits, TensorSpec, check_feeds, with_default_token_types
 
 
@@ -65,6 +66,12 @@ class Backend(abc.ABC):
         # the presents at their longest too: a dynamic cache's present is a new tensor each step
         self.reserve({**shape.reserved_bytes, **{present_of(name): shape.tensor_bytes(name) for name in shape.pasts}})
         return DynamicCacheSession(run, shape)
+
+    def open_slots(self, shape: CacheShape) -> SlotCache:
+        """The cache slots of a continuous-batching engine (runtime/slots.py): host arrays fed to `run`, the
+        presents copied back. Backends that write in place override this."""
+        self.reserve(shape.reserved_bytes)
+        return SlotCache(self.run_checked_once(), shape)
 
     @abc.abstractmethod
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...

@@ -6,17 +6,20 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.device import Device, detect_device
-from tensorsmith.runtime.errors import ArtifactError, RuntimeLoadError
+from tensorsmith.runtime.errors import ArtifactError, InputError, RuntimeLoadError
 from tensorsmith.runtime.kv_cache import CacheSession
 from tensorsmith.runtime.manifest import EngineRecord, Manifest, VariantRecord, read_manifest, verified_file
 from tensorsmith.runtime.selection import select_engine
 from tensorsmith.runtime.specs import TensorSpec
+
+if TYPE_CHECKING:
+    from tensorsmith.runtime.engine import GenerationEngine
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +92,9 @@ class Model:
         request = check_request(self.manifest, str(self.directory), input_ids, attention_mask, max_new_tokens,
                                 Sampling(do_sample, temperature, top_k, top_p), num_beams, eos_token_id,
                                 pad_token_id, seed)  # fmt: skip
-        from tensorsmith.runtime.kv_cache import CacheShape, past_name
+        from tensorsmith.runtime.kv_cache import CacheShape
 
-        first = request.layout.attention_layers[0] if request.layout.attention_layers else 0
-        dtype = self._backend.input_dtype(past_name(first, request.layout.layer_tensors(first)[0]))
+        dtype = self._cache_dtype()
         static = request.layout.kv_cache == "static"
 
         def open_cache(rows: int, capacity: int) -> CacheSession:
@@ -101,6 +103,43 @@ class Model:
         generator = Generator(open_cache)
         return generator.generate(request.prompt, request.mask, request.max_new_tokens, request.sampling,
                                   request.num_beams, request.eos, request.pad, request.seed, streamer)  # fmt: skip
+
+    def engine(self, slots: int = 8, max_sequence_length: int | None = None, max_queue: int = 256,
+               prefill_chunk: int = 256) -> GenerationEngine:  # fmt: skip
+        """A continuous-batching engine over this decoder (runtime/engine.py): `slots` requests decode together,
+        each of at most `max_sequence_length` tokens (the compile's by default), with `max_queue` more waiting.
+        Prompts are read `prefill_chunk` tokens a step. Close it (or use it as a context manager) when done."""
+        from tensorsmith.runtime.engine import GenerationEngine
+        from tensorsmith.runtime.kv_cache import CacheShape
+
+        layout = self.manifest.generation
+        if layout is None or layout.kv_cache != "static":
+            what = "not a decoder artifact" if layout is None else "compiled with the dynamic KV cache"
+            raise InputError(f"{self.directory} is {what}: continuous batching needs the static cache",
+                             hint="compile the decoder with --kv-cache static (the default)")  # fmt: skip
+        limit = self.max_batch
+        for name, value, low, high in (("slots", slots, 1, limit), ("max_queue", max_queue, 0, None),
+                                       ("prefill_chunk", prefill_chunk, 1, None),
+                                       ("max_sequence_length", max_sequence_length or layout.max_sequence_length, 2,
+                                        layout.max_sequence_length)):  # fmt: skip
+            if not isinstance(value, int) or value < low or (high is not None and value > high):
+                bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
+                raise InputError(f"{name} is {value!r}, and must be an integer {bound}",
+                                 hint="the artifact's limits come from its compile ([generation] max_batch and "
+                                 "max_sequence_length)")  # fmt: skip
+        capacity = max_sequence_length or layout.max_sequence_length
+        shape = CacheShape(layout, slots, capacity, self._cache_dtype())
+        return GenerationEngine(self._backend.open_slots(shape), self.manifest, str(self.directory), max_queue,
+                                prefill_chunk)  # fmt: skip
+
+    def _cache_dtype(self) -> np.dtype:
+        """The dtype the backend's graph takes for the cache (fp16 in a GPU engine where the manifest says fp32)."""
+        from tensorsmith.runtime.kv_cache import past_name
+
+        assert self.manifest.generation is not None
+        layout = self.manifest.generation
+        first = layout.attention_layers[0] if layout.attention_layers else 0
+        return self._backend.input_dtype(past_name(first, layout.layer_tensors(first)[0]))
 
     def close(self) -> None:
         self._backend.close()

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from tensorsmith.runtime.backend import Backend
-from tensorsmith.runtime.errors import InferenceError, RuntimeLoadError
+from tensorsmith.runtime.errors import InferenceError, InputError, RuntimeLoadError
 from tensorsmith.runtime.kv_cache import CacheSession, CacheShape
+from tensorsmith.runtime.slots import SlotCache
 from tensorsmith.runtime.specs import Limits, TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,19 @@ class OnnxRuntimeBackend(Backend):
         if isinstance(fixed, int):  # a graph written for an engine: the cache as long as the longest request
             shape = dataclasses.replace(shape, capacity=fixed)
         return OnnxRuntimeStaticCache(self._session, shape, int(logits.shape[-1]), np.dtype(logits.dtype), device)
+
+    def open_slots(self, shape: CacheShape) -> SlotCache:
+        """On the CPU provider the slots are bound in place (runtime/onnxruntime_slots.py); on CUDA through the
+        host, as every backend's."""
+        fixed = next(i.shape[2] for i in self._session.get_inputs() if i.name == shape.growing_pasts[0])
+        if isinstance(fixed, int) and fixed != shape.capacity:
+            raise InputError(f"this graph's cache holds {fixed} tokens, not {shape.capacity}",
+                             hint=f"open the engine with max_sequence_length={fixed}")  # fmt: skip
+        if self.provider != "CPUExecutionProvider":
+            return super().open_slots(shape)
+        from tensorsmith.runtime.onnxruntime_slots import OnnxRuntimeSlotCache
+
+        return OnnxRuntimeSlotCache(self._session, shape)
 
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # InferenceSession.run is thread-safe, so one session serves concurrent callers.

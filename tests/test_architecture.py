@@ -10,11 +10,12 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "core", "passes", "calibration", "compiler", "cli", "samples")
+PACKAGES = ("runtime", "serve", "core", "passes", "calibration", "compiler", "cli", "samples")
 # Lowest first. A module may import its own unit and any unit of a lower rank; units that share a rank may not
 # import each other (sideways).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime",),  # ships alone
+    ("serve",),  # the server over the runtime (torch-free too)
     ("core",),  # what everything shares: errors, IR load/save, progress, ONNX Runtime sessions, metrics
     ("passes",),
     ("calibration",),  # its search quantizes graphs with the passes

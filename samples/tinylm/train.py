@@ -51,6 +51,12 @@ def is_heldout(name: str) -> bool:
     return int(hashlib.sha256(name.encode()).hexdigest(), 16) % 20 == 0
 
 
+# A chat format for `tensorsmith serve`'s /v1/chat/completions: "role: content" lines, the assistant's turn
+# opened last. The model never saw chats (it knows the standard library's docs), so its answers are docs-like.
+CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+                 "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")  # fmt: skip
+
+
 def train_tokenizer(texts: list[str]) -> object:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -74,6 +80,7 @@ def main() -> None:
     HELDOUT.write_text("\n\n".join(text for name, text in docs.items() if is_heldout(name)) + "\n")
     tokenizer = train_tokenizer(train_texts)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
     ids = [token for text in train_texts for token in [1, *tokenizer.encode(text).ids, 2]]  # type: ignore[attr-defined]
     data = torch.tensor(ids, dtype=torch.long)
     print(f"{len(docs)} documents, {len(train_texts)} for training, {len(data)} tokens")

@@ -1,0 +1,243 @@
+"""`GenerationEngine`: continuous (in-flight) batching over a decoder artifact's static KV cache.
+
+    engine = load("build/tinylm").engine(slots=8)
+    stream = engine.submit(prompt_ids, max_new_tokens=64)
+    async for token in stream: ...
+
+One thread runs the model. Each turn it gives waiting requests the free slots (lowest first, so the running
+ones stay packed at the front), runs one prefill chunk of the oldest request still reading its prompt (a long
+prompt takes several turns, so the running requests keep decoding in between), then one decode step for every
+decoding slot in one model call. A request that ends (end-of-sequence, a stop token, max_new_tokens) or is
+cancelled frees its slot before the next turn. Greedy tokens are `Model.generate`'s for the same request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tensorsmith.runtime.errors import InferenceError, InputError
+from tensorsmith.runtime.generation import Sampling
+from tensorsmith.runtime.generation_request import check_request
+from tensorsmith.runtime.manifest import Manifest
+from tensorsmith.runtime.slots import SlotCache, SlotFeeds
+from tensorsmith.runtime.token_stream import TokenStream
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFull(InputError):
+    """More requests wait than the engine's `max_queue`: try again later (a server's 429)."""
+
+
+@dataclass(eq=False)
+class _Running:
+    stream: TokenStream
+    prompt: np.ndarray
+    max_new_tokens: int
+    sampling: Sampling
+    rng: np.random.Generator
+    stop: set[int]
+    slot: int = -1
+    read: int = 0  # prompt tokens in the cache
+    cached: int = 0  # tokens in the cache (prompt and generated, the last generated one not yet)
+    generated: list[int] = field(default_factory=list)
+
+    @property
+    def decoding(self) -> bool:
+        return self.read == len(self.prompt)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    slots: int
+    running: int
+    waiting: int
+
+
+class GenerationEngine:
+    def __init__(
+        self, slots: SlotCache, manifest: Manifest, origin: str, max_queue: int = 256, prefill_chunk: int = 256
+    ) -> None:
+        self._slots = slots
+        self._manifest = manifest
+        self._origin = origin
+        self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
+        self._pad = manifest.generation.pad_token_id or 0 if manifest.generation else 0
+        self._waiting: deque[_Running] = deque()
+        self._running: dict[int, _Running] = {}
+        self._turn = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._serve, name="tensorsmith-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def slots(self) -> int:
+        return self._slots.slots
+
+    @property
+    def capacity(self) -> int:
+        """Prompt and new tokens of one request, at most."""
+        return self._slots.capacity
+
+    def stats(self) -> EngineStats:
+        with self._turn:
+            return EngineStats(self.slots, len(self._running), len(self._waiting))
+
+    def submit(
+        self,
+        prompt_ids: object,
+        max_new_tokens: int = 20,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_token_ids: list[int] | None = None,
+        ignore_eos: bool = False,
+    ) -> TokenStream:
+        """Queue one prompt (token ids [length]); its tokens come through the returned stream. Raises InputError
+        naming a bad setting, QueueFull when `max_queue` requests wait already."""
+        sampling = Sampling(do_sample, temperature, top_k, top_p)
+        request = check_request(self._manifest, self._origin, prompt_ids, None, max_new_tokens, sampling, 1, seed=seed)
+        if request.prompt.shape[0] != 1:
+            raise InputError(f"submit takes one prompt, not {request.prompt.shape[0]}", hint="submit each on its own")
+        prompt = request.prompt[0]
+        if len(prompt) + max_new_tokens > self.capacity:
+            raise InputError(
+                f"a prompt of {len(prompt)} tokens and {max_new_tokens} new tokens do not fit the "
+                f"engine's {self.capacity}-token slots",
+                hint="shorten the prompt or ask for fewer new tokens",
+            )
+        stop = set(stop_token_ids or []) | (set() if ignore_eos else set(request.eos))
+        stream = TokenStream(len(prompt), self._wake)
+        running = _Running(stream, prompt, max_new_tokens, sampling, np.random.default_rng(seed), stop)
+        with self._turn:
+            if self._closing:
+                raise InferenceError("the engine is shutting down and takes no new requests")
+            if len(self._waiting) >= self.max_queue + self.slots - len(self._running):  # none free, queue full
+                raise QueueFull(
+                    f"{len(self._waiting)} requests wait already (max_queue {self.max_queue})",
+                    hint="retry later, or serve with more slots or a longer queue",
+                )
+            self._waiting.append(running)
+            self._turn.notify()
+        return stream
+
+    def close(self, drain: bool = True) -> None:
+        """Stop taking requests; finish the running and waiting ones (`drain`), or cancel them; then release."""
+        with self._turn:
+            self._closing = True
+            if not drain:
+                for running in [*self._waiting, *self._running.values()]:
+                    running.stream.cancelled = True
+            self._turn.notify()
+        self._thread.join()
+        self._slots.close()
+
+    def __enter__(self) -> GenerationEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _wake(self) -> None:
+        with self._turn:
+            self._turn.notify()
+
+    def _serve(self) -> None:
+        while True:
+            with self._turn:
+                while not (self._waiting or self._running or self._closing):
+                    self._turn.wait()
+                self._end_cancelled()
+                if self._closing and not (self._waiting or self._running):
+                    return
+                self._admit()
+            try:
+                self._turn_once()
+            except InferenceError as err:  # the model failed: its requests end with the error, the engine goes on
+                logger.error("a generation step failed: %s", err)
+                with self._turn:
+                    for slot, request in list(self._running.items()):
+                        self._end(slot, request, "error", err)
+
+    def _end_cancelled(self) -> None:
+        for request in [request for request in self._waiting if request.stream.cancelled]:
+            self._waiting.remove(request)
+            request.stream.finish("cancelled")
+        for slot, request in list(self._running.items()):
+            if request.stream.cancelled:
+                self._end(slot, request, "cancelled")
+
+    def _admit(self) -> None:
+        free = sorted(set(range(self.slots)) - set(self._running))
+        while self._waiting and free:
+            request = self._waiting.popleft()
+            request.slot = free.pop(0)
+            request.stream.timings.scheduled = time.monotonic()
+            self._running[request.slot] = request
+
+    def _turn_once(self) -> None:
+        """One prefill chunk and one decode step. Only this thread changes `_running` (the lock guards the queue)."""
+        reading = [request for request in self._running.values() if not request.decoding]
+        if reading:
+            self._prefill(min(reading, key=lambda request: request.stream.id))
+        decoding = {slot: request for slot, request in self._running.items() if request.decoding}
+        if decoding:
+            self._decode(decoding)
+
+    def _prefill(self, request: _Running) -> None:
+        start, slot = request.read, request.slot
+        chunk = request.prompt[start : start + self.prefill_chunk]
+        if start == 0:
+            self._slots.start(slot)
+        positions = np.arange(start, start + len(chunk), dtype=np.int64)
+        feeds = SlotFeeds(slice(slot, slot + 1), chunk[None, :], positions[None, :], np.array([start], np.int64))
+        logits = self._slots.step(feeds, np.array([True]))
+        request.read = request.cached = start + len(chunk)
+        if request.decoding:
+            self._accept(request, logits[0])
+
+    def _decode(self, decoding: dict[int, _Running]) -> None:
+        rows = max(decoding) + 1
+        ids = np.full((rows, 1), self._pad, np.int64)
+        positions = np.zeros((rows, 1), np.int64)
+        writes = np.zeros(rows, np.int64)
+        visible = np.zeros(rows, bool)
+        for slot in range(rows):
+            request = self._running.get(slot)
+            if request is not None and slot in decoding:
+                ids[slot, 0], positions[slot, 0], writes[slot] = request.generated[-1], request.cached, request.cached
+                visible[slot] = True
+            elif request is not None:  # between prefill chunks: the throwaway lands where its next chunk writes
+                writes[slot] = request.read
+        logits = self._slots.step(SlotFeeds(slice(0, rows), ids, positions, writes), visible)
+        for slot, request in decoding.items():
+            request.cached += 1
+            self._accept(request, logits[slot])
+
+    def _accept(self, request: _Running, logits: np.ndarray) -> None:
+        """The next token from a row's logits: streamed, and the request ended when it is a stop or the last."""
+        token = int(request.sampling.choose(logits[None, :], request.rng)[0])
+        request.generated.append(token)
+        request.stream.put(token)
+        reason = (
+            "stop" if token in request.stop else "length" if len(request.generated) == request.max_new_tokens else None
+        )
+        if reason is not None:
+            with self._turn:
+                self._end(request.slot, request, reason)
+
+    def _end(self, slot: int, request: _Running, reason: str, error: InferenceError | None = None) -> None:
+        """Free the slot (called with the lock held) and end the stream."""
+        if self._running.get(slot) is request:
+            del self._running[slot]
+            self._slots.release(slot)
+        request.stream.finish(reason, error)

@@ -1,0 +1,61 @@
+"""The slots on ONNX Runtime's CPU provider, written in place: each present bound to its past's rows (a view of
+the slot arrays, so TensorScatter writes into them, as runtime/onnxruntime_cache.py does for one request).
+
+A binding per row range is made once and kept (a decode range grows and shrinks with the requests; a prefill
+runs one slot), so a step rebinds only its token ids, positions and write indices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tensorsmith.runtime.errors import InferenceError
+from tensorsmith.runtime.kv_cache import CacheShape, present_of
+from tensorsmith.runtime.slots import SlotCache, SlotFeeds
+
+
+class OnnxRuntimeSlotCache(SlotCache):
+    def __init__(self, session: Any, shape: CacheShape) -> None:
+        super().__init__(self._unused_run, shape)
+        self._session = session
+        self._bindings: dict[tuple[int, int], Any] = {}
+
+    @staticmethod
+    def _unused_run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise AssertionError("the bound session runs through its I/O binding")
+
+    def _binding(self, rows: slice) -> Any:
+        key = (rows.start or 0, rows.stop)
+        if key not in self._bindings:
+            import onnxruntime
+
+            binding = self._session.io_binding()
+            binding.bind_output("logits", "cpu")  # first: get_outputs()[0]
+            for name, cache in self.cache.items():
+                value = onnxruntime.OrtValue.ortvalue_from_numpy(cache[rows])  # a view: the slots' own memory
+                binding.bind_ortvalue_input(name, value)
+                binding.bind_ortvalue_output(present_of(name), value)
+            binding.bind_ortvalue_input("attention_mask", onnxruntime.OrtValue.ortvalue_from_numpy(self.mask[rows]))
+            self._bindings[key] = binding
+        return self._bindings[key]
+
+    def _run_rows(self, feeds: SlotFeeds) -> np.ndarray:
+        binding = self._binding(feeds.rows)
+        for name, array in feeds.small(self.shape.layout.position_ids).items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        try:
+            self._session.run_with_iobinding(binding)
+        except Exception as err:  # onnxruntime's own untyped errors
+            from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
+
+            raise InferenceError(f"ONNX Runtime failed running a batched step: {onnxruntime_reason(err)}") from err
+        logits = binding.get_outputs()[0].numpy()
+        return np.asarray(logits[:, -1, :])
+
+    def close(self) -> None:
+        for binding in self._bindings.values():
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
+        self._bindings.clear()

@@ -1,0 +1,72 @@
+"""Response bodies as OpenAI's API writes them, whole and as server-sent-event chunks."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One request's identity, shared by its chunks: id, creation time, model name, chat or text completion."""
+
+    model: str
+    chat: bool
+    id: str = ""
+    created: int = 0
+
+    @staticmethod
+    def new(model: str, chat: bool) -> Answer:
+        prefix = "chatcmpl" if chat else "cmpl"
+        return Answer(model, chat, f"{prefix}-{uuid.uuid4().hex}", int(time.time()))
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _choice(self, text: str | None, finish_reason: str | None, chunk: bool, first: bool = False) -> dict[str, Any]:
+        if not self.chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        if chunk:
+            delta = {"role": "assistant", "content": ""} if first else {} if text is None else {"content": text}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        message = {"role": "assistant", "content": text}
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+
+    def whole(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        return {
+            **self._head(False),
+            "choices": [self._choice(text, finish_reason, False)],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }
+
+    def opening(self) -> str:
+        """A chat stream's first chunk (the assistant's role); text completions have none."""
+        return sse({**self._head(True), "choices": [self._choice(None, None, True, first=True)]}) if self.chat else ""
+
+    def piece(self, text: str) -> str:
+        return sse({**self._head(True), "choices": [self._choice(text, None, True)]})
+
+    def closing(self, finish_reason: str) -> str:
+        return sse({**self._head(True), "choices": [self._choice(None, finish_reason, True)]})
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
+        """stream_options.include_usage: a last chunk with no choices and the usage."""
+        return sse({**self._head(True), "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body)}\n\n"

@@ -1,0 +1,59 @@
+"""A real `tensorsmith serve` process on a loopback port, for the tests to talk to with real clients."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[str]
+    url: str
+
+    @property
+    def api(self) -> str:
+        return f"{self.url}/v1"
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM, as a container runtime stops it: the exit status and what it wrote."""
+        self.process.send_signal(signal.SIGTERM)
+        output, _ = self.process.communicate(timeout=60)
+        return self.process.returncode, output
+
+
+@contextlib.contextmanager
+def serving(artifact: Path, *options: str) -> Iterator[Server]:
+    port = free_port()
+    command = [sys.executable, "-m", "tensorsmith.cli.main", "serve", str(artifact), "--port", str(port), *options]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = Server(process, f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, f"the server exited: {process.communicate()[0]}"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
+            time.sleep(0.2)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
