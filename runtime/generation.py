@@ -80,6 +80,8 @@ class Generator:
         rng = np.random.default_rng(seed)
         rows, length = prompt.shape
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+        if hasattr(streamer, "put"):  # transformers' streamers take the prompt first (skip_prompt drops that put)
+            streamer.put(prompt)
         with self._open_cache(rows, length + max_new_tokens) as cache:
             logits = cache.step(StepFeeds(prompt, positions, 0, mask))
             sequences, unfinished = prompt, np.ones(rows, dtype=bool)

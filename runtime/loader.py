@@ -92,6 +92,9 @@ class Model:
         request = check_request(self.manifest, str(self.directory), input_ids, attention_mask, max_new_tokens,
                                 Sampling(do_sample, temperature, top_k, top_p), num_beams, eos_token_id,
                                 pad_token_id, seed)  # fmt: skip
+        if streamer is not None and request.num_beams > 1:  # transformers raises too: beams are reordered
+            raise InputError("a streamer cannot follow beam search (the beams change until the end)",
+                             hint="stream with num_beams 1, or read the sequences generate() returns")  # fmt: skip
         from tensorsmith.runtime.kv_cache import CacheShape
 
         dtype = self._cache_dtype()

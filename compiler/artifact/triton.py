@@ -110,6 +110,12 @@ def export_triton(
     """Write REPO/NAME (config.pbtxt and version 1's model file) for `target` of `artifact`, atomically."""
     runs_on_onnxruntime = not get_target(target).builders  # the target table: cpu, not an engine
     manifest = read_manifest(artifact)
+    if manifest.generation is not None:  # one step of a stateful loop: Triton would batch and serve it wrong
+        raise ConfigError(
+            f"{artifact} is a decoder: Triton's ONNX and TensorRT backends would run one step of its generation "
+            "loop with the cache declared as an input, not generate",
+            hint=f"serve it with `tensorsmith serve {artifact}` (OpenAI's API, continuous batching, streaming)",
+        )
     record = _target(manifest, artifact, target)
     name = name or artifact.resolve().name
     warnings = []

@@ -1,0 +1,160 @@
+"""Serving under load: `tensorsmith serve` driven by OpenAI's own Python client at 1, 8 and 32 concurrent clients,
+beside one request at a time through `load().generate` and OpenVINO GenAI's continuous-batching pipeline on the
+same model, each side its own process.
+
+    .venv/bin/python -m bench.serve [smollm-135m] [--openvino /tmp/ov-venv/bin/python OV_MODEL_DIR]
+
+The model: a decoder of the shape's public config (bench/shapes.py, seeded bf16 weights), compiled for the cpu
+target (`--max-sequence-length 512 --max-batch 32`: the workload's longest request is 384 tokens). The workload
+(bench/serve_workload.py): the same token-id prompts of 32-256 tokens and 16-128 new tokens (end-of-sequence
+ignored) for every side, closed loop. The server runs `--slots 32`; its clients stream
+(`stream_options.include_usage`) from this process with AsyncOpenAI, so the client's own work shares the
+machine's cores with the server, which OpenVINO GenAI's in-process pipeline does not pay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.serve_workload import RequestTimes, figures, workload
+from bench.shapes import make_checkpoint
+
+SHAPES_DIRECTORY = Path("/tmp/tensorsmith-shapes")
+LEVELS = {1: 8, 8: 24, 32: 64}  # clients: requests
+SLOTS = 32
+
+
+async def _drive(api: str, clients: int, count: int, seed: int) -> dict[str, Any]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=api, api_key="unused", max_retries=0, timeout=600)
+    items = workload(count, seed)
+    times: list[RequestTimes] = []
+
+    async def one(prompt: list[int], new: int) -> None:
+        request = RequestTimes(time.monotonic())
+        stream = await client.completions.create(model="model", prompt=prompt, max_tokens=new, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True})  # fmt: skip
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                request.arrivals.append(time.monotonic())
+            if chunk.usage is not None:
+                request.tokens = chunk.usage.completion_tokens
+        times.append(request)
+
+    async def worker(queue: list[int]) -> None:
+        while queue:
+            index = queue.pop()
+            await one(items[index].prompt, items[index].max_new_tokens)
+
+    pending = list(range(count))[::-1]
+    started = time.monotonic()
+    await asyncio.gather(*(worker(pending) for _ in range(clients)))
+    return figures(times, time.monotonic() - started, clients)
+
+
+def _vm_hwm_gb(pid: int) -> float:
+    """A running process's peak RSS, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1e6, 3)
+    return 0.0
+
+
+def serve_side(artifact: Path) -> dict[str, Any]:
+    """The server in its own process; each level after a warm-up of 2 requests."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as probe:  # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    command = [str(Path(sys.executable).with_name("tensorsmith")), "serve", str(artifact), "--port", str(port),
+               "--slots", str(SLOTS), "--served-model-name", "model"]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = f"http://127.0.0.1:{port}/v1"
+    try:
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        results: dict[str, Any] = {}
+        for clients, count in LEVELS.items():
+            asyncio.run(_drive(api, 2, 2, seed=99))
+            results[str(clients)] = asyncio.run(_drive(api, clients, count, seed=clients))
+            print(f"tensorsmith serve, {clients} clients: {results[str(clients)]}", file=sys.stderr, flush=True)
+        results["peak_rss_gb"] = _vm_hwm_gb(server.pid)
+        return results
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def one_at_a_time(artifact: str, out: str) -> None:
+    """In its own process: the 1-client workload through `load().generate`, one request after another."""
+    import numpy as np
+
+    from tensorsmith.runtime import load
+
+    items = workload(LEVELS[1], seed=1)
+    with load(artifact, backend="onnxruntime") as model:
+        model.generate(np.array(items[0].prompt), max_new_tokens=4)  # warm-up
+        times = []
+        started = time.monotonic()
+        for item in items:
+            request = RequestTimes(time.monotonic())
+            model.generate(np.array(item.prompt), max_new_tokens=item.max_new_tokens, eos_token_id=[],
+                           streamer=lambda _, request=request: request.arrivals.append(time.monotonic()))  # fmt: skip
+            request.tokens = len(request.arrivals)
+            times.append(request)
+        result = figures(times, time.monotonic() - started, 1)
+    Path(out).write_text(json.dumps(result))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--one-at-a-time"]:
+        one_at_a_time(sys.argv[2], sys.argv[3])
+        return
+    arguments = sys.argv[1:]
+    openvino = None
+    if "--openvino" in arguments:
+        at = arguments.index("--openvino")
+        openvino = (arguments[at + 1], arguments[at + 2])
+        del arguments[at : at + 3]
+    shape = arguments[0] if arguments else "smollm-135m"
+    checkpoint = make_checkpoint(shape, SHAPES_DIRECTORY / shape)
+    results: dict[str, Any] = {"shape": shape}
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-serve-") as scratch:
+        artifact = Path(scratch) / "artifact"
+        subprocess.run([str(Path(sys.executable).with_name("tensorsmith")), "compile", str(checkpoint), "-o",
+                        str(artifact), "--target", "cpu", "--max-sequence-length", "512", "--max-batch", str(SLOTS)],
+                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        results["tensorsmith serve (slots 32)"] = serve_side(artifact)
+        out = Path(scratch) / "one.json"
+        subprocess.run([sys.executable, "-m", "bench.serve", "--one-at-a-time", str(artifact), str(out)], check=True)
+        results["load().generate, one at a time"] = json.loads(out.read_text())
+    if openvino is not None:
+        python, model_dir = openvino
+        results["OpenVINO GenAI ContinuousBatchingPipeline"] = {}
+        for clients, count in LEVELS.items():
+            out = Path(tempfile.mkstemp(suffix=".json")[1])
+            script = str(Path(__file__).with_name("serve_openvino.py"))
+            subprocess.run([python, script, model_dir, str(clients), str(count), str(out)], check=True)
+            results["OpenVINO GenAI ContinuousBatchingPipeline"][str(clients)] = json.loads(out.read_text())
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The serving benchmark's workload and its figures, shared by every side (bench/serve.py and the anchors).
+
+Requests are token ids, the same for every side: prompts cut from CPython's pydoc_data topics (tokenized with
+the tinylm sample's tokenizer, the one bench/shapes.py puts in every shape's checkpoint), of 32 to 256 tokens,
+each asking 16 to 128 new tokens with the end-of-sequence ignored (random weights would end at random). A
+closed loop: `clients` requests in flight, the next one sent as soon as one ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+TOKENIZER = Path(__file__).resolve().parent.parent / "samples" / "tinylm" / "checkpoint" / "tokenizer.json"
+PROMPT_TOKENS = (32, 256)
+NEW_TOKENS = (16, 128)
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    prompt: list[int]
+    max_new_tokens: int
+
+
+def workload(count: int, seed: int = 0) -> list[WorkItem]:
+    """`count` requests, the same ones for a seed on every side."""
+    import pydoc_data.topics
+
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(TOKENIZER))
+    text = tokenizer.encode(" ".join(pydoc_data.topics.topics.values())).ids
+    rng = np.random.default_rng(seed)
+    items = []
+    for _ in range(count):
+        length = int(rng.integers(PROMPT_TOKENS[0], PROMPT_TOKENS[1] + 1))
+        start = int(rng.integers(0, len(text) - length))
+        new = int(rng.integers(NEW_TOKENS[0], NEW_TOKENS[1] + 1))
+        items.append(WorkItem([1, *text[start : start + length - 1]], new))
+    return items
+
+
+@dataclass
+class RequestTimes:
+    """One request seen by its client: when it was sent, when each token (or chunk of tokens) came, how many."""
+
+    sent: float
+    arrivals: list[float] = field(default_factory=list)
+    tokens: int = 0
+
+
+def percentile(values: list[float], share: float) -> float | None:
+    return float(np.percentile(values, share)) if values else None
+
+
+def figures(times: list[RequestTimes], wall: float, clients: int) -> dict[str, float | int | None]:
+    """Output tokens/s over the run, time to first token and inter-token latency (p50, p99), in seconds."""
+    first = [request.arrivals[0] - request.sent for request in times if request.arrivals]
+    gaps = [later - earlier for request in times for earlier, later in itertools.pairwise(request.arrivals)]
+    tokens = sum(request.tokens for request in times)
+    return {
+        "clients": clients,
+        "requests": len(times),
+        "output_tokens": tokens,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(tokens / wall, 1),
+        "ttft_p50_s": _rounded(percentile(first, 50)),
+        "ttft_p99_s": _rounded(percentile(first, 99)),
+        "itl_p50_s": _rounded(percentile(gaps, 50)),
+        "itl_p99_s": _rounded(percentile(gaps, 99)),
+        "mean_ttft_s": _rounded(statistics.fmean(first) if first else None),
+    }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
