@@ -40,6 +40,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	PYTHON=$(BIN)/python bash scripts/tensorrt-stubs.sh   # the builder is checked against tensorrt-stubs
+	$(BIN)/hadolint docker/Dockerfile docker/Dockerfile.gpu  # the serving images (tests/serve/test_container.py runs their steps)
 	MYPYPATH=.typings $(BIN)/mypy core compiler passes calibration runtime serve cli samples
 
 # The report tests render report.html in headless Chromium (Debian's package; nothing downloaded by a test tool).

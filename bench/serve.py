@@ -42,9 +42,9 @@ async def _drive(api: str, clients: int, count: int, seed: int) -> dict[str, Any
         request = RequestTimes(time.monotonic())
         stream = await client.completions.create(model="model", prompt=prompt, max_tokens=new, temperature=0,
                                                  stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"ignore_eos": True})  # fmt: skip
-        async for chunk in stream:
-            if chunk.choices and chunk.choices[0].text:
+                                                 extra_body={"ignore_eos": True, "return_token_ids": True})  # fmt: skip
+        async for chunk in stream:  # a chunk per token: random weights' tokens are mostly not the tokenizer's text
+            if chunk.choices and getattr(chunk.choices[0], "token_ids", None):
                 request.arrivals.append(time.monotonic())
             if chunk.usage is not None:
                 request.tokens = chunk.usage.completion_tokens
@@ -58,7 +58,9 @@ async def _drive(api: str, clients: int, count: int, seed: int) -> dict[str, Any
     pending = list(range(count))[::-1]
     started = time.monotonic()
     await asyncio.gather(*(worker(pending) for _ in range(clients)))
-    return figures(times, time.monotonic() - started, clients)
+    wall = time.monotonic() - started
+    await client.close()
+    return figures(times, wall, clients)
 
 
 def _vm_hwm_gb(pid: int) -> float:

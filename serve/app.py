@@ -151,7 +151,13 @@ async def _answer(
             completion.account(served.metrics, endpoint)
         stream = completion.stream
         return JSONResponse(
-            answer.whole(text, completion.finish_reason, stream.prompt_tokens, stream.completion_tokens)
+            answer.whole(
+                text,
+                completion.finish_reason,
+                stream.prompt_tokens,
+                stream.completion_tokens,
+                stream.tokens if body.return_token_ids else None,
+            )
         )
 
     async def events() -> AsyncIterator[str]:
@@ -159,7 +165,9 @@ async def _answer(
             yield answer.opening()
             try:
                 async for piece in completion.pieces():
-                    yield answer.piece(piece)
+                    ids = [piece.token] if body.return_token_ids and piece.token is not None else None
+                    if piece.text or ids:
+                        yield answer.piece(piece.text, ids)
             except OpenAIError as err:  # the status is sent already: the error goes as an event, as vLLM does
                 yield sse(err.body())
                 yield DONE

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from tensorsmith.runtime.engine import GenerationEngine, QueueFull
@@ -20,6 +21,12 @@ from tensorsmith.serve.metrics import ServeMetrics
 from tensorsmith.serve.text import TextCodec, TextStream
 
 logger = logging.getLogger("tensorsmith.serve.requests")
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    token: int | None  # None: text held back until the end
 
 
 class Completion:
@@ -68,18 +75,17 @@ class Completion:
     def finish_reason(self) -> str:
         return "stop" if self.text.stopped else "length" if self.stream.finish_reason == "length" else "stop"
 
-    async def pieces(self) -> AsyncIterator[str]:
-        """The completion's text as it settles. Ends early, cancelling the request, at a stop string."""
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Per new token, the text it settles ("" while a character or a possible stop string is incomplete);
+        then what was held back. Ends early, cancelling the request, at a stop string."""
         try:
             async for token in self.stream:
-                piece = self.text.add(token)
-                if piece:
-                    yield piece
+                yield Piece(self.text.add(token), token)
                 if self.text.stopped:
                     self.stream.cancel()
                     return
             if tail := self.text.flush():
-                yield tail
+                yield Piece(tail, None)
         except InferenceError as err:
             raise OpenAIError(500, f"generation failed: {err}") from err
         finally:
@@ -90,7 +96,7 @@ class Completion:
         """All the text; cancelled when `disconnected()` (an awaitable predicate) turns true."""
         watcher = asyncio.create_task(_watch(self, disconnected))
         try:
-            return "".join([piece async for piece in self.pieces()])
+            return "".join([piece.text async for piece in self.pieces()])
         finally:
             watcher.cancel()
 

@@ -30,6 +30,7 @@ class _Generation(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0)
     ignore_eos: bool = Field(False, description="vLLM's extra: generate max_tokens whatever comes")
+    return_token_ids: bool = Field(False, description="vLLM's extra: each choice and chunk carries its token ids")
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: Any = None

@@ -29,19 +29,22 @@ class Answer:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def _choice(self, text: str | None, finish_reason: str | None, chunk: bool, first: bool = False) -> dict[str, Any]:
+    def _choice(self, text: str | None, finish_reason: str | None, chunk: bool, first: bool = False,
+                token_ids: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+        ids = {} if token_ids is None else {"token_ids": token_ids}  # vLLM's return_token_ids
         if not self.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason, **ids}
         if chunk:
             delta = {"role": "assistant", "content": ""} if first else {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason, **ids}
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason, **ids}
 
-    def whole(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def whole(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+              token_ids: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
         return {
             **self._head(False),
-            "choices": [self._choice(text, finish_reason, False)],
+            "choices": [self._choice(text, finish_reason, False, token_ids=token_ids)],
             "usage": usage(prompt_tokens, completion_tokens),
         }
 
@@ -49,8 +52,8 @@ class Answer:
         """A chat stream's first chunk (the assistant's role); text completions have none."""
         return sse({**self._head(True), "choices": [self._choice(None, None, True, first=True)]}) if self.chat else ""
 
-    def piece(self, text: str) -> str:
-        return sse({**self._head(True), "choices": [self._choice(text, None, True)]})
+    def piece(self, text: str, token_ids: list[int] | None = None) -> str:
+        return sse({**self._head(True), "choices": [self._choice(text, None, True, token_ids=token_ids)]})
 
     def closing(self, finish_reason: str) -> str:
         return sse({**self._head(True), "choices": [self._choice(None, finish_reason, True)]})

@@ -38,9 +38,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(artifact: Path, *options: str) -> Iterator[Server]:
-    port = free_port()
-    command = [sys.executable, "-m", "tensorsmith.cli.main", "serve", str(artifact), "--port", str(port), *options]
+def serving(artifact: Path, *options: str, command: list[str] | None = None) -> Iterator[Server]:
+    """`tensorsmith serve ARTIFACT OPTIONS` on a free port (or `command`, which names its own --port)."""
+    if command is None:
+        port = free_port()
+        command = [sys.executable, "-m", "tensorsmith.cli.main", "serve", str(artifact), "--port", str(port), *options]
+    else:
+        port = int(command[command.index("--port") + 1])
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     server = Server(process, f"http://127.0.0.1:{port}")
     try:
