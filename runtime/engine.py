@@ -30,6 +30,10 @@ from tensorsmith.runtime.token_stream import TokenStream
 
 logger = logging.getLogger(__name__)
 
+# Free slots between two decoding ones that are cheaper to run as throwaway rows than to split the call: a decode
+# call's fixed cost (reading every weight once) is about that of 8 more rows on a CPU (docs/benchmarks.md).
+SPLIT_GAP = 8
+
 
 class QueueFull(InputError):
     """More requests wait than the engine's `max_queue`: try again later (a server's 429)."""
@@ -206,22 +210,33 @@ class GenerationEngine:
             self._accept(request, logits[0])
 
     def _decode(self, decoding: dict[int, _Running]) -> None:
-        rows = max(decoding) + 1
+        """One token for every decoding slot: a call per run of slots, split where a gap is wide enough that its
+        throwaway rows would cost more than another call (a call costs about as much as `SPLIT_GAP` rows)."""
+        slots = sorted(decoding)
+        first = 0
+        for index in range(1, len(slots) + 1):
+            if index == len(slots) or slots[index] - slots[index - 1] > SPLIT_GAP:
+                self._decode_rows(slots[first], slots[index - 1] + 1, decoding)
+                first = index
+
+    def _decode_rows(self, start: int, stop: int, decoding: dict[int, _Running]) -> None:
+        rows = stop - start
         ids = np.full((rows, 1), self._pad, np.int64)
         positions = np.zeros((rows, 1), np.int64)
         writes = np.zeros(rows, np.int64)
         visible = np.zeros(rows, bool)
-        for slot in range(rows):
+        for row, slot in enumerate(range(start, stop)):
             request = self._running.get(slot)
             if request is not None and slot in decoding:
-                ids[slot, 0], positions[slot, 0], writes[slot] = request.generated[-1], request.cached, request.cached
-                visible[slot] = True
+                ids[row, 0], positions[row, 0], writes[row] = request.generated[-1], request.cached, request.cached
+                visible[row] = True
             elif request is not None:  # between prefill chunks: the throwaway lands where its next chunk writes
-                writes[slot] = request.read
-        logits = self._slots.step(SlotFeeds(slice(0, rows), ids, positions, writes), visible)
-        for slot, request in decoding.items():
-            request.cached += 1
-            self._accept(request, logits[slot])
+                writes[row] = request.read
+        logits = self._slots.step(SlotFeeds(slice(start, stop), ids, positions, writes), visible)
+        for row, slot in enumerate(range(start, stop)):
+            if visible[row]:
+                decoding[slot].cached += 1
+                self._accept(decoding[slot], logits[row])
 
     def _accept(self, request: _Running, logits: np.ndarray) -> None:
         """The next token from a row's logits: streamed, and the request ended when it is a stop or the last."""

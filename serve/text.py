@@ -22,6 +22,10 @@ class TextCodec:
         from tokenizers import Tokenizer
 
         self._tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+        # a tokenizer.json may pad or cut every text to one length (sentence-transformers' do): requests are padded
+        # here, and a text too long is refused, not cut
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
         config_path = tokenizer_dir / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         self.special_tokens = {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token", "pad_token")}

@@ -5,82 +5,31 @@ why, no slot left taken, the running requests finished before it exits."""
 from __future__ import annotations
 
 import json
-import random
 import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.serve.server import Server, serving
-
-MALFORMED = [
-    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "x", "temperature": 7}, "temperature"),
-    ({"max_tokens": 4}, "prompt"),
-    ({"prompt": list(range(3, 700)), "max_tokens": 4}, "prompt"),
-    ({"prompt": "x", "model": "other"}, "model"),
-    ({"prompt": "x", "n": 3}, "n"),
-]
-
-
-def _running(server: Server) -> tuple[float, float]:
-    text = httpx.get(f"{server.url}/metrics").text
-    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
-    return values["vllm:num_requests_running"], values["vllm:num_requests_waiting"]
-
-
-def _rss_kb(server: Server) -> int:
-    status = Path(f"/proc/{server.process.pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+from bench.serve_soak import plan, soak
+from tests.serve.server import serving
 
 
 @pytest.mark.slow
 def test_soak_with_cancellations_and_malformed_requests(tinylm_cpu_artifact: Path) -> None:
-    """240 requests from 16 clients on 4 slots: 10 % leave mid-stream, 5 % are malformed."""
-    rng = random.Random(0)
-    kinds = ["cancel" if rng.random() < 0.10 else "malformed" if rng.random() < 0.05 else "whole" for _ in range(240)]
+    """bench/serve_soak.py scaled down: 240 requests from 16 clients on 4 slots, 10 % left mid-stream by their
+    client, 5 % malformed."""
     with serving(tinylm_cpu_artifact, "--slots", "4", "--max-queue", "64", "--served-model-name", "m") as server:
+        result = soak(server.url, server.process.pid, "m", requests=240, clients=16)
+        assert not result.failures, result.failures[:5]
+        expected = Counter({"cancel": "cancelled", "malformed": "refused"}.get(kind, kind) for kind in plan(240))
+        assert result.outcomes == expected and expected["cancelled"] and expected["refused"]
+        assert (result.running_at_end, result.waiting_at_end) == (0, 0)  # every slot free
+        assert result.rss_growth < 0.25  # no growth per request (the full soak's figure: docs/benchmarks.md)
         client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)
-
-        def one(index: int) -> str:
-            kind, new = kinds[index], 8 + index % 40
-            if kind == "malformed":
-                body, param = MALFORMED[index % len(MALFORMED)]
-                response = httpx.post(f"{server.api}/completions", json={"model": "m", **body})
-                error = response.json()["error"]
-                assert 400 <= response.status_code < 500 and error["message"] and error["param"] == param, error
-                return "refused"
-            stream = client.completions.create(
-                model="m",
-                prompt=f"Item {index}:",
-                max_tokens=new,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_body={"ignore_eos": True},
-            )
-            for chunks, chunk in enumerate(stream, start=1):
-                if kind == "cancel" and chunks == 3:
-                    stream.close()
-                    return "cancelled"
-                if chunk.usage is not None:
-                    assert chunk.usage.completion_tokens == new
-                    return "whole"
-            raise AssertionError(f"request {index} ended without its usage")
-
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(one, range(16)))  # warm-up: the allocator's and the sessions' first growth
-            warm = _rss_kb(server)
-            outcomes = list(pool.map(one, range(240)))
-        assert outcomes == [{"malformed": "refused", "cancel": "cancelled"}.get(kind, kind) for kind in kinds]
-        for _ in range(200):
-            if _running(server) == (0, 0):
-                break
-        assert _running(server) == (0, 0)  # every slot free
-        assert _rss_kb(server) < warm * 1.25  # no growth per request (the full soak's figure: docs/benchmarks.md)
         assert client.completions.create(model="m", prompt="x", max_tokens=3).usage is not None
 
 
