@@ -7,10 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -25,6 +27,11 @@ def free_port() -> int:
 class Server:
     process: subprocess.Popen[str]
     url: str
+    log: IO[str]
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
 
     @property
     def api(self) -> str:
@@ -33,8 +40,8 @@ class Server:
     def stop(self) -> tuple[int, str]:
         """SIGTERM, as a container runtime stops it: the exit status and what it wrote."""
         self.process.send_signal(signal.SIGTERM)
-        output, _ = self.process.communicate(timeout=60)
-        return self.process.returncode, output
+        self.process.wait(timeout=60)
+        return self.process.returncode, self.output()
 
 
 @contextlib.contextmanager
@@ -45,19 +52,21 @@ def serving(artifact: Path, *options: str, command: list[str] | None = None) -> 
         command = [sys.executable, "-m", "tensorsmith.cli.main", "serve", str(artifact), "--port", str(port), *options]
     else:
         port = int(command[command.index("--port") + 1])
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    server = Server(process, f"http://127.0.0.1:{port}")
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, f"the server exited: {process.communicate()[0]}"
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
-            time.sleep(0.2)
-        yield server
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    # its output to a file: a pipe nobody reads while it serves fills, and the server blocks writing its log
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+        server = Server(process, f"http://127.0.0.1:{port}", log)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                assert process.poll() is None, f"the server exited: {server.output()}"
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                        break
+                assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
+                time.sleep(0.2)
+            yield server
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
