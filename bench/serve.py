@@ -27,7 +27,7 @@ from bench.serve_workload import RequestTimes, figures, workload
 from bench.shapes import make_checkpoint
 
 SHAPES_DIRECTORY = Path("/tmp/tensorsmith-shapes")
-LEVELS = {1: 8, 8: 24, 32: 64}  # clients: requests
+LEVELS = {1: 8, 8: 32, 32: 128}  # clients: requests (4 per client: the closed loop past its start and before its end)
 SLOTS = 32
 
 
@@ -125,9 +125,69 @@ def one_at_a_time(artifact: str, out: str) -> None:
     Path(out).write_text(json.dumps(result))
 
 
+def in_process(artifact: str, clients: int) -> dict[str, Any]:
+    """The 32-client level on the engine itself (`load().engine`, threads as clients, no HTTP), with the time
+    its model calls take, prefill and decode apart: where the server's time goes.
+
+        .venv/bin/python -m bench.serve --in-process ARTIFACT [CLIENTS]
+    """
+    import threading
+    from collections import defaultdict
+
+    import numpy as np
+
+    from tensorsmith.runtime import load
+
+    items = workload(LEVELS[clients], seed=clients)
+    calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])  # calls, seconds, tokens or rows
+    with load(artifact, backend="onnxruntime") as model, model.engine(slots=SLOTS) as engine:
+        list(engine.submit(np.array(items[0].prompt), max_new_tokens=4))  # warm-up
+        step = engine._slots.step
+
+        def timed_step(feeds: Any, visible: Any) -> Any:
+            started = time.perf_counter()
+            logits = step(feeds, visible)
+            kind = "prefill" if feeds.input_ids.shape[1] > 1 else "decode"
+            record = calls[kind]
+            record[0] += 1
+            record[1] += time.perf_counter() - started
+            record[2] += feeds.input_ids.shape[1] if kind == "prefill" else int(visible.sum())
+            return logits
+
+        engine._slots.step = timed_step  # type: ignore[method-assign]
+        pending, lock, times = list(range(len(items)))[::-1], threading.Lock(), []
+
+        def client() -> None:
+            while True:
+                with lock:
+                    if not pending:
+                        return
+                    item = items[pending.pop()]
+                request = RequestTimes(time.monotonic())
+                for _ in engine.submit(np.array(item.prompt), max_new_tokens=item.max_new_tokens, ignore_eos=True):
+                    request.arrivals.append(time.monotonic())
+                request.tokens = len(request.arrivals)
+                times.append(request)
+
+        started = time.monotonic()
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        result = figures(times, time.monotonic() - started, clients)
+    model_calls = {
+        kind: {"calls": int(c), "seconds": round(s, 2), "tokens": int(n)} for kind, (c, s, n) in calls.items()
+    }
+    return {**result, "model_calls": model_calls}
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--one-at-a-time"]:
         one_at_a_time(sys.argv[2], sys.argv[3])
+        return
+    if sys.argv[1:2] == ["--in-process"]:
+        print(json.dumps(in_process(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 32), indent=2))
         return
     arguments = sys.argv[1:]
     openvino = None
@@ -153,7 +213,9 @@ def main() -> None:
         for clients, count in LEVELS.items():
             out = Path(tempfile.mkstemp(suffix=".json")[1])
             script = str(Path(__file__).with_name("serve_openvino.py"))
-            subprocess.run([python, script, model_dir, str(clients), str(count), str(out)], check=True)
+            subprocess.run(
+                [python, script, model_dir, str(clients), str(count), str(out)], check=True, stdout=subprocess.DEVNULL
+            )  # its figures are in `out`
             results["OpenVINO GenAI ContinuousBatchingPipeline"][str(clients)] = json.loads(out.read_text())
     print(json.dumps(results, indent=2))
 
