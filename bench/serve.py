@@ -154,7 +154,7 @@ def in_process(artifact: str, clients: int) -> dict[str, Any]:
             record[2] += feeds.input_ids.shape[1] if kind == "prefill" else int(visible.sum())
             return logits
 
-        engine._slots.step = timed_step  # type: ignore[method-assign]
+        engine._slots.step = timed_step
         pending, lock, times = list(range(len(items)))[::-1], threading.Lock(), []
 
         def client() -> None:
