@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tensorsmith.compiler import CompileConfig, compile
-from tensorsmith.compiler.artifact.triton import export_triton
 from tensorsmith.compiler.engines import records
 from tensorsmith.compiler.frontend import fused
 from tensorsmith.compiler.variants.text_data import OBSERVED_BYTES, calibration_batch
@@ -65,8 +64,6 @@ def test_a_graph_s_record_covers_its_external_weights(external_artifact: tuple[P
     _, out = external_artifact
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    triton = export_triton(copy, "cpu", tmp_path / "repository")
-    assert (triton.directory / "1" / "model.onnx.data").is_file()  # the weights go with the graph
     data = copy / "model.onnx.data"
     damaged = bytearray(data.read_bytes())
     damaged[-1] ^= 0xFF
