@@ -5,10 +5,11 @@
     async for token in stream: ...
 
 One thread runs the model. Each turn it gives waiting requests the free slots (lowest first, so the running
-ones stay packed at the front), runs one prefill chunk of the oldest request still reading its prompt (a long
-prompt takes several turns, so the running requests keep decoding in between), then one decode step for every
-decoding slot in one model call. A request that ends (end-of-sequence, a stop token, max_new_tokens) or is
-cancelled frees its slot before the next turn. Greedy tokens are `Model.generate`'s for the same request.
+ones stay packed at the front), reads up to `prefill_chunk` prompt tokens of the requests still reading theirs
+(oldest first, a model call each: a long prompt takes several turns, so the running requests keep decoding in
+between), then runs one decode step for every decoding slot in one model call. A request that ends
+(end-of-sequence, a stop token, max_new_tokens) or is cancelled frees its slot before the next turn. Greedy
+tokens are `Model.generate`'s for the same request.
 """
 
 from __future__ import annotations
@@ -189,17 +190,22 @@ class GenerationEngine:
             self._running[request.slot] = request
 
     def _turn_once(self) -> None:
-        """One prefill chunk and one decode step. Only this thread changes `_running` (the lock guards the queue)."""
-        reading = [request for request in self._running.values() if not request.decoding]
-        if reading:
-            self._prefill(min(reading, key=lambda request: request.stream.id))
+        """Up to `prefill_chunk` prompt tokens (the oldest reading requests first, a call each), then one decode
+        step. Only this thread changes `_running` (the lock guards the queue)."""
+        budget = self.prefill_chunk
+        reading = sorted((r for r in self._running.values() if not r.decoding), key=lambda r: r.stream.id)
+        for request in reading:
+            if budget <= 0:
+                break
+            budget -= self._prefill(request, budget)
         decoding = {slot: request for slot, request in self._running.items() if request.decoding}
         if decoding:
             self._decode(decoding)
 
-    def _prefill(self, request: _Running) -> None:
+    def _prefill(self, request: _Running, budget: int) -> int:
+        """Read up to `budget` more of a request's prompt into its slot; the tokens read."""
         start, slot = request.read, request.slot
-        chunk = request.prompt[start : start + self.prefill_chunk]
+        chunk = request.prompt[start : start + budget]
         if start == 0:
             self._slots.start(slot)
         positions = np.arange(start, start + len(chunk), dtype=np.int64)
@@ -208,6 +214,7 @@ class GenerationEngine:
         request.read = request.cached = start + len(chunk)
         if request.decoding:
             self._accept(request, logits[0])
+        return len(chunk)
 
     def _decode(self, decoding: dict[int, _Running]) -> None:
         """One token for every decoding slot: a call per run of slots, split where a gap is wide enough that its

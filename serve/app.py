@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from tensorsmith.serve.errors import OpenAIError
 from tensorsmith.serve.generation import Completion
-from tensorsmith.serve.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, _Generation
+from tensorsmith.serve.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, GenerationFields
 from tensorsmith.serve.responses import DONE, Answer, sse
 from tensorsmith.serve.served import Served, ServeSettings
 
@@ -84,12 +84,8 @@ def create_app(settings: ServeSettings, on_ready: Callable[[Served], None] | Non
     async def completions(body: CompletionRequest, request: Request) -> Response:
         engine, codec = served.generation(body.model)
         body.check()
-        prompt = (
-            body.prompt[0]
-            if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str)
-            else body.prompt
-        )
-        ids = codec.encode(prompt) if isinstance(prompt, str) else [int(token) for token in prompt]
+        prompt = body.single_prompt
+        ids = codec.encode(prompt) if isinstance(prompt, str) else prompt
         completion = Completion(engine, codec, ids, body.max_tokens, body.stops, body.sampling())
         return await _answer(served, completion, body, Answer.new(served.name, chat=False), request)
 
@@ -139,7 +135,7 @@ async def _load(served: Served, on_ready: Callable[[Served], None] | None) -> No
 
 
 async def _answer(
-    served: Served, completion: Completion, body: _Generation, answer: Answer, request: Request
+    served: Served, completion: Completion, body: GenerationFields, answer: Answer, request: Request
 ) -> Response:
     """The whole answer, or its server-sent events; the request accounted for when it ends either way."""
     assert served.metrics is not None

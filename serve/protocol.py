@@ -15,7 +15,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Generation(BaseModel):
+class GenerationFields(BaseModel):
     """What completions and chat completions share: sampling, stops, streaming."""
 
     model_config = ConfigDict(extra="ignore")
@@ -70,7 +70,7 @@ class _Generation(BaseModel):
         }
 
 
-class CompletionRequest(_Generation):
+class CompletionRequest(GenerationFields):
     prompt: str | list[int] | list[str]
     max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
@@ -88,6 +88,13 @@ class CompletionRequest(_Generation):
                 param="prompt",
                 hint="send each prompt as its own request",
             )
+
+    @property
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: text, or token ids (a list of one text is its text)."""
+        if self.prompt and isinstance(self.prompt, list) and isinstance(self.prompt[0], str):
+            return str(self.prompt[0])
+        return self.prompt if isinstance(self.prompt, str) else [int(token) for token in self.prompt]
 
 
 class ContentPart(BaseModel):
@@ -108,7 +115,7 @@ class ChatMessage(BaseModel):
         return {**self.model_dump(exclude_none=True), "content": content or ""}
 
 
-class ChatCompletionRequest(_Generation):
+class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
