@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from pathlib import Path
 
@@ -76,6 +77,7 @@ def serve_command(
             f"{artifact} has no tokenizer (tokenizer/tokenizer.json)",
             hint="pass --tokenizer DIR, a folder with the model's tokenizer.json",
         )
+    _check_address(host, port)
     settings = ServeSettings(
         artifact,
         served_model_name or artifact.resolve().name,
@@ -114,3 +116,15 @@ def serve_command(
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
     if app.state.served.error is not None:
         sys.exit(1)
+
+
+def _check_address(host: str, port: int) -> None:
+    """The address can be listened on: said as one line before the model loads, not as uvicorn's bind error."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as err:
+        raise TensorsmithError(
+            f"cannot listen on {host}:{port}: {err.strerror}", hint="choose another --port, or stop what listens there"
+        ) from err

@@ -4,6 +4,7 @@ own Python client, Prometheus' own parser."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -175,3 +176,18 @@ def test_concurrent_clients_and_disconnects_leave_no_slot_taken(client: openai.O
         if running == 0:
             break
     assert running == 0
+
+
+def test_bad_serve_arguments_are_one_line_before_the_load(tinylm_cpu_artifact: Path, tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        busy = run_cli("serve", str(tinylm_cpu_artifact), "--port", port)
+    assert busy.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr
+    many = run_cli("serve", str(tinylm_cpu_artifact), "--slots", "64")
+    assert many.exit_code == 1 and "--slots 64 is more than" in many.stderr and "largest batch, 8" in many.stderr
+    missing = run_cli("serve", str(tmp_path / "nothing"))
+    assert missing.exit_code == 1 and "nothing" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
