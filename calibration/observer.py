@@ -19,7 +19,7 @@ from tensorsmith.calibration.statistics import Statistics, TensorStatistics
 from tensorsmith.core.errors import CalibrationError
 from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.core.sessions import recall_run, session_for, session_with_outputs
-from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
+from tensorsmith.runtime.errors import onnxruntime_reason
 
 logger = logging.getLogger(__name__)
 

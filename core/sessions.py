@@ -22,7 +22,7 @@ from tensorsmith.core.errors import ExportError
 from tensorsmith.core.ir import inline_bytes, save_onnx
 from tensorsmith.core.layerwise import LayerwiseSession, layerwise_segments
 from tensorsmith.core.narrow_twin import TWIN_DISABLED_OPTIMIZERS, twin_of
-from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
+from tensorsmith.runtime.errors import onnxruntime_reason
 
 # ONNX Runtime's log severities run 0 verbose … 3 error, 4 fatal. The compiler's sessions log fatal only: an
 # error comes back as an exception too, which the compiler words as one line (its log line would repeat it raw).

@@ -6,6 +6,8 @@ It lives in the runtime because the runtime ships alone and every other package 
 
 from __future__ import annotations
 
+import re
+
 
 class TensorsmithError(Exception):
     """Base of every error tensorsmith raises on purpose. `hint` says what to do about it."""
@@ -34,3 +36,14 @@ class InferenceError(TensorsmithError):
 class InputError(TensorsmithError, ValueError):
     """Arguments or feeds a loaded model cannot take (a generation setting out of range, a token id outside the
     vocabulary), found before anything runs. A ValueError too, as numpy and transformers raise for such."""
+
+
+# ONNX Runtime's status prefix, and the path it names when a load fails (the caller names the model its own way)
+_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*(Load model from .* failed:)?\s*")
+
+
+def onnxruntime_reason(err: BaseException) -> str:
+    """ONNX Runtime's error as one line, without its `[ONNXRuntimeError] : 10 : INVALID_GRAPH :` prefix (the
+    rest names the node or input)."""
+    text = str(err).strip()
+    return _STATUS_PREFIX.sub("", text.splitlines()[0]) if text else type(err).__name__

@@ -93,8 +93,10 @@ class Model:
                                 Sampling(do_sample, temperature, top_k, top_p), num_beams, eos_token_id,
                                 pad_token_id, seed)  # fmt: skip
         if streamer is not None and request.num_beams > 1:  # transformers raises too: beams are reordered
-            raise InputError("a streamer cannot follow beam search (the beams change until the end)",
-                             hint="stream with num_beams 1, or read the sequences generate() returns")  # fmt: skip
+            raise InputError(
+                "a streamer cannot follow beam search (the beams change until the end)",
+                hint="stream with num_beams 1, or read the sequences generate() returns",
+            )
         from tensorsmith.runtime.kv_cache import CacheShape
 
         dtype = self._cache_dtype()
@@ -107,33 +109,40 @@ class Model:
         return generator.generate(request.prompt, request.mask, request.max_new_tokens, request.sampling,
                                   request.num_beams, request.eos, request.pad, request.seed, streamer)  # fmt: skip
 
-    def engine(self, slots: int = 8, max_sequence_length: int | None = None, max_queue: int = 256,
-               prefill_chunk: int = 256) -> GenerationEngine:  # fmt: skip
+    def engine(
+        self, slots: int = 8, max_sequence_length: int | None = None, max_queue: int = 256, prefill_chunk: int = 256
+    ) -> GenerationEngine:
         """A continuous-batching engine over this decoder (runtime/engine.py): `slots` requests decode together,
         each of at most `max_sequence_length` tokens (the compile's by default), with `max_queue` more waiting.
-        Prompts are read `prefill_chunk` tokens a step. Close it (or use it as a context manager) when done."""
+        Up to `prefill_chunk` prompt tokens are read a turn. Close it (or use it as a context manager) when done."""
         from tensorsmith.runtime.engine import GenerationEngine
         from tensorsmith.runtime.kv_cache import CacheShape
 
         layout = self.manifest.generation
         if layout is None or layout.kv_cache != "static":
             what = "not a decoder artifact" if layout is None else "compiled with the dynamic KV cache"
-            raise InputError(f"{self.directory} is {what}: continuous batching needs the static cache",
-                             hint="compile the decoder with --kv-cache static (the default)")  # fmt: skip
+            raise InputError(
+                f"{self.directory} is {what}: continuous batching needs the static cache",
+                hint="compile the decoder with --kv-cache static (the default)",
+            )
         limit = self.max_batch
-        for name, value, low, high in (("slots", slots, 1, limit), ("max_queue", max_queue, 0, None),
-                                       ("prefill_chunk", prefill_chunk, 1, None),
-                                       ("max_sequence_length", max_sequence_length or layout.max_sequence_length, 2,
-                                        layout.max_sequence_length)):  # fmt: skip
+        for name, value, low, high in (
+            ("slots", slots, 1, limit),
+            ("max_queue", max_queue, 0, None),
+            ("prefill_chunk", prefill_chunk, 1, None),
+            ("max_sequence_length", max_sequence_length or layout.max_sequence_length, 2, layout.max_sequence_length),
+        ):
             if not isinstance(value, int) or value < low or (high is not None and value > high):
                 bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
-                raise InputError(f"{name} is {value!r}, and must be an integer {bound}",
-                                 hint="the artifact's limits come from its compile ([generation] max_batch and "
-                                 "max_sequence_length)")  # fmt: skip
+                raise InputError(
+                    f"{name} is {value!r}, and must be an integer {bound}",
+                    hint="the artifact's limits come from its compile ([generation] max_batch and max_sequence_length)",
+                )
         capacity = max_sequence_length or layout.max_sequence_length
         shape = CacheShape(layout, slots, capacity, self._cache_dtype())
-        return GenerationEngine(self._backend.open_slots(shape), self.manifest, str(self.directory), max_queue,
-                                prefill_chunk)  # fmt: skip
+        return GenerationEngine(
+            self._backend.open_slots(shape), self.manifest, str(self.directory), max_queue, prefill_chunk
+        )
 
     def _cache_dtype(self) -> np.dtype:
         """The dtype the backend's graph takes for the cache (fp16 in a GPU engine where the manifest says fp32)."""

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from tensorsmith.runtime.backend import Backend
-from tensorsmith.runtime.errors import InferenceError, InputError, RuntimeLoadError
+from tensorsmith.runtime.errors import InferenceError, InputError, RuntimeLoadError, onnxruntime_reason
 from tensorsmith.runtime.kv_cache import CacheSession, CacheShape
 from tensorsmith.runtime.slots import SlotCache
 from tensorsmith.runtime.specs import Limits, TensorSpec
@@ -90,8 +89,10 @@ class OnnxRuntimeBackend(Backend):
         host, as every backend's."""
         fixed = next(i.shape[2] for i in self._session.get_inputs() if i.name == shape.growing_pasts[0])
         if isinstance(fixed, int) and fixed != shape.capacity:
-            raise InputError(f"this graph's cache holds {fixed} tokens, not {shape.capacity}",
-                             hint=f"open the engine with max_sequence_length={fixed}")  # fmt: skip
+            raise InputError(
+                f"this graph's cache holds {fixed} tokens, not {shape.capacity}",
+                hint=f"open the engine with max_sequence_length={fixed}",
+            )
         if self.provider != "CPUExecutionProvider":
             return super().open_slots(shape)
         from tensorsmith.runtime.onnxruntime_slots import OnnxRuntimeSlotCache
@@ -105,14 +106,3 @@ class OnnxRuntimeBackend(Backend):
         except Exception as err:  # onnxruntime's own untyped errors (a kernel failing on these values)
             raise InferenceError(f"ONNX Runtime failed running {self.name}: {onnxruntime_reason(err)}") from err
         return dict(zip(self._output_names, values, strict=True))
-
-
-# ONNX Runtime's status prefix, and the path it names when a load fails (the caller names the model its own way)
-_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*(Load model from .* failed:)?\s*")
-
-
-def onnxruntime_reason(err: BaseException) -> str:
-    """ONNX Runtime's error as one line, without its `[ONNXRuntimeError] : 10 : INVALID_GRAPH :` prefix (the
-    rest names the node or input)."""
-    text = str(err).strip()
-    return _STATUS_PREFIX.sub("", text.splitlines()[0]) if text else type(err).__name__

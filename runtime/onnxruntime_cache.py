@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorsmith.runtime.errors import InferenceError
+from tensorsmith.runtime.errors import InferenceError, onnxruntime_reason
 from tensorsmith.runtime.kv_cache import CacheShape, StaticCacheSession, present_of
 
 
@@ -57,8 +57,6 @@ class OnnxRuntimeStaticCache(StaticCacheSession):
         try:
             self._session.run_with_iobinding(self._binding)
         except Exception as err:  # onnxruntime's own untyped errors
-            from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
-
             raise InferenceError(f"ONNX Runtime failed running a generation step: {onnxruntime_reason(err)}") from err
         for name, (spare, value) in list(self._spares.items()):  # the new states become the next step's input
             self._spares[name] = (self.cache[name], self._values[name])

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorsmith.runtime.errors import InferenceError
+from tensorsmith.runtime.errors import InferenceError, onnxruntime_reason
 from tensorsmith.runtime.kv_cache import CacheShape, present_of
 from tensorsmith.runtime.slots import SlotCache, SlotFeeds
 
@@ -48,8 +48,6 @@ class OnnxRuntimeSlotCache(SlotCache):
         try:
             self._session.run_with_iobinding(binding)
         except Exception as err:  # onnxruntime's own untyped errors
-            from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
-
             raise InferenceError(f"ONNX Runtime failed running a batched step: {onnxruntime_reason(err)}") from err
         logits = binding.get_outputs()[0].numpy()
         return np.asarray(logits[:, -1, :])

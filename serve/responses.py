@@ -29,8 +29,14 @@ class Answer:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def _choice(self, text: str | None, finish_reason: str | None, chunk: bool, first: bool = False,
-                token_ids: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+    def _choice(
+        self,
+        text: str | None,
+        finish_reason: str | None,
+        chunk: bool,
+        first: bool = False,
+        token_ids: list[int] | None = None,
+    ) -> dict[str, Any]:
         ids = {} if token_ids is None else {"token_ids": token_ids}  # vLLM's return_token_ids
         if not self.chat:
             return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason, **ids}
@@ -40,8 +46,14 @@ class Answer:
         message = {"role": "assistant", "content": text}
         return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason, **ids}
 
-    def whole(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
-              token_ids: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+    def whole(
+        self,
+        text: str,
+        finish_reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        token_ids: list[int] | None = None,
+    ) -> dict[str, Any]:
         return {
             **self._head(False),
             "choices": [self._choice(text, finish_reason, False, token_ids=token_ids)],

@@ -31,7 +31,7 @@ import numpy as np
 
 from tensorsmith.core.tensor_ranges import TensorRange, tensor_ranges
 from tensorsmith.passes.half_float import FP16_MAX, INFINITY_STAND_IN
-from tensorsmith.runtime.onnxruntime_backend import onnxruntime_reason
+from tensorsmith.runtime.errors import onnxruntime_reason
 
 logger = logging.getLogger(__name__)
 

@@ -53,8 +53,10 @@ def is_heldout(name: str) -> bool:
 
 # A chat format for `tensorsmith serve`'s /v1/chat/completions: "role: content" lines, the assistant's turn
 # opened last. The model never saw chats (it knows the standard library's docs), so its answers are docs-like.
-CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
-                 "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")  # fmt: skip
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def train_tokenizer(texts: list[str]) -> object:
