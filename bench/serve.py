@@ -63,45 +63,18 @@ async def _drive(api: str, clients: int, count: int, seed: int) -> dict[str, Any
     return figures(times, wall, clients)
 
 
-def _vm_hwm_gb(pid: int) -> float:
-    """A running process's peak RSS, from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 1e6, 3)
-    return 0.0
-
-
 def serve_side(artifact: Path) -> dict[str, Any]:
     """The server in its own process; each level after a warm-up of 2 requests."""
-    import socket
+    from tests.serve.server import serving
 
-    import httpx
-
-    with socket.socket() as probe:  # a free loopback port
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    command = [str(Path(sys.executable).with_name("tensorsmith")), "serve", str(artifact), "--port", str(port),
-               "--slots", str(SLOTS), "--served-model-name", "model"]  # fmt: skip
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    api = f"http://127.0.0.1:{port}/v1"
-    try:
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+    with serving(artifact, "--slots", str(SLOTS), "--served-model-name", "model") as server:
         results: dict[str, Any] = {}
         for clients, count in LEVELS.items():
-            asyncio.run(_drive(api, 2, 2, seed=99))
-            results[str(clients)] = asyncio.run(_drive(api, clients, count, seed=clients))
+            asyncio.run(_drive(server.api, 2, 2, seed=99))
+            results[str(clients)] = asyncio.run(_drive(server.api, clients, count, seed=clients))
             print(f"tensorsmith serve, {clients} clients: {results[str(clients)]}", file=sys.stderr, flush=True)
-        results["peak_rss_gb"] = _vm_hwm_gb(server.pid)
+        results["peak_rss_gb"] = round(server.memory_kb("VmHWM") / 1e6, 3)
         return results
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
 
 def one_at_a_time(artifact: str, out: str) -> None:

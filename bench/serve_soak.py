@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.serve.server import Server, serving
+
 # (body, the field its error must name)
 MALFORMED: list[tuple[dict[str, object], str]] = [
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
@@ -87,14 +89,9 @@ def _gauges(url: str) -> dict[str, float]:
     return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
 
 
-def _rss_kb(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
-
-
-def soak(url: str, pid: int, model: str, requests: int, clients: int, seed: int = 0) -> SoakResult:
-    """Soak the server at `url` (process `pid`) serving `model`."""
-    api = f"{url}/v1"
+def soak(server: Server, model: str, requests: int, clients: int, seed: int = 0) -> SoakResult:
+    """Soak `server`, serving `model`."""
+    url, api = server.url, server.api
     kinds = plan(requests, seed)
     failures: list[str] = []
 
@@ -107,27 +104,25 @@ def soak(url: str, pid: int, model: str, requests: int, clients: int, seed: int 
 
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(lambda index: _request(api, model, index, "whole"), range(clients)))  # warm-up
-        warm = _rss_kb(pid)
+        warm = server.memory_kb()
         outcomes = Counter(pool.map(one, range(requests)))
     for _ in range(200):  # a cancelled request's slot frees at the engine's next turn
         gauges = _gauges(url)
         if gauges["vllm:num_requests_running"] == gauges["vllm:num_requests_waiting"] == 0:
             break
-    return SoakResult(outcomes, failures, warm, _rss_kb(pid), gauges["vllm:num_requests_running"],
+    return SoakResult(outcomes, failures, warm, server.memory_kb(), gauges["vllm:num_requests_running"],
                       gauges["vllm:num_requests_waiting"])  # fmt: skip
 
 
 def main() -> None:
     import time
 
-    from tests.serve.server import serving
-
     artifact = Path(sys.argv[1])
     requests = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     clients = int(sys.argv[3]) if len(sys.argv) > 3 else 32
     with serving(artifact, "--slots", "8", "--served-model-name", "m") as server:
         started = time.monotonic()
-        result = soak(server.url, server.process.pid, "m", requests, clients)
+        result = soak(server, "m", requests, clients)
         wall = time.monotonic() - started
     print(json.dumps({"requests": requests, "clients": clients, "wall_s": round(wall, 1),
                       "outcomes": dict(result.outcomes), "failures": result.failures[:10],

@@ -6,11 +6,13 @@ import logging
 import socket
 import sys
 from pathlib import Path
+from typing import get_args
 
 import click
 
 from tensorsmith.cli.output import emit_json, handle_errors, stdout
 from tensorsmith.runtime.errors import TensorsmithError
+from tensorsmith.runtime.loader import BackendChoice
 
 
 @click.command("serve")
@@ -35,9 +37,7 @@ from tensorsmith.runtime.errors import TensorsmithError
 )
 @click.option("--served-model-name", help="The model's id in the API [the artifact folder's name].")
 @click.option("--metrics-prefix", type=click.Choice(["vllm:", "tensorsmith:"]), default="vllm:", show_default=True)
-@click.option(
-    "--backend", type=click.Choice(["auto", "tensorrt", "onnxruntime", "openvino"]), default="auto", show_default=True
-)
+@click.option("--backend", type=click.Choice(get_args(BackendChoice)), default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Announce the server as one JSON object on stdout.")
 @handle_errors
 def serve_command(
@@ -72,12 +72,6 @@ def serve_command(
             f"--slots {slots} is more than {artifact}'s largest batch, {limit}",
             hint=f"use --slots {limit} or fewer, or compile with a larger [generation] max_batch",
         )
-    if tokenizer is None and not (artifact / "tokenizer" / "tokenizer.json").is_file():
-        raise TensorsmithError(
-            f"{artifact} has no tokenizer (tokenizer/tokenizer.json)",
-            hint="pass --tokenizer DIR, a folder with the model's tokenizer.json",
-        )
-    _check_address(host, port)
     settings = ServeSettings(
         artifact,
         served_model_name or artifact.resolve().name,
@@ -90,6 +84,8 @@ def serve_command(
         metrics_prefix,
         backend,
     )
+    settings.tokenizer_folder()  # a missing tokenizer is named before the server starts too
+    _check_address(host, port)
     url = f"http://{host}:{port}"
 
     def announce(served: Served) -> None:

@@ -125,12 +125,12 @@ class Model:
                 f"{self.directory} is {what}: continuous batching needs the static cache",
                 hint="compile the decoder with --kv-cache static (the default)",
             )
-        limit = self.max_batch
+        capacity = max_sequence_length or layout.max_sequence_length
         for name, value, low, high in (
-            ("slots", slots, 1, limit),
+            ("slots", slots, 1, self.max_batch),
             ("max_queue", max_queue, 0, None),
             ("prefill_chunk", prefill_chunk, 1, None),
-            ("max_sequence_length", max_sequence_length or layout.max_sequence_length, 2, layout.max_sequence_length),
+            ("max_sequence_length", capacity, 2, layout.max_sequence_length),
         ):
             if not isinstance(value, int) or value < low or (high is not None and value > high):
                 bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
@@ -138,7 +138,6 @@ class Model:
                     f"{name} is {value!r}, and must be an integer {bound}",
                     hint="the artifact's limits come from its compile ([generation] max_batch and max_sequence_length)",
                 )
-        capacity = max_sequence_length or layout.max_sequence_length
         shape = CacheShape(layout, slots, capacity, self._cache_dtype())
         return GenerationEngine(
             self._backend.open_slots(shape), self.manifest, str(self.directory), max_queue, prefill_chunk

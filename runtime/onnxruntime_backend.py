@@ -79,16 +79,16 @@ class OnnxRuntimeBackend(Backend):
 
         logits = next(spec for spec in self.outputs if spec.name == "logits")
         device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
-        fixed = next(i.shape[2] for i in self._session.get_inputs() if i.name == shape.growing_pasts[0])
-        if isinstance(fixed, int):  # a graph written for an engine: the cache as long as the longest request
+        fixed = self._fixed_capacity(shape)
+        if fixed is not None:  # a graph written for an engine: the cache as long as the longest request
             shape = dataclasses.replace(shape, capacity=fixed)
         return OnnxRuntimeStaticCache(self._session, shape, int(logits.shape[-1]), np.dtype(logits.dtype), device)
 
     def open_slots(self, shape: CacheShape) -> SlotCache:
         """On the CPU provider the slots are bound in place (runtime/onnxruntime_slots.py); on CUDA through the
         host, as every backend's."""
-        fixed = next(i.shape[2] for i in self._session.get_inputs() if i.name == shape.growing_pasts[0])
-        if isinstance(fixed, int) and fixed != shape.capacity:
+        fixed = self._fixed_capacity(shape)
+        if fixed is not None and fixed != shape.capacity:
             raise InputError(
                 f"this graph's cache holds {fixed} tokens, not {shape.capacity}",
                 hint=f"open the engine with max_sequence_length={fixed}",
@@ -98,6 +98,11 @@ class OnnxRuntimeBackend(Backend):
         from tensorsmith.runtime.onnxruntime_slots import OnnxRuntimeSlotCache
 
         return OnnxRuntimeSlotCache(self._session, shape)
+
+    def _fixed_capacity(self, shape: CacheShape) -> int | None:
+        """The cache length the graph fixes (one written for an engine), None where it is a dynamic dim."""
+        fixed = next(i.shape[2] for i in self._session.get_inputs() if i.name == shape.growing_pasts[0])
+        return fixed if isinstance(fixed, int) else None
 
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # InferenceSession.run is thread-safe, so one session serves concurrent callers.

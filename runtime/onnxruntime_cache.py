@@ -18,6 +18,14 @@ from tensorsmith.runtime.errors import InferenceError, onnxruntime_reason
 from tensorsmith.runtime.kv_cache import CacheShape, StaticCacheSession, present_of
 
 
+def run_bound(session: Any, binding: Any, what: str) -> None:
+    """Run `session` on its I/O binding; ONNX Runtime's error as an InferenceError naming `what` ran."""
+    try:
+        session.run_with_iobinding(binding)
+    except Exception as err:  # onnxruntime's own untyped errors
+        raise InferenceError(f"ONNX Runtime failed running {what}: {onnxruntime_reason(err)}") from err
+
+
 class OnnxRuntimeStaticCache(StaticCacheSession):
     def __init__(self, session: Any, shape: CacheShape, vocabulary: int, logits_dtype: np.dtype, device: str = "cpu"
                  ) -> None:  # fmt: skip
@@ -54,10 +62,7 @@ class OnnxRuntimeStaticCache(StaticCacheSession):
     def _run_step(self, small: dict[str, np.ndarray]) -> np.ndarray:
         for name, array in small.items():
             self._binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        try:
-            self._session.run_with_iobinding(self._binding)
-        except Exception as err:  # onnxruntime's own untyped errors
-            raise InferenceError(f"ONNX Runtime failed running a generation step: {onnxruntime_reason(err)}") from err
+        run_bound(self._session, self._binding, "a generation step")
         for name, (spare, value) in list(self._spares.items()):  # the new states become the next step's input
             self._spares[name] = (self.cache[name], self._values[name])
             self.cache[name], self._values[name] = spare, value

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from tensorsmith.runtime.errors import InferenceError, onnxruntime_reason
 from tensorsmith.runtime.kv_cache import CacheShape, present_of
+from tensorsmith.runtime.onnxruntime_cache import run_bound
 from tensorsmith.runtime.slots import SlotCache, SlotFeeds
 
 
@@ -45,10 +45,7 @@ class OnnxRuntimeSlotCache(SlotCache):
         binding = self._binding(feeds.rows)
         for name, array in feeds.small(self.shape.layout.position_ids).items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        try:
-            self._session.run_with_iobinding(binding)
-        except Exception as err:  # onnxruntime's own untyped errors
-            raise InferenceError(f"ONNX Runtime failed running a batched step: {onnxruntime_reason(err)}") from err
+        run_bound(self._session, binding, "a batched step")
         logits = binding.get_outputs()[0].numpy()
         return np.asarray(logits[:, -1, :])
 

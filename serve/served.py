@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tensorsmith.runtime.engine import GenerationEngine
+from tensorsmith.runtime.errors import TensorsmithError
 from tensorsmith.runtime.loader import BackendChoice, Model, load
 from tensorsmith.serve.embeddings import Embedder
 from tensorsmith.serve.errors import OpenAIError
@@ -27,6 +28,18 @@ class ServeSettings:
     tokenizer: Path | None = None  # where the artifact has none (a PyTorch source's encoder)
     metrics_prefix: str = "vllm:"
     backend: BackendChoice = "auto"
+
+    def tokenizer_folder(self) -> Path:
+        """Where tokenizer.json is: `tokenizer`, else the artifact's copy; a TensorsmithError without one."""
+        folder = self.tokenizer or self.artifact / "tokenizer"
+        if not (folder / "tokenizer.json").is_file():
+            raise TensorsmithError(
+                f"{self.artifact} has no tokenizer (tokenizer/tokenizer.json)"
+                if self.tokenizer is None
+                else f"{folder} has no tokenizer.json",
+                hint="pass --tokenizer DIR, a folder with the model's tokenizer.json",
+            )
+        return folder
 
 
 class Served:
@@ -48,14 +61,7 @@ class Served:
     def load(self) -> None:
         """Load the artifact and open what serves it (in a worker thread: the loop keeps answering /health)."""
         settings = self.settings
-        tokenizer = settings.tokenizer or settings.artifact / "tokenizer"
-        if not (tokenizer / "tokenizer.json").is_file():
-            raise OpenAIError(
-                500,
-                f"{settings.artifact} has no tokenizer (tokenizer/tokenizer.json)",
-                hint="pass --tokenizer DIR, a folder with the model's tokenizer.json",
-            )
-        self.codec = TextCodec(tokenizer, settings.chat_template)
+        self.codec = TextCodec(settings.tokenizer_folder(), settings.chat_template)
         model = self.model = load(settings.artifact, backend=settings.backend)
         if model.manifest.generation is not None:
             self.engine = model.engine(

@@ -29,6 +29,11 @@ class Server:
     url: str
     log: IO[str]
 
+    def memory_kb(self, field: str = "VmRSS") -> int:
+        """The server process's memory from /proc: VmRSS now, or VmHWM (its peak)."""
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith(f"{field}:")).split()[1])
+
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read()

@@ -23,7 +23,7 @@ def test_soak_with_cancellations_and_malformed_requests(tinylm_cpu_artifact: Pat
     """bench/serve_soak.py scaled down: 240 requests from 16 clients on 4 slots, 10 % left mid-stream by their
     client, 5 % malformed."""
     with serving(tinylm_cpu_artifact, "--slots", "4", "--max-queue", "64", "--served-model-name", "m") as server:
-        result = soak(server.url, server.process.pid, "m", requests=240, clients=16)
+        result = soak(server, "m", requests=240, clients=16)
         assert not result.failures, result.failures[:5]
         expected = Counter({"cancel": "cancelled", "malformed": "refused"}.get(kind, kind) for kind in plan(240))
         assert result.outcomes == expected and expected["cancelled"] and expected["refused"]
