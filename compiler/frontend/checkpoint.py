@@ -45,9 +45,9 @@ def _names(keys: list[str]) -> str:
     return shown + (f" … and {len(keys) - _LIST_LIMIT} more" if len(keys) > _LIST_LIMIT else "")
 
 
-def check_safetensors_dtypes(path: Path) -> None:
+def check_safetensors_dtypes(path: Path, stored: frozenset[str] = frozenset()) -> None:
     """Refuse, naming the dtype and the file, a safetensors file whose tensors are not float weights or integer
-    buffers; only its header is read."""
+    buffers (`stored`: a pre-quantized format's tensors, read by it); only its header is read."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -55,7 +55,8 @@ def check_safetensors_dtypes(path: Path) -> None:
             codes = {name: opened.get_slice(name).get_dtype() for name in opened.keys()}  # noqa: SIM118 (not iterable)
     except (SafetensorError, OSError, ValueError) as err:
         raise ExportError(f"checkpoint {path} is not a valid safetensors file: {err}") from err
-    refused = sorted(name for name, code in codes.items() if code not in FLOAT_DTYPES and code not in BUFFER_DTYPES)
+    taken = {*FLOAT_DTYPES, *BUFFER_DTYPES}
+    refused = sorted(name for name, code in codes.items() if code not in taken and name not in stored)
     if refused:
         dtype = codes[refused[0]]
         raise ExportError(

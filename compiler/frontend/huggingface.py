@@ -107,8 +107,9 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
             hint="re-save the model with save_pretrained(dir, safe_serialization=True); pickled weights are not read",
         )
     check_shards(model.directory)
+    model = replace(model, quantized=read_quantized_checkpoint(path, config))
     _check_dtypes(model)
-    return replace(model, quantized=read_quantized_checkpoint(path, config))
+    return model
 
 
 def _with_standard_sizes(config: dict[str, Any]) -> dict[str, Any]:
@@ -135,14 +136,17 @@ def export_hint(model: HuggingFaceModel) -> str:
 
 
 def _check_dtypes(model: HuggingFaceModel) -> None:
-    """A dtype the compile cannot take, in config.json or in a weights file, named before any work."""
+    """A dtype the compile cannot take, in config.json or in a weights file, named before any work (a
+    pre-quantized checkpoint's codes are its format's to read)."""
     for key in ("dtype", "torch_dtype"):
         declared = model.config.get(key)
         if declared is not None and declared not in CONFIG_DTYPES:
             raise ConfigError(f"{model.directory / CONFIG_FILE} gives {key} {declared!r}; {FLOAT_WEIGHTS}",
                               hint=SAVE_FLOAT)  # fmt: skip
+    quantized = model.quantized
+    stored = {name for module in quantized.modules for name in quantized.stored_names(module)} if quantized else set()
     for path in model.weights():
-        check_safetensors_dtypes(path)
+        check_safetensors_dtypes(path, frozenset(stored))
 
 
 def declare_model_inputs(config: CompileConfig, model: HuggingFaceModel) -> CompileConfig:

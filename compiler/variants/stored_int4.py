@@ -38,6 +38,10 @@ def _with_folded_factor(checkpoint: QuantizedCheckpoint, module: str, graph_weig
     into the query projection: passes/attention.py): the codes stay the checkpoint's. Anything else than one
     factor is refused: the graph would no longer compute the checkpoint's weight."""
     stored = checkpoint.weight(module)
+    if not isinstance(stored, GroupedInt4):  # source_checkpoint took INT4 checkpoints only
+        raise ExportError(
+            f"{checkpoint.weights.directory}: {module} is not stored in INT4", hint="use --int4-algorithm rtn"
+        )
     weight = stored.dequantized(checkpoint.rounding(module))  # as the export read it, unpacked once
     factor = float(np.vdot(graph_weight, weight) / max(float(np.vdot(weight, weight)), 1e-30))
     if np.abs(graph_weight - factor * weight).max() > 1e-5 * max(float(np.abs(graph_weight).max()), 1e-30):

@@ -1,0 +1,215 @@
+"""The published layouts of pre-quantized checkpoints: for each `quant_method` of config.json's
+`quantization_config`, which tensors around a Linear `M` hold its codes and scales, and how to read them
+(core/grouped_int4.py unpacks the INT4 ones, core/scaled_fp8.py the FP8 ones).
+
+Taken: AutoAWQ's GEMM (`awq`), GPTQ with its rows in order (`gptq`, the original format and `gptq_v2`),
+compressed-tensors' `pack-quantized` INT4 (W4A16) and `float-quantized` FP8 (per tensor, channel or block;
+static or dynamic activations: the activations are the compile's to choose), and block-scaled FP8 as DeepSeek,
+Qwen3-FP8 and transformers' FineGrainedFP8 write it (`fp8`). Every setting is checked here, before the export,
+an error naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
+from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.grouped_int4 import GroupedInt4, awq_int4, compressed_tensors_int4, gptq_int4
+from tensorsmith.core.precisions import Element
+from tensorsmith.core.scaled_fp8 import ScaledFp8, grid_divides, scaled_fp8
+
+TAKEN = "awq (gemm), gptq (rows in order), compressed-tensors pack-quantized int4 and float-quantized fp8, fp8 blocks"
+HINT = f"tensorsmith takes {TAKEN}; or give the unquantized bf16/fp16 checkpoint and --precision"
+StoredWeight: TypeAlias = (
+    GroupedInt4 | ScaledFp8
+)  # a quantized Linear's weight [K, N] as stored; .dequantized() its floats
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One format's tensors around a Linear `M`: the one marking it quantized (`M.<marker>`) and how to read it."""
+
+    element: Element  # what one stored code is
+    marker: str  # e.g. "qweight": only a quantized Linear has it
+    codes: str  # the tensor holding the codes (the marker, or `weight` where the scales mark the Linear)
+    scales: str  # the scales' tensor, stored beside it
+    optional: tuple[str, ...]  # tensors that may be stored beside it (zero points, shapes, g_idx, input scales)
+    features: tuple[int, int]  # (axis, codes per element) of the codes along the input features K
+    columns: tuple[int, int]  # the same along the output features N
+    fits: Callable[[tuple[int, int], tuple[int, ...]], bool]  # (weight [N, K], scales' shape) → whole blocks
+    read: Callable[[CheckpointWeights, str], StoredWeight]  # (weights, module) → its weight
+
+    def weight_shape(self, weights: CheckpointWeights, module: str) -> tuple[int, int]:
+        """`module.weight`'s [N, K], from the codes' header."""
+        packed = weights.shape(f"{module}.{self.codes}")
+        (rows, per_row), (columns, per_column) = self.features, self.columns
+        return packed[columns] * per_column, packed[rows] * per_row
+
+
+def _groups_along(axis: int) -> Callable[[tuple[int, int], tuple[int, ...]], bool]:
+    """INT4 groups: the scales' `axis` counts groups of whole rows of K."""
+    return lambda weight, scales: len(scales) > axis and scales[axis] > 0 and weight[1] % scales[axis] == 0
+
+
+def _awq(weights: CheckpointWeights, module: str) -> GroupedInt4:
+    read = weights.array
+    return awq_int4(read(f"{module}.qweight"), read(f"{module}.qzeros"), read(f"{module}.scales"))
+
+
+def _gptq(stored_minus_one: bool) -> Callable[[CheckpointWeights, str], GroupedInt4]:
+    def read(weights: CheckpointWeights, module: str) -> GroupedInt4:
+        array = weights.array
+        weight = gptq_int4(
+            array(f"{module}.qweight"), array(f"{module}.qzeros"), array(f"{module}.scales"), stored_minus_one
+        )
+        if weight.zero_points is not None and int(weight.zero_points.max()) > 7:
+            raise ConfigError(
+                f"{weights.directory}: {module}.qzeros stores 15, a zero point of 16 in the original "
+                "GPTQ format, outside INT4",
+                hint=HINT,
+            )
+        return weight
+
+    return read
+
+
+def _compressed_int4(weights: CheckpointWeights, module: str) -> GroupedInt4:
+    zero = f"{module}.weight_zero_point"
+    return compressed_tensors_int4(
+        weights.array(f"{module}.weight_packed"),
+        weights.array(f"{module}.weight_scale"),
+        weights.array(zero) if zero in weights else None,
+    )
+
+
+def _fp8(scales: str) -> Callable[[CheckpointWeights, str], ScaledFp8]:
+    return lambda weights, module: scaled_fp8(weights.array(f"{module}.weight"), weights.array(f"{module}.{scales}"))
+
+
+AWQ = Layout(Element.INT4, "qweight", "qweight", "scales", ("qzeros",), (0, 1), (1, 8), _groups_along(0), _awq)
+COMPRESSED_INT4 = Layout(
+    Element.INT4,
+    "weight_packed",
+    "weight_packed",
+    "weight_scale",
+    ("weight_zero_point", "weight_shape"),
+    (1, 8),
+    (0, 1),
+    _groups_along(1),
+    _compressed_int4,
+)
+COMPRESSED_FP8 = Layout(
+    Element.FP8_E4M3,
+    "weight_scale",
+    "weight",
+    "weight_scale",
+    ("input_scale",),
+    (1, 1),
+    (0, 1),
+    grid_divides,
+    _fp8("weight_scale"),
+)
+BLOCK_FP8 = Layout(
+    Element.FP8_E4M3,
+    "weight_scale_inv",
+    "weight",
+    "weight_scale_inv",
+    (),
+    (1, 1),
+    (0, 1),
+    grid_divides,
+    _fp8("weight_scale_inv"),
+)
+
+
+def gptq_layout(stored_minus_one: bool) -> Layout:
+    return Layout(
+        Element.INT4,
+        "qweight",
+        "qweight",
+        "scales",
+        ("qzeros", "g_idx"),
+        (0, 8),
+        (1, 1),
+        _groups_along(0),
+        _gptq(stored_minus_one),
+    )
+
+
+def published_layout(where: str, method: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
+    """The layout `quantization_config` names, and its words for the summary; a ConfigError naming the field."""
+    if method == "awq":
+        version = str(settings.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise ConfigError(f"{where}.version is {version!r}: tensorsmith takes AWQ's gemm packing", hint=HINT)
+        _bits(where, settings.get("bits", settings.get("w_bit")), 4)
+        return AWQ, f"awq gemm int4, group {_group(where, settings)}"
+    if method == "gptq":
+        _bits(where, settings.get("bits"), 4)
+        checkpoint_format = str(settings.get("checkpoint_format", "gptq"))
+        if checkpoint_format not in ("gptq", "gptq_v2"):
+            raise ConfigError(
+                f"{where}.checkpoint_format is {checkpoint_format!r}: tensorsmith takes gptq and gptq_v2", hint=HINT
+            )
+        return gptq_layout(stored_minus_one=checkpoint_format == "gptq"), f"gptq int4, group {_group(where, settings)}"
+    if method == "fp8":
+        return BLOCK_FP8, _block_fp8(where, settings)
+    if method == "compressed-tensors":
+        return _compressed(where, settings)
+    raise ConfigError(f"{where}.quant_method is {method!r}", hint=HINT)
+
+
+def _compressed(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
+    """compressed-tensors: every scheme of `config_groups` one format, pack-quantized INT4 or float-quantized FP8."""
+    forms = set()
+    for name, group in dict(settings.get("config_groups") or {}).items():
+        scheme, weights = f"{where}.config_groups.{name}", dict(group.get("weights") or {})
+        form, kind = group.get("format") or settings.get("format"), weights.get("type")
+        if form == "pack-quantized" and kind == "int" and not group.get("input_activations"):
+            _bits(scheme + ".weights", weights.get("num_bits"), 4)
+            forms.add((COMPRESSED_INT4, "compressed-tensors pack-quantized int4"))
+        elif form == "float-quantized" and kind == "float":
+            _bits(scheme + ".weights", weights.get("num_bits"), 8)
+            strategy = str(weights.get("strategy", "tensor"))
+            forms.add((COMPRESSED_FP8, f"compressed-tensors fp8 e4m3, a scale per {strategy}"))
+        else:
+            quantized = "quantized" if group.get("input_activations") else "none"
+            raise ConfigError(
+                f"{scheme}: format {form!r}, weights {kind!r}, activations {quantized}: tensorsmith "
+                "takes pack-quantized int weights (W4A16) and float-quantized fp8",
+                hint=HINT,
+            )
+    if len(forms) != 1:
+        raise ConfigError(f"{where}.config_groups: {len(forms)} formats; tensorsmith takes one a checkpoint", hint=HINT)
+    return forms.pop()
+
+
+def _block_fp8(where: str, settings: Mapping[str, Any]) -> str:
+    form = str(settings.get("fmt", "e4m3"))
+    if form != "e4m3":
+        raise ConfigError(f"{where}.fmt is {form!r}: tensorsmith takes float8 e4m3 weights", hint=HINT)
+    block = settings.get("weight_block_size")
+    if block is None:
+        return "fp8 e4m3, a scale per tensor"
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise ConfigError(f"{where}.weight_block_size is {block!r}: two positive sizes are needed", hint=HINT)
+    return f"fp8 e4m3, blocks of {block[0]}x{block[1]}"
+
+
+def _bits(where: str, bits: object, expected: int) -> None:
+    if bits != expected:
+        raise ConfigError(f"{where} gives {bits!r} bits: tensorsmith takes {expected}-bit weights here", hint=HINT)
+
+
+def _group(where: str, settings: Mapping[str, Any]) -> int:
+    group = settings.get("group_size", settings.get("q_group_size"))
+    if not isinstance(group, int) or group <= 0:
+        raise ConfigError(
+            f"{where}.group_size is {group!r}: a positive group of rows is needed (-1, one group for "
+            "the whole input, is not taken)",
+            hint=HINT,
+        )
+    return group

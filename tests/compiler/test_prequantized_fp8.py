@@ -1,0 +1,154 @@
+"""FP8 checkpoints as they are published: DeepSeek's block-scaled layout (transformers' FineGrainedFP8, written
+here by its definition) and compressed-tensors' float-quantized FP8 (written by compressed-tensors' own
+compressor). Each reads back to the weights transformers dequantizes, and compiles to an artifact that generates
+transformers' tokens for the same checkpoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.core.errors import ConfigError
+from tests.compiler.test_decoders import assert_greedy_tokens_match
+from tests.compiler.test_prequantized import LINEARS, read, tiny_llama
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
+BLOCK = 32  # the tiny model's sizes (64, 128; 32 for keys and values) in whole blocks, as 128 divides real ones
+FP8_MAX = 448.0
+
+
+def block_fp8_checkpoint(directory: Path, layers: int = 2) -> dict[str, np.ndarray]:
+    """Every decoder-layer Linear in float8 e4m3 with a float32 `weight_scale_inv` per 32 x 32 block (amax / 448),
+    as DeepSeek-V3 and transformers' FineGrainedFP8 store them; the codes [N, K] as float32, by module."""
+    tiny_llama(torch.bfloat16, layers).save_pretrained(directory)
+    tensors, stored = load_file(directory / "model.safetensors"), {}
+    for name in [name for name in tensors if name.rsplit(".", 2)[-2] in LINEARS]:
+        weight = tensors[name].float()
+        rows, columns = weight.shape
+        blocks = weight.reshape(rows // BLOCK, BLOCK, columns // BLOCK, BLOCK)
+        scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
+        codes = (blocks / scale[:, None, :, None]).reshape(rows, columns).to(torch.float8_e4m3fn)
+        tensors[name], tensors[name.replace(".weight", ".weight_scale_inv")] = codes, scale.contiguous()
+        stored[name.removesuffix(".weight")] = codes.float().numpy()
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    settings = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": [BLOCK, BLOCK]}  # fmt: skip
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "quantization_config": settings}))
+    return stored
+
+
+def compressed_tensors_fp8_checkpoint(directory: Path) -> None:
+    """llm-compressor's FP8_DYNAMIC scheme (a scale per output channel, activations quantized per token when
+    run), packed by compressed-tensors' float-quantized compressor; the scales from its calculate_qparams."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    model = tiny_llama()
+    scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    for module in model.modules():
+        if hasattr(module, "weight_scale"):
+            weight = module.weight.detach().float()
+            scale, _ = calculate_qparams(weight.amin(-1, keepdim=True), weight.amax(-1, keepdim=True), scheme.weights)
+            module.weight_scale.data.copy_(scale)
+    compressor = ModelCompressor.from_pretrained_model(model, "float-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(directory)
+    compressor.update_config(str(directory))
+
+
+def transformers_dequantized(directory: Path) -> Any:
+    """transformers' own module of the checkpoint, its FP8 weights dequantized as it loads them on a CPU."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    method = json.loads((directory / "config.json").read_text())["quantization_config"]["quant_method"]
+    options = {"quantization_config": CompressedTensorsConfig(run_compressed=False)} if method != "fp8" else {}
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **options).eval()
+
+
+@pytest.mark.parametrize("write", [block_fp8_checkpoint, compressed_tensors_fp8_checkpoint], ids=["blocks", "ct"])
+def test_fp8_weights_dequantize_as_transformers_loads_them(write: Callable[[Path], Any], tmp_path: Path) -> None:
+    write(tmp_path)
+    quantized = read(tmp_path)
+    assert quantized.element.value == "float8e4m3fn" and len(quantized.modules) == 2 * len(LINEARS)
+    parameters = dict(transformers_dequantized(tmp_path).named_parameters())
+    for module in quantized.modules:
+        expected = parameters[f"{module}.weight"].detach().numpy()
+        assert np.array_equal(quantized.float_weight(module), expected), module
+
+
+def test_block_fp8_codes_are_the_stored_codes(tmp_path: Path) -> None:
+    stored = block_fp8_checkpoint(tmp_path)
+    quantized = read(tmp_path)
+    assert quantized.described == f"fp8 e4m3, blocks of {BLOCK}x{BLOCK}"
+    for module, codes in stored.items():
+        weight = quantized.weight(module)
+        assert np.array_equal(weight.codes.astype(np.float32), codes.T), module
+        assert weight.scales.shape == (codes.shape[1] // BLOCK, codes.shape[0] // BLOCK)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("write", [block_fp8_checkpoint, compressed_tensors_fp8_checkpoint], ids=["blocks", "ct"])
+def test_an_fp8_checkpoint_compiles_and_generates_its_tokens(write: Callable[[Path], Any], tmp_path: Path) -> None:
+    write(tmp_path / "checkpoint")
+    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu", "sm_86"]})
+    manifest = compile(config, tmp_path / "out").manifest
+    assert manifest.source.weights is not None and manifest.source.weights.startswith(
+        read(tmp_path / "checkpoint").described
+    )
+    variants = {target.name: (target.variant, target.status) for target in manifest.targets}
+    assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("fp16", "built")}  # dequantized: no FP8 level yet
+    assert_greedy_tokens_match(transformers_dequantized(tmp_path / "checkpoint"), tmp_path / "out")
+
+
+def _scales_of(tensor: str, shape: tuple[int, ...]) -> Callable[[Path], None]:
+    def damage(directory: Path) -> None:
+        tensors = load_file(directory / "model.safetensors")
+        tensors[tensor] = torch.ones(shape)
+        save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+
+    return damage
+
+
+def _setting(**fields: object) -> Callable[[Path], None]:
+    def damage(directory: Path) -> None:
+        config = json.loads((directory / "config.json").read_text())
+        config["quantization_config"] |= fields
+        (directory / "config.json").write_text(json.dumps(config))
+
+    return damage
+
+
+@pytest.mark.parametrize(("damage", "named"), [
+    (_scales_of("model.layers.0.mlp.up_proj.weight_scale_inv", (3, 2)), "model.layers.0.mlp.up_proj.weight_scale_inv"),
+    (_setting(fmt="e5m2"), "fmt is 'e5m2'"),
+    (_setting(weight_block_size=[128]), "weight_block_size is [128]"),
+], ids=["grid", "e5m2", "block size"])  # fmt: skip
+def test_a_bad_fp8_layout_is_one_line_before_the_export(damage: Callable[[Path], None], named: str,
+                                                         tmp_path: Path) -> None:  # fmt: skip
+    block_fp8_checkpoint(tmp_path / "checkpoint")
+    damage(tmp_path / "checkpoint")
+    result = run_cli("compile", tmp_path / "checkpoint", "-o", tmp_path / "out", "--target", "cpu")
+    assert result.exit_code != 0 and named in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 2 and not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match=named.split(" ")[0].replace("[", r"\[")):
+        read(tmp_path / "checkpoint")
+
+
+def test_an_fp8_checkpoint_has_no_int4_codes_to_take(tmp_path: Path) -> None:
+    block_fp8_checkpoint(tmp_path / "checkpoint")
+    result = run_cli("compile", tmp_path / "checkpoint", "-o", tmp_path / "out", "--target", "cpu",
+                     "--precision", "int4", "--int4-algorithm", "checkpoint")  # fmt: skip
+    assert result.exit_code != 0 and "not INT4 codes" in result.stderr, result.stderr
