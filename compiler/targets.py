@@ -26,6 +26,7 @@ from tensorsmith.core.precisions import (
     Backend,
     Family,
     Precision,
+    Quantizes,
     precision,
 )
 
@@ -119,7 +120,7 @@ class Target:
         if request == AUTO:
             return INT4 if weight_only else None
         record = precision(request)
-        return record if record.family is Family.WEIGHT_ONLY else None
+        return record if record.quantizes is Quantizes.WEIGHTS else None
 
     def recipe(self, request: Request, weight_only: bool = False) -> Recipe:
         """The variant this target runs for `--precision request`. `weight_only`: a decoder's `auto`, which chooses

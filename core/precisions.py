@@ -58,6 +58,7 @@ class Family(str, Enum):
     FLOAT = "float"  # the graph in a float type: the fp32 reference, fp16 / bf16 regions
     CALIBRATED = "calibrated"  # per-tensor activation scales from calibration, per-channel weights
     WEIGHT_ONLY = "weight-only"  # weights stored narrow, dequantized before the MatMul (a decoder's levels)
+    FP8_WEIGHTS = "fp8 weight-only"  # float8 weights in blocks: a checkpoint's own, or rounded to nearest
 
 
 class Backend(str, Enum):
@@ -158,8 +159,16 @@ NVFP4 = Precision(
     overridable=True, decoder_level=True, preference=8,
 )  # fmt: skip
 
+FP8_WEIGHT = Precision(
+    "fp8-weight", Element.FP8_E4M3, Quantizes.WEIGHTS, Family.FP8_WEIGHTS,
+    "float8 e4m3 weights only, a float32 scale per block of K and output column (an FP8 checkpoint's codes as "
+    "stored, or rounded to nearest), dequantized before the MatMul; Ada and newer",
+    from_capability(89),  # tensorrt-rtx 1.7 builds blockwise FLOAT8E4M3FN DequantizeLinear for SM89/SM120, not SM86
+    block=128, scale="float32 per block of K and output column", min_opset=21,
+)  # fmt: skip
+
 PRECISIONS: dict[str, Precision] = {
-    precision.name: precision for precision in (FP32, FP16, BF16, INT8, FP8, INT8_WEIGHT, INT4, NVFP4)
+    precision.name: precision for precision in (FP32, FP16, BF16, INT8, FP8, INT8_WEIGHT, INT4, NVFP4, FP8_WEIGHT)
 }
 AUTO = "auto"  # not a precision: `--precision auto` chooses one per layer against a budget
 

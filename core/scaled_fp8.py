@@ -56,3 +56,16 @@ def scaled_fp8(weight: np.ndarray, scale: np.ndarray) -> ScaledFp8:
     grid = np.asarray(scale, np.float32)
     grid = grid.reshape(1, 1) if grid.size == 1 else grid.reshape(grid.shape[0], -1)
     return ScaledFp8(np.ascontiguousarray(codes.T), np.ascontiguousarray(grid.T))
+
+
+E4M3_MAX = 448.0
+
+
+def quantize_fp8(weight: np.ndarray, block: int) -> ScaledFp8:
+    """Round-to-nearest float8 e4m3 of a weight [K, N]: a scale per `block` rows of K and output column,
+    amax / 448 (the largest e4m3 value), so that every block's largest value is representable."""
+    rows, columns = weight.shape
+    blocks = np.asarray(weight, np.float32).reshape(rows // block, block, columns)
+    scales = np.maximum(np.abs(blocks).max(axis=1), np.float32(1e-12)) / np.float32(E4M3_MAX)
+    codes = np.clip(blocks / scales[:, None, :], -E4M3_MAX, E4M3_MAX).reshape(rows, columns).astype(E4M3)
+    return ScaledFp8(codes, scales.astype(np.float32))

@@ -155,7 +155,7 @@ def published_layout(where: str, method: str, settings: Mapping[str, Any]) -> tu
                 f"{where}.checkpoint_format is {checkpoint_format!r}: tensorsmith takes gptq and gptq_v2", hint=HINT
             )
         return gptq_layout(stored_minus_one=checkpoint_format == "gptq"), f"gptq int4, group {_group(where, settings)}"
-    if method == "fp8":
+    if method == "fp8":  # quant_method, not a precision: transformers' FineGrainedFP8
         return BLOCK_FP8, _block_fp8(where, settings)
     if method == "compressed-tensors":
         return _compressed(where, settings)

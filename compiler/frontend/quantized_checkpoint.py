@@ -4,7 +4,8 @@ and scales of each quantized Linear (compiler/frontend/checkpoint_layouts.py has
 The export reads each quantized weight dequantized as the format's own code computes it (in its scales' type), so
 the float graph and its reference are the checkpoint as transformers runs it. An INT4 checkpoint's `--precision
 int4` then takes the stored codes, scales and zero points as they are (compiler/variants/stored_int4.py), nothing
-requantized; an FP8 one's weights are the dequantized floats for every variant (no FP8 weight-only level yet).
+requantized; an FP8 one's `fp8-weight` variants take its float8 codes and scales the same way
+(compiler/variants/fp8_weight_builder.py) for the targets that run them, the others its dequantized weights.
 Every layout is checked from the headers and config.json before the export, an error naming the field or tensor.
 """
 
@@ -23,8 +24,9 @@ import numpy as np
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.checkpoint_layouts import HINT, Layout, StoredWeight, published_layout
 from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
+from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.core.precisions import INT4, Element
+from tensorsmith.core.precisions import FP8_WEIGHT, INT4, Element
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -182,17 +184,20 @@ def source_checkpoint(config: CompileConfig) -> QuantizedCheckpoint:
 
 
 def checkpoint_precision(config: CompileConfig, quantized: QuantizedCheckpoint) -> CompileConfig:
-    """The checkpoint's own INT4 codes unless the config asks otherwise: `precision` int4 where it gives none, and
-    `int4_algorithm` checkpoint where it gives none; another precision or algorithm starts from the dequantized
-    weights, said on the console. A checkpoint of other codes (FP8) is dequantized for every variant."""
+    """The checkpoint's own codes unless the config asks otherwise. INT4: `precision` int4 where it gives none, and
+    `int4_algorithm` checkpoint where it gives none. FP8: `precision` fp8-weight where it gives none and a target
+    runs it (Ada and newer; the others get the dequantized weights in their float type). Another precision or
+    algorithm starts from the dequantized weights; each choice said on the console."""
     given = config.model_fields_set
-    if quantized.element is not INT4.element:
-        logger.warning(
-            "%s: %s, dequantized to each variant's own precision (tensorsmith keeps no %s weights yet)",
-            config.source,
-            quantized.described,
-            quantized.element.value,
-        )
+    if quantized.element is FP8_WEIGHT.element:
+        runs = [target for target in config.targets if get_target(target).runs_precision(FP8_WEIGHT)]
+        if "precision" not in given and runs:
+            logger.info(
+                "%s: %s, its codes taken as they are for %s", config.source, quantized.described, ", ".join(runs)
+            )
+            return config.model_copy(update={"precision": FP8_WEIGHT.name})
+        asked = config.precision if "precision" in given else "each target's float type"
+        logger.warning("%s: %s, dequantized for %s", config.source, quantized.described, asked)
         return config
     update: dict[str, object] = {} if "precision" in given else {"precision": INT4.name}
     if update.get("precision", config.precision) == INT4.name and "int4_algorithm" not in given:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tensorsmith.compiler.frontend.export_cache import FROM_EXPORT_CACHE
 from tensorsmith.compiler.variants.precision_plan import SEARCHED, LayerChoice, PrecisionPlan, RecipePlan
-from tensorsmith.core.precisions import Family, precision
+from tensorsmith.core.precisions import Quantizes, precision
 from tensorsmith.runtime.manifest import Manifest, PassRecord, SourceRecord, TargetRecord, VariantRecord
 
 SOURCE_KINDS = {"onnx": "an ONNX file", "huggingface": "a Hugging Face directory", "factory": "a PyTorch module",
@@ -135,7 +135,7 @@ def layer_sentence(recipe: RecipePlan, budget: str | None = None) -> str:
     there, e.g. '12 of 14 weight MatMuls in int4 (95 % of their FLOPs), 2 in fp32 (5 %): a, b (input dim 120 is not
     a multiple of 16 (the smallest block))'; 'no layer in int4: ...' where none is quantized."""
     layers, requested = recipe.layers, recipe.precision
-    noun = "weight MatMuls" if precision(requested).family is Family.WEIGHT_ONLY else "layers"
+    noun = "weight MatMuls" if precision(requested).quantizes is Quantizes.WEIGHTS else "layers"
     total = max(sum(layer.flops for layer in layers), 1)
     groups: dict[str, list[LayerChoice]] = {}
     for layer in layers:

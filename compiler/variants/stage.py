@@ -18,7 +18,12 @@ from tensorsmith.compiler.frontend.feeds import example_feeds
 from tensorsmith.compiler.frontend.fused import FusedGraph
 
 # The builders register themselves on import, one module per family.
-from tensorsmith.compiler.variants import calibrated_builder, float_builder, weight_only_builder  # noqa: F401
+from tensorsmith.compiler.variants import (  # noqa: F401 (each registers its family's builder)
+    calibrated_builder,
+    float_builder,
+    fp8_weight_builder,
+    weight_only_builder,
+)
 from tensorsmith.compiler.variants.builders import BUILDERS, BuildJob, FamilyVariants
 from tensorsmith.compiler.variants.cpu_backend import choose_cpu_backend
 from tensorsmith.compiler.variants.plan import CPU_TARGET, VariantPlan

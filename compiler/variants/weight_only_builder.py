@@ -46,8 +46,8 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
                           "decoder's auto read the calibration data itself (AWQ's statistics are not in the files)",
                           hint="pass --calibration PATH instead")  # fmt: skip
     split = calibration_split(config, fused) if config.calibration is not None else None  # AWQ's, W8A8's scales
-    evaluation = _evaluation(config, fused, split)
-    model = _without_gemm(fused, directory)  # the same function; Gemm weights become INT4-able
+    evaluation = weight_only_evaluation(config, fused, split)
+    model = without_gemm(fused, directory)  # the same function; Gemm weights become INT4-able
     # nvfp4 on its own: Model Optimizer's scales on every weight whose K is a multiple of its block (16), no AWQ
     assert NVFP4.block is not None
     nvfp4 = plan.request == NVFP4.name
@@ -94,7 +94,7 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
     return FamilyVariants(records, by_target, None, reports, unmet, precision_plan)
 
 
-def _without_gemm(fused: FusedGraph, directory: Path) -> Path:
+def without_gemm(fused: FusedGraph, directory: Path) -> Path:
     """The fused graph with its Gemms as MatMuls, written beside it where it has any (removed after the variants:
     remove_onnx), else the fused graph's own file."""
     structure = onnx.load(str(fused.path), load_external_data=False)
@@ -105,7 +105,7 @@ def _without_gemm(fused: FusedGraph, directory: Path) -> Path:
     return path
 
 
-def _evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | None) -> Evaluation:
+def weight_only_evaluation(config: CompileConfig, fused: FusedGraph, split: SplitData | None) -> Evaluation:
     """What a weight-only variant is measured on: AWQ's held-out split, else the evaluation text or arrays, else
     the verification inputs."""
 

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import torch
+from onnx import numpy_helper
 from safetensors.torch import load_file, save_file
 
 from tensorsmith.compiler import CompileConfig, compile
@@ -111,6 +113,53 @@ def test_an_fp8_checkpoint_compiles_and_generates_its_tokens(write: Callable[[Pa
     variants = {target.name: (target.variant, target.status) for target in manifest.targets}
     assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("fp16", "built")}  # dequantized: no FP8 level yet
     assert_greedy_tokens_match(transformers_dequantized(tmp_path / "checkpoint"), tmp_path / "out")
+
+
+def variant_fp8_codes(artifact: Path, variant: str) -> dict[str, np.ndarray]:
+    """Each FP8 DequantizeLinear's codes [K, N] as float32, by the module of the MatMul that reads it."""
+    model = onnx.load(str(artifact / "variants" / f"{variant}.onnx"))
+    plan = json.loads((artifact / "precision.json").read_text())
+    modules = {layer["name"]: layer["module"] for layer in plan["recipes"][variant]["layers"]}
+    return {modules[tensor.name.removesuffix("/weight_fp8")].removeprefix("model."):
+            numpy_helper.to_array(tensor).astype(np.float32)
+            for tensor in model.graph.initializer if tensor.name.endswith("/weight_fp8")}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_fp8_checkpoint_keeps_its_codes_where_the_target_runs_fp8(tmp_path: Path) -> None:
+    """Ada and Blackwell engines read the checkpoint's own float8 codes; Ampere and the cpu its dequantized weights."""
+    stored = block_fp8_checkpoint(tmp_path / "checkpoint")
+    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"),
+                                   "targets": ["cpu", "sm_86", "sm_89", "sm_120"]})  # fmt: skip
+    manifest = compile(config, tmp_path / "out").manifest
+    variants = {target.name: (target.variant, target.status) for target in manifest.targets}
+    assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("fp16", "built"), "sm_89": ("fp8-weight", "built"),
+                        "sm_120": ("fp8-weight", "built")}  # fmt: skip
+    assert "no fp8-weight kernels" in {target.name: target.reason for target in manifest.targets}["sm_86"]
+    codes = variant_fp8_codes(tmp_path / "out", "fp8-weight")
+    assert codes.keys() == stored.keys()
+    for module, value in codes.items():
+        assert np.array_equal(value, stored[module].T), module
+    record = next(variant for variant in manifest.variants if variant.name == "fp8-weight")
+    assert record.accuracy["cosine"] > 0.999  # the fp32 graph is the dequantized checkpoint: fp16 regions only
+    assert_greedy_tokens_match(transformers_dequantized(tmp_path / "checkpoint"), tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_fp8_weight_rounds_a_bf16_checkpoint_to_nearest_for_blackwell(tmp_path: Path) -> None:
+    """`--precision fp8-weight` on a float checkpoint: a scale of amax / 448 per block of K rows (128, or the whole
+    K where smaller) and column, so that every block's largest code is e4m3's largest value."""
+    tiny_llama().save_pretrained(tmp_path / "checkpoint")
+    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "precision": "fp8-weight",
+                                   "targets": ["cpu", "sm_120"]})  # fmt: skip
+    manifest = compile(config, tmp_path / "out").manifest
+    assert {target.name: target.variant for target in manifest.targets} == {"cpu": "fp32", "sm_120": "fp8-weight"}
+    assert {target.name: target.status for target in manifest.targets}["sm_120"] == "built"
+    codes = variant_fp8_codes(tmp_path / "out", "fp8-weight")
+    assert len(codes) == 2 * len(LINEARS) + 1  # and the output projection
+    for module, value in codes.items():
+        rows = min(value.shape[0], 128)
+        assert np.all(np.abs(value).reshape(-1, rows, value.shape[1]).max(axis=1) == FP8_MAX), module
 
 
 def _scales_of(tensor: str, shape: tuple[int, ...]) -> Callable[[Path], None]:

@@ -1,0 +1,104 @@
+"""A block-scaled FP8 checkpoint (DeepSeek-V3's and Qwen3-FP8's layout) compiled as it is published, beside
+compiling the bf16 checkpoint it was made from; each side its own process (bench/scale.py measures them).
+
+The FP8 checkpoint is made from a shape's seeded bf16 checkpoint (bench/shapes.py): every decoder-layer Linear in
+float8 e4m3 with a float32 `weight_scale_inv` per 128 x 128 block (amax / 448), config.json's
+`quantization_config` as transformers' FineGrainedFP8 writes it.
+
+    .venv/bin/python -m bench.prequantized_fp8 [qwen2.5-0.5b]
+
+Per side (targets cpu, sm_89 and sm_120): wall, peak RSS, artifact and engine bytes, and each variant's accuracy
+against the fp32 graph (the checkpoint as transformers runs it, verified at the compile) on held-out text.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.scale import SHAPES_DIRECTORY, TEXT, _bytes, _process
+from bench.shapes import make_checkpoint
+
+BLOCK = 128
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGETS = ("cpu", "sm_89", "sm_120")
+
+
+def make_fp8_checkpoint(source: Path, directory: Path) -> Path:
+    """`source` (a bf16 checkpoint directory) in block-scaled FP8 at `directory`, one shard at a time."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if (directory / "config.json").is_file():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.glob("*.safetensors")):
+        tensors = load_file(path)
+        for name in [name for name in tensors if name.endswith(".weight") and name.split(".")[-2] in LINEARS]:
+            weight = tensors[name].float()
+            rows, columns = weight.shape
+            padded = torch.nn.functional.pad(weight, (0, -columns % BLOCK, 0, -rows % BLOCK))
+            blocks = padded.reshape(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // BLOCK, BLOCK)
+            scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+            codes = (blocks / scale[:, None, :, None]).reshape(padded.shape)[:rows, :columns]
+            tensors[name] = codes.to(torch.float8_e4m3fn).contiguous()
+            tensors[name.replace(".weight", ".weight_scale_inv")] = scale.contiguous()
+        save_file(tensors, directory / path.name, metadata={"format": "pt"})
+    for path in source.iterdir():
+        if path.suffix != ".safetensors" and path.is_file():
+            shutil.copy(path, directory / path.name)
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [BLOCK, BLOCK]}  # fmt: skip
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+def sides(fp8: Path, bf16: Path, work: Path) -> dict[str, list[str]]:
+    tensorsmith = str(Path(sys.executable).with_name("tensorsmith"))
+    targets = [argument for target in TARGETS for argument in ("--target", target)]
+    common = [*targets, "--eval-data", str(TEXT), "--json"]
+    return {
+        "tensorsmith, the FP8 checkpoint's codes": [tensorsmith, "compile", str(fp8), *common, "-o", str(work / "fp8")],
+        "tensorsmith, fp16 from the bf16 checkpoint": [tensorsmith, "compile", str(bf16), *common, "-o",
+                                                        str(work / "bf16")],
+    }  # fmt: skip
+
+
+def measure(shape: str) -> dict[str, Any]:
+    bf16 = make_checkpoint(shape, SHAPES_DIRECTORY / shape)
+    fp8 = make_fp8_checkpoint(bf16, SHAPES_DIRECTORY / f"{shape}-fp8")
+    results: dict[str, Any] = {"fp8_checkpoint_gb": round(_bytes(fp8, "*.safetensors") / 1e9, 3),
+                               "bf16_checkpoint_gb": round(_bytes(bf16, "*.safetensors") / 1e9, 3)}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="tensorsmith-prequantized-") as scratch:
+        work = Path(scratch)
+        for side, command in sides(fp8, bf16, work).items():
+            out = Path(command[command.index("-o") + 1])
+            figures = _process(command, work / f"{out.name}.log")
+            if figures["exit"] != 0:
+                figures["tail"] = (work / f"{out.name}.log").read_text()[-600:]
+            else:
+                manifest = json.loads((out / "manifest.json").read_text())
+                figures["artifact_gb"] = round(_bytes(out) / 1e9, 3)
+                figures["engines_gb"] = {path.stem: round(path.stat().st_size / 1e9, 3)
+                                         for path in sorted((out / "engines").glob("*.engine"))}  # fmt: skip
+                figures["targets"] = {target["name"]: target["variant"] for target in manifest["targets"]}
+                figures["accuracy"] = {variant["name"]: variant["accuracy"] for variant in manifest["variants"]}
+                figures["source_weights"] = manifest["source"].get("weights")
+            shutil.rmtree(out, ignore_errors=True)
+            results[side] = figures
+            print(f"{shape} {side}: {figures}", file=sys.stderr, flush=True)
+    return results
+
+
+def main() -> None:
+    shapes = sys.argv[1:] or ["qwen2.5-0.5b"]
+    print(json.dumps({shape: measure(shape) for shape in shapes}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

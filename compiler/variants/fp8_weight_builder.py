@@ -1,0 +1,132 @@
+"""The fp8 weight-only family's builder (`fp8-weight`): every weight MatMul reads float8 e4m3 codes through one
+blockwise DequantizeLinear (passes/fp8_weights.py). An FP8 checkpoint's codes and scales are taken as they are
+stored (its default on Ada and newer targets: compiler/frontend/quantized_checkpoint.py); any other checkpoint is
+rounded to nearest, amax / 448 per block of K and output column. One variant per recipe, measured against the
+fp32 graph on the data a weight-only variant is measured on. Targets that cannot run it got float recipes: the
+float builder writes theirs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from functools import partial
+
+import numpy as np
+
+from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, read_quantized_checkpoint
+from tensorsmith.compiler.targets import Recipe
+from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
+from tensorsmith.compiler.variants.int4 import WeightMatMuls, weight_matmuls
+from tensorsmith.compiler.variants.measure import measure_variant
+from tensorsmith.compiler.variants.precision_plan import LayerChoice, PrecisionPlan, RecipePlan
+from tensorsmith.compiler.variants.records import variant_record
+from tensorsmith.compiler.variants.rewrite import rewrite_file, variant_path
+from tensorsmith.compiler.variants.stored_codes import module_matmuls, with_folded_factor
+from tensorsmith.compiler.variants.weight_only_builder import weight_only_evaluation, without_gemm
+from tensorsmith.core.budget_search import quantized_fraction
+from tensorsmith.core.ir import remove_onnx
+from tensorsmith.core.precisions import FP8_WEIGHT, FP16, Element, Family
+from tensorsmith.core.scaled_fp8 import ScaledFp8, quantize_fp8
+from tensorsmith.passes import GraphPass
+from tensorsmith.passes.fp8_weights import Fp8Weights, WeightOnlyFp8
+from tensorsmith.passes.fp16 import ConvertToFp16
+
+SMALLEST_BLOCK = 16  # a stored checkpoint's grid divides its weights whatever their K
+
+
+@registered(Family.FP8_WEIGHTS)
+def build_fp8_weight_variants(job: BuildJob) -> FamilyVariants:
+    plan, fused, config, directory, reporter = job.plan, job.fused, job.config, job.directory, job.reporter
+    evaluation = weight_only_evaluation(config, fused, None)
+    model = without_gemm(fused, directory)
+    checkpoint = _fp8_checkpoint(config)
+    found = weight_matmuls(model, SMALLEST_BLOCK if checkpoint else FP8_WEIGHT.block or SMALLEST_BLOCK)
+    weights, reasons = _plan(found, checkpoint)
+    floats = {name: reason for name, reason in reasons.items() if name not in weights}
+    records, by_target, reports, recipes = [], {}, [], {}
+    for recipe, targets in plan.recipes().items():
+        reporter.stage(f"{recipe.variant}: writing and measuring the variant")
+        path = variant_path(directory, recipe.variant)
+        passes: list[GraphPass] = [WeightOnlyFp8(weights, floats)]
+        if recipe.floats is FP16:
+            passes.append(ConvertToFp16())
+        written = rewrite_file(model, passes, path)
+        figures = measure_variant(path, evaluation)
+        record = variant_record(
+            directory, path, recipe.variant, [FP8_WEIGHT.name, recipe.floats.name], figures, evaluation.described
+        )
+        records.append(record)
+        by_target.update(dict.fromkeys(targets, record))
+        reports += [replace(report, variant=record.name) for report in written]
+        recipes[record.name] = _recipe_plan(recipe, found, weights, reasons, targets)
+    if model != fused.path:
+        remove_onnx(model)
+    precision_plan = PrecisionPlan(
+        precision=plan.request, evaluated_on=evaluation.described, budget=None, recipes=recipes
+    )
+    return FamilyVariants(records, by_target, None, reports, [], precision_plan)
+
+
+def _fp8_checkpoint(config: CompileConfig) -> QuantizedCheckpoint | None:
+    """The source's FP8 checkpoint, whose codes are taken as stored; None for any other source."""
+    if config.source_kind != "huggingface":
+        return None
+    directory = config.resolve(config.source)
+    found = read_quantized_checkpoint(directory, json.loads((directory / "config.json").read_text()))
+    return found if found is not None and found.element is Element.FP8_E4M3 else None
+
+
+def _plan(found: WeightMatMuls, checkpoint: QuantizedCheckpoint | None) -> tuple[Fp8Weights, dict[str, str]]:
+    """Each MatMul's fp8 weight (made from the graph's weight when the pass reaches it) and every weight MatMul's
+    reason: the stored codes, rounding to nearest, or why it stays float."""
+    reasons = dict(found.skipped)
+    weights: dict[str, partial[ScaledFp8]] = {}
+    if checkpoint is not None:
+        for module, name in module_matmuls(found.layers, checkpoint).items():
+            weights[name] = partial(_stored_fp8, checkpoint, module)
+            reasons[name] = f"the checkpoint's own codes and scales ({checkpoint.described})"
+        for name in found.layers:
+            reasons.setdefault(name, f"not quantized in the checkpoint ({checkpoint.described})")
+        return weights, reasons
+    for name in found.chosen:
+        block = found.blocks.get(name, FP8_WEIGHT.block or SMALLEST_BLOCK)
+        weights[name] = partial(quantize_fp8, block=block)
+        reasons[name] = f"rtn: round to nearest, amax / 448 per block of {block} rows"
+    return weights, reasons
+
+
+def _stored_fp8(checkpoint: QuantizedCheckpoint, module: str, graph_weight: np.ndarray) -> ScaledFp8:
+    """`module`'s stored fp8 weight as the graph's MatMul reads it (stored_codes.with_folded_factor)."""
+    stored = with_folded_factor(checkpoint, module, graph_weight)
+    assert isinstance(stored, ScaledFp8), f"{module}: an fp8 checkpoint's weight"
+    return stored
+
+
+def _recipe_plan(
+    recipe: Recipe, found: WeightMatMuls, weights: Fp8Weights, reasons: dict[str, str], targets: list[str]
+) -> RecipePlan:
+    """precision.json's entry: each weight MatMul's precision and why."""
+    choices = [
+        LayerChoice(
+            name=name,
+            module=module,
+            op="MatMul",
+            inputs=[activation],
+            flops=elements,
+            precision=FP8_WEIGHT.name if name in weights else recipe.floats.name,
+            reason=reasons[name],
+        )
+        for name, (module, activation, elements) in found.layers.items()
+    ]
+    flops = {choice.name: choice.flops for choice in choices}
+    return RecipePlan(
+        precision=FP8_WEIGHT.name,
+        float_regions=recipe.floats.name,
+        met=True,
+        quantized_flops_fraction=round(quantized_fraction(flops, set(weights)), 4),
+        evaluations=1,
+        embeddings="higher precision (the checkpoint's float tables)",
+        layers=choices,
+        targets=targets,
+    )

@@ -1,0 +1,46 @@
+"""A pre-quantized checkpoint's stored weights matched to the exported graph: which weight MatMul computes each
+quantized module, and the stored weight as that MatMul reads it (any factor a graph pass folded into the weight
+moved into its scales, the codes untouched). compiler/variants/stored_int4.py and fp8_weight_builder.py use them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from tensorsmith.compiler.frontend.checkpoint_layouts import StoredWeight
+from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint
+from tensorsmith.core.errors import ExportError
+
+
+def module_matmuls(layers: dict[str, tuple[str, str, int]], checkpoint: QuantizedCheckpoint) -> dict[str, str]:
+    """Each quantized module's weight MatMul in the graph (`layers`: MatMul → (module, input, elements); the
+    exported module holds the checkpoint's as `model`: kv_cache_module)."""
+    by_module = {module: name for name, (module, _, _) in layers.items() if module}
+    found = {}
+    for module in checkpoint.modules:
+        name = by_module.get(module, by_module.get(f"model.{module}"))
+        if name is None:
+            raise ExportError(
+                f"{checkpoint.weights.directory}: {module}'s {checkpoint.element.value} weight has no MatMul in the "
+                "exported graph",
+                hint="please report this with -v",
+            )
+        found[module] = name
+    return found
+
+
+def with_folded_factor(checkpoint: QuantizedCheckpoint, module: str, graph_weight: np.ndarray) -> StoredWeight:
+    """The stored weight, its scales times the factor a graph pass folded into the weight (the attention scale
+    into the query projection: passes/attention.py): the codes stay the checkpoint's. Anything else than one
+    factor is refused: the graph would no longer compute the checkpoint's weight."""
+    stored = checkpoint.weight(module)
+    weight = stored.dequantized(checkpoint.rounding(module))  # as the export read it, unpacked once
+    factor = float(np.vdot(graph_weight, weight) / max(float(np.vdot(weight, weight)), 1e-30))
+    if np.abs(graph_weight - factor * weight).max() > 1e-5 * max(float(np.abs(graph_weight).max()), 1e-30):
+        raise ExportError(
+            f"{checkpoint.weights.directory}: the graph passes changed {module}'s weight beyond one factor; its "
+            f"{checkpoint.element.value} codes no longer apply",
+            hint="please report this with -v",
+        )
+    return stored if factor == 1.0 else replace(stored, scales=(stored.scales * np.float32(factor)))
