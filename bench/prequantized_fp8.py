@@ -64,8 +64,8 @@ def sides(fp8: Path, bf16: Path, work: Path) -> dict[str, list[str]]:
     common = [*targets, "--eval-data", str(TEXT), "--json"]
     return {
         "tensorsmith, the FP8 checkpoint's codes": [tensorsmith, "compile", str(fp8), *common, "-o", str(work / "fp8")],
-        "tensorsmith, fp16 from the bf16 checkpoint": [tensorsmith, "compile", str(bf16), *common, "-o",
-                                                        str(work / "bf16")],
+        "tensorsmith, fp16 from the bf16 checkpoint": [tensorsmith, "compile", str(bf16), *common, "--precision",
+                                                        "fp16", "-o", str(work / "bf16")],
     }  # fmt: skip
 
 

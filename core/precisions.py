@@ -199,6 +199,14 @@ def float_precisions() -> tuple[Precision, ...]:
     return in_family(Family.FLOAT)
 
 
+def storing(element: Element) -> Precision:
+    """The weight-only precision whose codes are `element` values: a pre-quantized checkpoint's own level."""
+    found = [r for r in PRECISIONS.values() if r.element is element and r.quantizes is Quantizes.WEIGHTS]
+    if len(found) != 1:
+        raise ConfigError(f"no weight-only precision stores {element.value} codes", hint="a checkpoint format to add")
+    return found[0]
+
+
 def by_preference() -> list[Precision]:
     """The most quantized first: what `tensorsmith build` picks from an artifact that recorded no request."""
     return sorted((record for record in PRECISIONS.values() if record.preference), key=lambda r: -r.preference)

@@ -9,6 +9,8 @@ Each layout by its published definition (REFERENCE.md §12):
 - compressed-tensors `float-quantized` FP8 (llm-compressor's FP8 and FP8_DYNAMIC schemes: what vLLM serves):
   `weight` float8_e4m3fn [N, K] and `weight_scale` [1] (per tensor), [N, 1] (per output channel) or
   [N/bn, K/bk] (block strategy); w = q · s.
+- Model Optimizer's FP8 Hugging Face exports (`quant_method: modelopt`, `quant_algo` FP8, FP8_PER_CHANNEL_PER_TOKEN
+  or FP8_PB_WO): `weight` float8_e4m3fn [N, K] and `weight_scale` [] / [1], [N], or [N/128, 1, K/128, 1]; w = q · s.
 
 A grid whose blocks do not divide the weight is refused by the reader (transformers refuses it too).
 """
@@ -43,9 +45,15 @@ class ScaledFp8:
         return (self.codes.astype(np.float32) * scales).astype(dtype).astype(np.float32)
 
 
+def scale_grid(scales: tuple[int, ...]) -> tuple[int, int]:
+    """A stored scale's grid over a weight [N, K]: [] and [1] one scale, [N] or [N, 1] one an output channel,
+    [N/bn, K/bk] (and Model Optimizer's [N/bn, 1, K/bk, 1]) one a block."""
+    return (scales[0], int(np.prod(scales[1:], dtype=np.int64))) if scales else (1, 1)
+
+
 def grid_divides(weight: tuple[int, ...], scales: tuple[int, ...]) -> bool:
-    """Whether a scale grid (from the header: [], [1], [N, 1] or [N/bn, K/bk]) splits a weight [N, K] evenly."""
-    grid = (1, 1) if len(scales) < 2 else scales[:2]
+    """Whether a scale grid (from the header) splits a weight [N, K] evenly."""
+    grid = scale_grid(scales)
     return len(weight) == 2 and all(g > 0 and size % g == 0 for size, g in zip(weight, grid, strict=True))
 
 
@@ -54,7 +62,7 @@ def scaled_fp8(weight: np.ndarray, scale: np.ndarray) -> ScaledFp8:
     reader gives it) and its scale grid ([], [1], [N, 1] or [N/bn, K/bk]), as [K, N]."""
     codes = np.asarray(weight).astype(E4M3)  # exact: every value is a float8 code
     grid = np.asarray(scale, np.float32)
-    grid = grid.reshape(1, 1) if grid.size == 1 else grid.reshape(grid.shape[0], -1)
+    grid = grid.reshape(scale_grid(grid.shape))
     return ScaledFp8(np.ascontiguousarray(codes.T), np.ascontiguousarray(grid.T))
 
 

@@ -4,9 +4,9 @@
 
 Taken: AutoAWQ's GEMM (`awq`), GPTQ with its rows in order (`gptq`, the original format and `gptq_v2`),
 compressed-tensors' `pack-quantized` INT4 (W4A16) and `float-quantized` FP8 (per tensor, channel or block;
-static or dynamic activations: the activations are the compile's to choose), and block-scaled FP8 as DeepSeek,
-Qwen3-FP8 and transformers' FineGrainedFP8 write it (`fp8`). Every setting is checked here, before the export,
-an error naming the field.
+static or dynamic activations: the activations are the compile's to choose), block-scaled FP8 as DeepSeek,
+Qwen3-FP8 and transformers' FineGrainedFP8 write it (`fp8`), and Model Optimizer's FP8 exports (`modelopt`).
+Every setting is checked here, before the export, an error naming the field.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from tensorsmith.core.grouped_int4 import GroupedInt4, awq_int4, compressed_tens
 from tensorsmith.core.precisions import Element
 from tensorsmith.core.scaled_fp8 import ScaledFp8, grid_divides, scaled_fp8
 
-TAKEN = "awq (gemm), gptq (rows in order), compressed-tensors pack-quantized int4 and float-quantized fp8, fp8 blocks"
+TAKEN = (
+    "awq (gemm), gptq (rows in order), compressed-tensors pack-quantized int4 and float-quantized fp8, fp8 "
+    "blocks, modelopt fp8"
+)
 HINT = f"tensorsmith takes {TAKEN}; or give the unquantized bf16/fp16 checkpoint and --precision"
 StoredWeight: TypeAlias = (
     GroupedInt4 | ScaledFp8
@@ -101,7 +104,7 @@ COMPRESSED_INT4 = Layout(
     _groups_along(1),
     _compressed_int4,
 )
-COMPRESSED_FP8 = Layout(
+SCALED_FP8 = Layout(
     Element.FP8_E4M3,
     "weight_scale",
     "weight",
@@ -159,6 +162,8 @@ def published_layout(where: str, method: str, settings: Mapping[str, Any]) -> tu
         return BLOCK_FP8, _block_fp8(where, settings)
     if method == "compressed-tensors":
         return _compressed(where, settings)
+    if method == "modelopt":
+        return _modelopt(where, settings)
     raise ConfigError(f"{where}.quant_method is {method!r}", hint=HINT)
 
 
@@ -174,7 +179,7 @@ def _compressed(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
         elif form == "float-quantized" and kind == "float":
             _bits(scheme + ".weights", weights.get("num_bits"), 8)
             strategy = str(weights.get("strategy", "tensor"))
-            forms.add((COMPRESSED_FP8, f"compressed-tensors fp8 e4m3, a scale per {strategy}"))
+            forms.add((SCALED_FP8, f"compressed-tensors fp8 e4m3, a scale per {strategy}"))
         else:
             quantized = "quantized" if group.get("input_activations") else "none"
             raise ConfigError(
@@ -185,6 +190,21 @@ def _compressed(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
     if len(forms) != 1:
         raise ConfigError(f"{where}.config_groups: {len(forms)} formats; tensorsmith takes one a checkpoint", hint=HINT)
     return forms.pop()
+
+
+MODELOPT_FP8 = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO")  # its per-tensor, per-channel and block FP8
+
+
+def _modelopt(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
+    """Model Optimizer's Hugging Face export: `quant_algo` names the format (as config.json's `quantization_config`
+    writes it; the older hf_quant_config.json alone is not read)."""
+    algorithm = str(settings.get("quant_algo", "")).upper()
+    if algorithm not in MODELOPT_FP8:
+        raise ConfigError(
+            f"{where}.quant_algo is {algorithm!r}: tensorsmith takes Model Optimizer's {', '.join(MODELOPT_FP8)}",
+            hint=HINT,
+        )
+    return SCALED_FP8, f"modelopt {algorithm.lower()} (fp8 e4m3)"
 
 
 def _block_fp8(where: str, settings: Mapping[str, Any]) -> str:

@@ -100,7 +100,7 @@ class CheckpointWeights:
         # weight's bf16 bytes by the end of an 8B export), and pread, which maps nothing, copied into fresh memory
         # at a third of the speed (1B: 9-11 s against 3.2-3.7 s). The copy is made before the map goes.
         with safe_open(str(self._files[name]), framework="pt") as opened:
-            stored = opened.get_slice(name)[:]
+            stored = opened.get_tensor(name)
             copied = stored.to(torch.float32, copy=True) if stored.is_floating_point() else stored.clone()
         del stored
         self.on_read()

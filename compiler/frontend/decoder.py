@@ -181,7 +181,8 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
     if "opset" not in config.model_fields_set:
         update["opset"] = DECODER_OPSET  # RMSNormalization: ONNX Runtime and TensorRT for RTX take it (measured)
     if "precision" not in config.model_fields_set and any(get_target(t).runs(FP16.name) for t in config.targets):
-        update["precision"] = FP16.name  # a decoder's GPU targets default to fp16 (the cpu target keeps fp32)
+        update["precision"] = FP16.name  # a decoder's GPU targets default to fp16 (the cpu target keeps fp32), bf16
+        # for a bf16 checkpoint (set before this: quantized_checkpoint.checkpoint_float_precision)
     return config.model_copy(update=update)
 
 

@@ -26,7 +26,7 @@ from tensorsmith.compiler.frontend.checkpoint_layouts import HINT, Layout, Store
 from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.core.precisions import FP8_WEIGHT, INT4, Element
+from tensorsmith.core.precisions import BF16, Calibration, Element, storing
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -153,19 +153,36 @@ def _check_tensors(weights: CheckpointWeights, module: str, layout: Layout) -> N
 FLOAT_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 
 
-def stored_weights(directory: Path) -> str:
-    """How a checkpoint directory stores its weights, for the manifest and the summary: its float type by most
-    values ('bfloat16'), after its quantized format where it has one ('awq gemm int4, group 128; bfloat16')."""
+def stored_float(directory: Path) -> str | None:
+    """The float type holding most of a checkpoint directory's float values ('bfloat16'); None if it has none."""
     weights = CheckpointWeights(directory)
     counts: dict[str, int] = {}
     for name in weights.names():
         code = weights.dtype_code(name)
         if code in FLOAT_NAMES:
             counts[code] = counts.get(code, 0) + int(np.prod(weights.shape(name), dtype=np.int64))
-    floats = FLOAT_NAMES[max(counts, key=counts.__getitem__)] if counts else "no float"
+    return FLOAT_NAMES[max(counts, key=counts.__getitem__)] if counts else None
+
+
+def stored_weights(directory: Path) -> str:
+    """How a checkpoint directory stores its weights, for the manifest and the summary: its float type by most
+    values ('bfloat16'), after its quantized format where it has one ('awq gemm int4, group 128; bfloat16')."""
+    floats = stored_float(directory) or "no float"
     config = json.loads((directory / "config.json").read_text())
     quantized = read_quantized_checkpoint(directory, config) if config.get(FIELD) else None
     return floats if quantized is None else f"{quantized.described}; the rest {floats}"
+
+
+def checkpoint_float_precision(config: CompileConfig, directory: Path) -> CompileConfig:
+    """A bfloat16 checkpoint's GPU variants compute in bf16 where a target runs it (Ampere and newer; Turing gets
+    fp16 with the range check, the manifest saying why), encoders as decoders, unless the config gives a precision:
+    the checkpoint's own type, with float32's range, at the size fp16 would take."""
+    if "precision" in config.model_fields_set or stored_float(directory) != "bfloat16":
+        return config
+    if not any(get_target(target).runs_precision(BF16) for target in config.targets):
+        return config
+    logger.info("%s: bfloat16 weights, so its GPU variants compute in bf16 (--precision fp16 for fp16)", config.source)
+    return config.model_copy(update={"precision": BF16.name})
 
 
 def source_checkpoint(config: CompileConfig) -> QuantizedCheckpoint:
@@ -175,7 +192,7 @@ def source_checkpoint(config: CompileConfig) -> QuantizedCheckpoint:
     if found is None:
         raise ConfigError(f"--int4-algorithm checkpoint: {config.source} is not a pre-quantized checkpoint (its "
                           f"config.json has no {FIELD})", hint="use --int4-algorithm awq or rtn")  # fmt: skip
-    if found.element is not INT4.element:
+    if found.element is not Element.INT4:
         raise ConfigError(
             f"--int4-algorithm checkpoint: {config.source} stores {found.described}, not INT4 codes",
             hint="use --int4-algorithm awq or rtn (from its dequantized weights)",
@@ -184,28 +201,21 @@ def source_checkpoint(config: CompileConfig) -> QuantizedCheckpoint:
 
 
 def checkpoint_precision(config: CompileConfig, quantized: QuantizedCheckpoint) -> CompileConfig:
-    """The checkpoint's own codes unless the config asks otherwise. INT4: `precision` int4 where it gives none, and
-    `int4_algorithm` checkpoint where it gives none. FP8: `precision` fp8-weight where it gives none and a target
-    runs it (Ada and newer; the others get the dequantized weights in their float type). Another precision or
-    algorithm starts from the dequantized weights; each choice said on the console."""
-    given = config.model_fields_set
-    if quantized.element is FP8_WEIGHT.element:
-        runs = [target for target in config.targets if get_target(target).runs_precision(FP8_WEIGHT)]
-        if "precision" not in given and runs:
-            logger.info(
-                "%s: %s, its codes taken as they are for %s", config.source, quantized.described, ", ".join(runs)
-            )
-            return config.model_copy(update={"precision": FP8_WEIGHT.name})
-        asked = config.precision if "precision" in given else "each target's float type"
-        logger.warning("%s: %s, dequantized for %s", config.source, quantized.described, asked)
-        return config
-    update: dict[str, object] = {} if "precision" in given else {"precision": INT4.name}
-    if update.get("precision", config.precision) == INT4.name and "int4_algorithm" not in given:
+    """The checkpoint's own codes unless the config asks otherwise: the weight-only precision that stores them
+    (int4, fp8-weight) where the config gives none and a target runs it, its codes taken as stored (INT4's
+    `int4_algorithm` checkpoint where the config gives no algorithm). Another precision or algorithm, and the
+    targets that cannot run the codes, start from the dequantized weights; each choice said on the console."""
+    stored, given = storing(quantized.element), config.model_fields_set
+    runs = [target for target in config.targets if get_target(target).runs_precision(stored)]
+    update: dict[str, object] = {"precision": stored.name} if "precision" not in given and runs else {}
+    asked = update.get("precision", config.precision)
+    chooses_algorithm = stored.calibration is Calibration.OPTIONAL_AWQ  # INT4: --int4-algorithm awq|rtn|checkpoint
+    if asked == stored.name and chooses_algorithm and "int4_algorithm" not in given:
         update["int4_algorithm"] = "checkpoint"
-    if update.get("int4_algorithm", config.int4_algorithm) == "checkpoint":
-        logger.info("%s: %s, its INT4 codes taken as they are", config.source, quantized.described)
+    algorithm = update.get("int4_algorithm", config.int4_algorithm)
+    if asked == stored.name and (not chooses_algorithm or algorithm == "checkpoint"):
+        logger.info("%s: %s, its codes taken as they are for %s", config.source, quantized.described, ", ".join(runs))
     else:
-        asked = update.get("precision", config.precision)
-        logger.warning("%s: %s, dequantized for --precision %s (--int4-algorithm %s)", config.source,
-                       quantized.described, asked, config.int4_algorithm)  # fmt: skip
-    return config.model_copy(update=update)
+        what = f"--precision {asked}" if "precision" in given else "each target's float type"
+        logger.warning("%s: %s, dequantized for %s", config.source, quantized.described, what)
+    return config.model_copy(update=update) if update else config

@@ -13,7 +13,7 @@ from tensorsmith.compiler.config import CompileConfig, InputDecl
 from tensorsmith.compiler.declarations import DType
 from tensorsmith.compiler.frontend.dims import declare_dims
 from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, declare_model_inputs, read_model_directory
-from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_precision
+from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_float_precision, checkpoint_precision
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import io_records, load_onnx, value_dims, value_record
 from tensorsmith.core.precisions import AUTO, precision
@@ -40,6 +40,8 @@ def open_source(config: CompileConfig) -> Source:
     directory = read_model_directory(config.resolve(config.source)) if config.source_kind == "huggingface" else None
     if directory is not None and directory.quantized is not None:
         config = checkpoint_precision(config, directory.quantized)
+    if directory is not None:
+        config = checkpoint_float_precision(config, directory.directory)
     decoder = directory is not None and directory.is_decoder  # exported at opset 23 unless the config says
     floor = 0 if config.precision == AUTO else precision(config.precision).min_opset  # the request's graph form
     if config.opset < floor and not decoder:  # (a lower one given explicitly is refused by the config)

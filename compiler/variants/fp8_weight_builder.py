@@ -26,7 +26,7 @@ from tensorsmith.compiler.variants.stored_codes import module_matmuls, with_fold
 from tensorsmith.compiler.variants.weight_only_builder import weight_only_evaluation, without_gemm
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import remove_onnx
-from tensorsmith.core.precisions import FP8_WEIGHT, FP16, Element, Family
+from tensorsmith.core.precisions import FP16, Element, Family, precision
 from tensorsmith.core.scaled_fp8 import ScaledFp8, quantize_fp8
 from tensorsmith.passes import GraphPass
 from tensorsmith.passes.fp8_weights import Fp8Weights, WeightOnlyFp8
@@ -40,9 +40,11 @@ def build_fp8_weight_variants(job: BuildJob) -> FamilyVariants:
     plan, fused, config, directory, reporter = job.plan, job.fused, job.config, job.directory, job.reporter
     evaluation = weight_only_evaluation(config, fused, None)
     model = without_gemm(fused, directory)
-    checkpoint = _fp8_checkpoint(config)
-    found = weight_matmuls(model, SMALLEST_BLOCK if checkpoint else FP8_WEIGHT.block or SMALLEST_BLOCK)
-    weights, reasons = _plan(found, checkpoint)
+    requested = precision(plan.request)  # the family's one record: its element and block
+    checkpoint = _stored_checkpoint(config, requested.element)
+    block = SMALLEST_BLOCK if checkpoint else requested.block or SMALLEST_BLOCK
+    found = weight_matmuls(model, block)
+    weights, reasons = _plan(found, checkpoint, block)
     floats = {name: reason for name, reason in reasons.items() if name not in weights}
     records, by_target, reports, recipes = [], {}, [], {}
     for recipe, targets in plan.recipes().items():
@@ -54,7 +56,7 @@ def build_fp8_weight_variants(job: BuildJob) -> FamilyVariants:
         written = rewrite_file(model, passes, path)
         figures = measure_variant(path, evaluation)
         record = variant_record(
-            directory, path, recipe.variant, [FP8_WEIGHT.name, recipe.floats.name], figures, evaluation.described
+            directory, path, recipe.variant, [requested.name, recipe.floats.name], figures, evaluation.described
         )
         records.append(record)
         by_target.update(dict.fromkeys(targets, record))
@@ -68,16 +70,18 @@ def build_fp8_weight_variants(job: BuildJob) -> FamilyVariants:
     return FamilyVariants(records, by_target, None, reports, [], precision_plan)
 
 
-def _fp8_checkpoint(config: CompileConfig) -> QuantizedCheckpoint | None:
-    """The source's FP8 checkpoint, whose codes are taken as stored; None for any other source."""
+def _stored_checkpoint(config: CompileConfig, element: Element) -> QuantizedCheckpoint | None:
+    """The source's checkpoint where it stores `element` codes (taken as stored); None for any other source."""
     if config.source_kind != "huggingface":
         return None
     directory = config.resolve(config.source)
     found = read_quantized_checkpoint(directory, json.loads((directory / "config.json").read_text()))
-    return found if found is not None and found.element is Element.FP8_E4M3 else None
+    return found if found is not None and found.element is element else None
 
 
-def _plan(found: WeightMatMuls, checkpoint: QuantizedCheckpoint | None) -> tuple[Fp8Weights, dict[str, str]]:
+def _plan(
+    found: WeightMatMuls, checkpoint: QuantizedCheckpoint | None, block: int
+) -> tuple[Fp8Weights, dict[str, str]]:
     """Each MatMul's fp8 weight (made from the graph's weight when the pass reaches it) and every weight MatMul's
     reason: the stored codes, rounding to nearest, or why it stays float."""
     reasons = dict(found.skipped)
@@ -90,9 +94,9 @@ def _plan(found: WeightMatMuls, checkpoint: QuantizedCheckpoint | None) -> tuple
             reasons.setdefault(name, f"not quantized in the checkpoint ({checkpoint.described})")
         return weights, reasons
     for name in found.chosen:
-        block = found.blocks.get(name, FP8_WEIGHT.block or SMALLEST_BLOCK)
-        weights[name] = partial(quantize_fp8, block=block)
-        reasons[name] = f"rtn: round to nearest, amax / 448 per block of {block} rows"
+        own = found.blocks.get(name, block)
+        weights[name] = partial(quantize_fp8, block=own)
+        reasons[name] = f"rtn: round to nearest, amax / 448 per block of {own} rows"
     return weights, reasons
 
 
@@ -107,6 +111,7 @@ def _recipe_plan(
     recipe: Recipe, found: WeightMatMuls, weights: Fp8Weights, reasons: dict[str, str], targets: list[str]
 ) -> RecipePlan:
     """precision.json's entry: each weight MatMul's precision and why."""
+    assert recipe.quantized is not None, "a quantized recipe"
     choices = [
         LayerChoice(
             name=name,
@@ -114,14 +119,14 @@ def _recipe_plan(
             op="MatMul",
             inputs=[activation],
             flops=elements,
-            precision=FP8_WEIGHT.name if name in weights else recipe.floats.name,
+            precision=recipe.quantized.name if name in weights else recipe.floats.name,
             reason=reasons[name],
         )
         for name, (module, activation, elements) in found.layers.items()
     ]
     flops = {choice.name: choice.flops for choice in choices}
     return RecipePlan(
-        precision=FP8_WEIGHT.name,
+        precision=recipe.quantized.name,
         float_regions=recipe.floats.name,
         met=True,
         quantized_flops_fraction=round(quantized_fraction(flops, set(weights)), 4),

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.core.errors import ConfigError
 from tests.compiler.test_decoders import assert_greedy_tokens_match
-from tests.compiler.test_prequantized import LINEARS, read, tiny_llama
+from tests.compiler.test_prequantized import LINEARS, dequantized_reference, read, tiny_llama
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
@@ -49,6 +49,31 @@ def block_fp8_checkpoint(directory: Path, layers: int = 2) -> dict[str, np.ndarr
     return stored
 
 
+def modelopt_fp8_checkpoint(directory: Path, algorithm: str = "FP8_PB_WO") -> dict[str, np.ndarray]:
+    """Model Optimizer's FP8 export as vLLM reads it: `weight` float8 [N, K] and `weight_scale` per tensor ([]),
+    per output channel ([N]) or per block ([N/32, 1, K/32, 1]: its 4-D form); the dequantized weights by module."""
+    tiny_llama(torch.bfloat16).save_pretrained(directory)
+    tensors, dequantized = load_file(directory / "model.safetensors"), {}
+    for name in [name for name in tensors if name.rsplit(".", 2)[-2] in LINEARS]:
+        weight = tensors[name].float()
+        rows, columns = weight.shape
+        if algorithm == "FP8_PB_WO":
+            blocks = weight.reshape(rows // BLOCK, BLOCK, columns // BLOCK, BLOCK)
+            scale = (blocks.abs().amax(dim=(1, 3), keepdim=True) / FP8_MAX).transpose(1, 2).contiguous()
+            spread = scale.transpose(1, 2).expand(-1, BLOCK, -1, BLOCK).reshape(rows, columns)
+        else:
+            scale = weight.abs().amax(dim=1) / FP8_MAX if algorithm != "FP8" else weight.abs().amax() / FP8_MAX
+            spread = scale[:, None] if scale.ndim else scale
+        codes = (weight / spread).to(torch.float8_e4m3fn)
+        tensors[name], tensors[name.replace(".weight", ".weight_scale")] = codes, scale
+        dequantized[name.removesuffix(".weight")] = (codes.float() * spread).numpy()
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    settings = {"quant_method": "modelopt", "quant_algo": algorithm, "ignore": ["lm_head"]}
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "quantization_config": settings}))
+    return dequantized
+
+
 def compressed_tensors_fp8_checkpoint(directory: Path) -> None:
     """llm-compressor's FP8_DYNAMIC scheme (a scale per output channel, activations quantized per token when
     run), packed by compressed-tensors' float-quantized compressor; the scales from its calculate_qparams."""
@@ -71,11 +96,14 @@ def compressed_tensors_fp8_checkpoint(directory: Path) -> None:
 
 
 def transformers_dequantized(directory: Path) -> Any:
-    """transformers' own module of the checkpoint, its FP8 weights dequantized as it loads them on a CPU."""
+    """transformers' own module of the checkpoint, its FP8 weights dequantized as it loads them on a CPU (Model
+    Optimizer's, which transformers does not load, dequantized by its definition: the test above checks it)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
     method = json.loads((directory / "config.json").read_text())["quantization_config"]["quant_method"]
+    if method == "modelopt":
+        return dequantized_reference(directory)
     options = {"quantization_config": CompressedTensorsConfig(run_compressed=False)} if method != "fp8" else {}
     return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **options).eval()
 
@@ -91,6 +119,17 @@ def test_fp8_weights_dequantize_as_transformers_loads_them(write: Callable[[Path
         assert np.array_equal(quantized.float_weight(module), expected), module
 
 
+@pytest.mark.parametrize("algorithm", ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"])
+def test_model_optimizer_fp8_dequantizes_by_its_definition(algorithm: str, tmp_path: Path) -> None:
+    expected = modelopt_fp8_checkpoint(tmp_path, algorithm)
+    quantized = read(tmp_path)
+    assert quantized.described == f"modelopt {algorithm.lower()} (fp8 e4m3)" and quantized.modules == tuple(
+        sorted(expected)
+    )
+    for module, weight in expected.items():
+        assert np.array_equal(quantized.float_weight(module), weight), module
+
+
 def test_block_fp8_codes_are_the_stored_codes(tmp_path: Path) -> None:
     stored = block_fp8_checkpoint(tmp_path)
     quantized = read(tmp_path)
@@ -102,7 +141,8 @@ def test_block_fp8_codes_are_the_stored_codes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("write", [block_fp8_checkpoint, compressed_tensors_fp8_checkpoint], ids=["blocks", "ct"])
+@pytest.mark.parametrize("write", [block_fp8_checkpoint, compressed_tensors_fp8_checkpoint, modelopt_fp8_checkpoint],
+                         ids=["blocks", "ct", "modelopt"])  # fmt: skip
 def test_an_fp8_checkpoint_compiles_and_generates_its_tokens(write: Callable[[Path], Any], tmp_path: Path) -> None:
     write(tmp_path / "checkpoint")
     config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu", "sm_86"]})
@@ -111,7 +151,8 @@ def test_an_fp8_checkpoint_compiles_and_generates_its_tokens(write: Callable[[Pa
         read(tmp_path / "checkpoint").described
     )
     variants = {target.name: (target.variant, target.status) for target in manifest.targets}
-    assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("fp16", "built")}  # dequantized: no FP8 level yet
+    # no target here runs fp8 weights: the dequantized weights in the type of the rest of the checkpoint
+    assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("bf16", "built")}
     assert_greedy_tokens_match(transformers_dequantized(tmp_path / "checkpoint"), tmp_path / "out")
 
 
