@@ -10,7 +10,8 @@ Each layout is read by its published definition (REFERENCE.md §12):
   nibble up, codes 0..15; `qzeros` int32 [K/G, N/8] packed the same way; `scales` fp16 [K/G, N].
 - GPTQ: `qweight` int32 [K/8, N], word r holding rows 8r..8r+7 from the lowest nibble up; `qzeros` int32
   [K/G, N/8] along N in order, stored as zero - 1 in the original (`gptq`, v1) format; `scales` [K/G, N];
-  `g_idx` [K] (each row's group: in order unless the checkpoint was quantized in act-order).
+  `g_idx` [K] (each row's group: in order unless the checkpoint was quantized in act-order, whose rows are
+  then sorted by group and read from the input in that order).
 
 A weight is w = (q - z) · s per group of G rows; codes and zero points are kept signed (stored - 8), the form
 TensorRT's INT4 DequantizeLinear takes (passes/int4.py).
@@ -46,15 +47,24 @@ class GroupedInt4:
     scales: np.ndarray
     zero_points: np.ndarray | None
     group: int
+    # GPTQ's act-order: row k of `codes` is the weight's input feature rows[k] (rows sorted by group, so that each
+    # group is G consecutive rows); the MatMul then reads its input's features in this order. None: in order.
+    rows: np.ndarray | None = None
 
     def dequantized(self, dtype: np.dtype | type = np.float32) -> np.ndarray:
-        """(q - z) · s [K, N] in float32, rounded through `dtype` as the checkpoint's own dequantization computes
-        it (in its scales' type: bf16 or fp16), so that the float graph is what transformers runs."""
+        """(q - z) · s [K, N] in float32 in the weight's own row order, rounded through `dtype` as the checkpoint's
+        own dequantization computes it (in its scales' type: bf16 or fp16), so that the float graph is what
+        transformers runs."""
         rows, columns = self.codes.shape
         grouped = self.codes.reshape(rows // self.group, self.group, columns).astype(np.float32)
         if self.zero_points is not None:
             grouped = grouped - self.zero_points[:, None, :].astype(np.float32)
-        return (grouped * self.scales[:, None, :]).reshape(rows, columns).astype(dtype).astype(np.float32)
+        values = (grouped * self.scales[:, None, :]).reshape(rows, columns).astype(dtype).astype(np.float32)
+        if self.rows is None:
+            return values
+        ordered = np.empty_like(values)
+        ordered[self.rows] = values
+        return ordered
 
     def zero_offsets(self) -> np.ndarray | None:
         """z · s [K/G, N]: what an asymmetric weight subtracts per group (passes/int4.py's correction)."""
@@ -91,13 +101,24 @@ def awq_int4(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray) -> Gro
     return GroupedInt4(codes, scales, _asymmetric(unpack_awq(qzeros) - 8), codes.shape[0] // scales.shape[0])
 
 
-def gptq_int4(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, stored_minus_one: bool) -> GroupedInt4:
-    """GPTQ's layout with its rows in order (g_idx[k] = k // G; act-order is handled by the caller or refused).
-    `stored_minus_one`: the original format's zero points, stored as zero - 1."""
+def gptq_int4(
+    qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, stored_minus_one: bool, g_idx: np.ndarray | None = None
+) -> GroupedInt4:
+    """GPTQ's layout. `stored_minus_one`: the original format's zero points, stored as zero - 1. `g_idx`: each
+    row's group; out of row order (act-order, `desc_act`), the rows are sorted by group (a stable sort: G rows
+    each, checked by the reader) and the weight says in which order its MatMul reads the input (`rows`)."""
     codes = unpack_rows(np.ascontiguousarray(qweight.T)).T - 8  # words run along K
     zeros = unpack_rows(qzeros) + (1 if stored_minus_one else 0) - 8  # 8: a stored 15, refused by the reader
     scales = np.asarray(scales, np.float32)
-    return GroupedInt4(np.ascontiguousarray(codes), scales, _asymmetric(zeros), codes.shape[0] // scales.shape[0])
+    group = codes.shape[0] // scales.shape[0]
+    order = None if g_idx is None or in_row_order(g_idx, group) else np.argsort(g_idx, kind="stable")
+    codes = codes if order is None else codes[order]
+    return GroupedInt4(np.ascontiguousarray(codes), scales, _asymmetric(zeros), group, order)
+
+
+def in_row_order(g_idx: np.ndarray, group: int) -> bool:
+    """Whether GPTQ's `g_idx` puts row k in group k // G (quantized without act-order)."""
+    return bool(np.array_equal(np.asarray(g_idx), np.arange(len(g_idx)) // group))
 
 
 def _asymmetric(zeros: np.ndarray) -> np.ndarray | None:

@@ -120,6 +120,8 @@ class WeightOnlyInt4:
                 weight = weight * plan.input_scale[:, None]
             if plan.stored is not None:
                 packed, scale = int4_constant(f"{name}/weight_int4", plan.stored.codes), plan.stored.scales
+                if plan.stored.rows is not None:  # GPTQ's act-order: the input's features in the codes' row order
+                    _read_input_in_order(graph, node, plan.stored.rows)
                 offsets = plan.stored.zero_offsets()
                 if offsets is not None:
                     _subtract_zero_offsets(graph, node, block, offsets, indicators)
@@ -173,6 +175,20 @@ class WeightOnlyInt4:
             for node in readers:
                 node.inputs[0] = divided
         return len(groups)
+
+
+def _read_input_in_order(graph: gs.Graph, node: gs.Node, rows: np.ndarray) -> None:
+    """The MatMul reads its input's last axis in the order `rows` gives (x[..., rows] @ W[rows] = x @ W): one
+    Gather of the activation, as ONNX Runtime's MatMulNBits does with GPTQ's g_idx."""
+    (gathered,) = graph.layer(
+        op="Gather",
+        name=f"{node.name}/ActOrder",
+        inputs=[node.inputs[0], gs.Constant(f"{node.name}/act_order", np.asarray(rows, np.int64))],
+        outputs=[f"{node.name}/input_in_act_order"],
+        attrs={"axis": -1},
+    )
+    gathered.dtype = node.inputs[0].dtype
+    node.inputs[0] = gathered
 
 
 def _subtract_zero_offsets(graph: gs.Graph, node: gs.Node, block: int, offsets: np.ndarray,

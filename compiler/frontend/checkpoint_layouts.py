@@ -2,7 +2,7 @@
 `quantization_config`, which tensors around a Linear `M` hold its codes and scales, and how to read them
 (core/grouped_int4.py unpacks the INT4 ones, core/scaled_fp8.py the FP8 ones).
 
-Taken: AutoAWQ's GEMM (`awq`), GPTQ with its rows in order (`gptq`, the original format and `gptq_v2`),
+Taken: AutoAWQ's GEMM (`awq`), GPTQ in row order or act-order (`gptq`, the original format and `gptq_v2`),
 compressed-tensors' `pack-quantized` INT4 (W4A16) and `float-quantized` FP8 (per tensor, channel or block;
 static or dynamic activations: the activations are the compile's to choose), block-scaled FP8 as DeepSeek,
 Qwen3-FP8 and transformers' FineGrainedFP8 write it (`fp8`), and Model Optimizer's FP8 exports (`modelopt`).
@@ -65,8 +65,13 @@ def _awq(weights: CheckpointWeights, module: str) -> GroupedInt4:
 def _gptq(stored_minus_one: bool) -> Callable[[CheckpointWeights, str], GroupedInt4]:
     def read(weights: CheckpointWeights, module: str) -> GroupedInt4:
         array = weights.array
+        g_idx = f"{module}.g_idx"
         weight = gptq_int4(
-            array(f"{module}.qweight"), array(f"{module}.qzeros"), array(f"{module}.scales"), stored_minus_one
+            array(f"{module}.qweight"),
+            array(f"{module}.qzeros"),
+            array(f"{module}.scales"),
+            stored_minus_one,
+            array(g_idx) if g_idx in weights else None,
         )
         if weight.zero_points is not None and int(weight.zero_points.max()) > 7:
             raise ConfigError(

@@ -143,11 +143,21 @@ def _check_tensors(weights: CheckpointWeights, module: str, layout: Layout) -> N
     if not layout.fits((columns, rows), weights.shape(scales)):
         raise ConfigError(f"{weights.directory}: {scales} {list(weights.shape(scales))} does not split {module}'s "
                           f"weight [{columns}, {rows}] into whole groups or blocks", hint=HINT)  # fmt: skip
-    if f"{module}.g_idx" in weights:  # GPTQ: each row's group, in row order unless quantized in act-order
-        in_order = np.arange(rows) // (rows // weights.shape(scales)[0])
-        if not np.array_equal(np.asarray(weights.array(f"{module}.g_idx")), in_order):
-            raise ConfigError(f"{weights.directory}: {module}.g_idx is not in row order (quantized in act-order, "
-                              "desc_act); tensorsmith takes GPTQ with its rows in order", hint=HINT)  # fmt: skip
+    if f"{module}.g_idx" in weights:  # GPTQ: each row's group (out of row order in act-order: G rows each still)
+        groups = weights.shape(scales)[0]
+        g_idx = np.asarray(weights.array(f"{module}.g_idx")).astype(np.int64)
+        if g_idx.shape != (rows,) or g_idx.min() < 0 or g_idx.max() >= groups:
+            raise ConfigError(
+                f"{weights.directory}: {module}.g_idx does not give each of the {rows} input features one of the "
+                f"{groups} groups",
+                hint=HINT,
+            )
+        if not np.all(np.bincount(g_idx, minlength=groups) == rows // groups):
+            raise ConfigError(
+                f"{weights.directory}: {module}.g_idx gives its groups unequal numbers of rows; tensorsmith takes "
+                f"groups of {rows // groups}",
+                hint=HINT,
+            )
 
 
 FLOAT_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}

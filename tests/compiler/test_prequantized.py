@@ -83,25 +83,31 @@ def _pack(codes: np.ndarray, order: tuple[int, ...] = tuple(range(8))) -> np.nda
     return np.ascontiguousarray(words).view(np.int32)
 
 
-def packed_checkpoint(directory: Path, method: str, layers: int = 2) -> dict[str, np.ndarray]:
-    """AutoAWQ's GEMM or GPTQ's original layout of a tiny Llama's Linears; the codes [K, N] by module."""
+def packed_checkpoint(directory: Path, method: str, layers: int = 2, act_order: bool = False) -> dict[str, np.ndarray]:
+    """AutoAWQ's GEMM or GPTQ's original layout of a tiny Llama's Linears; the codes [K, N] by module (in group
+    order: GPTQ's act-order groups rows of a permutation, each row's group in `g_idx`, as GPTQ's packer does)."""
     model = tiny_llama(torch.float16, layers)
     model.save_pretrained(directory)
     tensors, stored = load_file(directory / "model.safetensors"), {}
+    rng = np.random.default_rng(0)
     for name in [name for name in tensors if name.rsplit(".", 2)[-2] in LINEARS]:
         module = name.removesuffix(".weight")
-        codes, zeros, scales = _grouped_codes(tensors.pop(name).float().numpy().T)
-        stored[module] = codes - 8
+        weight = tensors.pop(name).float().numpy().T
+        order = rng.permutation(weight.shape[0]) if act_order else np.arange(weight.shape[0])
+        grouped, zeros, scales = _grouped_codes(weight[order])
+        codes, group_of_row = np.empty_like(grouped), np.empty(weight.shape[0], np.int32)
+        codes[order], group_of_row[order] = grouped, np.arange(weight.shape[0]) // GROUP
+        stored[module] = codes[np.argsort(group_of_row, kind="stable")] - 8  # each group's rows in row order
         if method == "awq":
             qweight, qzeros = _pack(codes, AWQ_ORDER), _pack(zeros, AWQ_ORDER)
         else:  # rows packed along K, zero points stored as zero - 1
             qweight, qzeros = np.ascontiguousarray(_pack(codes.T).T), _pack(zeros - 1)
-            tensors[f"{module}.g_idx"] = torch.arange(codes.shape[0], dtype=torch.int32) // GROUP
+            tensors[f"{module}.g_idx"] = torch.from_numpy(group_of_row)
         tensors |= {f"{module}.qweight": torch.from_numpy(qweight), f"{module}.qzeros": torch.from_numpy(qzeros),
                     f"{module}.scales": torch.from_numpy(np.ascontiguousarray(scales))}  # fmt: skip
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     settings = {"quant_method": method, "bits": 4, "group_size": GROUP}
-    settings |= {"version": "gemm", "zero_point": True} if method == "awq" else {"desc_act": False, "sym": False}
+    settings |= {"version": "gemm", "zero_point": True} if method == "awq" else {"desc_act": act_order, "sym": False}
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, "quantization_config": settings}))
     return stored
@@ -218,6 +224,24 @@ def test_awq_and_gptq_checkpoints_compile_to_their_own_codes(method: str, tmp_pa
 
 
 @pytest.mark.slow
+def test_a_gptq_act_order_checkpoint_reads_its_input_in_group_order(tmp_path: Path) -> None:
+    """desc_act: the codes sorted by group (each group G rows, as stored), one Gather of the MatMul's input."""
+    stored = packed_checkpoint(tmp_path / "checkpoint", "gptq", act_order=True)
+    for module, codes in stored.items():
+        weight = read(tmp_path / "checkpoint").weight(module)
+        assert weight.rows is not None and np.array_equal(weight.codes, codes), module
+    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu", "sm_86"]})
+    manifest = compile(config, tmp_path / "out").manifest
+    assert {target.name: target.status for target in manifest.targets}["sm_86"] == "built"
+    _assert_codes_are_the_checkpoint_s(tmp_path / "out", "cpu-int4", stored)
+    variant = onnx.load(str(tmp_path / "out" / "variants" / "cpu-int4.onnx"), load_external_data=False)
+    assert sum(node.op_type == "Gather" and node.name.endswith("/ActOrder") for node in variant.graph.node) == len(
+        stored
+    )
+    assert_greedy_tokens_match(dequantized_reference(tmp_path / "checkpoint"), fp32_activations(tmp_path / "out"))
+
+
+@pytest.mark.slow
 def test_a_deeper_checkpoint_streams_its_dequantized_weights_into_the_stamped_export(tmp_path: Path) -> None:
     """Four layers: the export traces two and stamps the rest, each INT4 weight read dequantized when the graph
     is written (quantized_checkpoint.DequantizedWeights), never a float32 module of the whole checkpoint."""
@@ -238,13 +262,12 @@ def _without(tensor: str) -> Callable[[Path], None]:
     return damage
 
 
-def _act_order(directory: Path) -> None:
-    """GPTQ's desc_act: each row's group from the quantization order, not the row's place."""
+def _unequal_groups(directory: Path) -> None:
+    """A g_idx whose groups are not all G rows (no GPTQ packer writes it)."""
     tensors = load_file(directory / "model.safetensors")
     name = "model.layers.1.self_attn.o_proj.g_idx"
-    tensors[name] = tensors[name].flip(0).contiguous()
+    tensors[name][0] = tensors[name][1] + 1
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
-    _setting(desc_act=True)(directory)
 
 
 def _setting(**fields: object) -> Callable[[Path], None]:
@@ -257,13 +280,13 @@ def _setting(**fields: object) -> Callable[[Path], None]:
 
 
 @pytest.mark.parametrize(("method", "damage", "named"), [
-    ("gptq", _act_order, "model.layers.1.self_attn.o_proj.g_idx is not in row order"),
+    ("gptq", _unequal_groups, "model.layers.1.self_attn.o_proj.g_idx gives its groups unequal numbers of rows"),
     ("awq", _without("model.layers.0.mlp.up_proj.scales"), "model.layers.0.mlp.up_proj.scales is missing"),
     ("awq", _setting(quant_method="bitsandbytes"), "quant_method is 'bitsandbytes'"),
     ("awq", _setting(bits=8), "gives 8 bits"),
     ("awq", _setting(version="gemv"), "version is 'gemv'"),
     ("awq", _setting(group_size=-1), "group_size is -1"),
-], ids=["act-order", "missing scales", "unknown method", "8 bits", "gemv packing", "no groups"])  # fmt: skip
+], ids=["unequal groups", "missing scales", "unknown method", "8 bits", "gemv packing", "no groups"])  # fmt: skip
 def test_a_bad_layout_is_one_line_before_the_export(method: str, damage: Callable[[Path], None], named: str,
                                                      tmp_path: Path) -> None:  # fmt: skip
     packed_checkpoint(tmp_path / "checkpoint", method)
