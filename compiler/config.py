@@ -144,11 +144,15 @@ class CompileConfig(StrictModel):
         calibrated = record is None or record.calibration is Calibration.ACTIVATIONS
         if calibrated and self.calibration is None and self.calibration_stats is None:
             raise ValueError(f"precision {self.precision} needs calibration data: --calibration PATH")
-        awq = record is INT4 and self.int4_algorithm == "awq"  # by default a pre-quantized checkpoint's own codes
+        awq = record is INT4 and self.int4_algorithm == "awq"  # by default an INT4 checkpoint's own codes (an FP8
+        # checkpoint's request is checked when its layout is read: quantized_checkpoint.checkpoint_precision)
         stored = "int4_algorithm" not in self.model_fields_set and declares_quantization(self.resolve(self.source))
         if awq and self.calibration is None and not stored:
             raise ValueError(f"precision {self.precision} with awq needs calibration data: --calibration PATH (or "
                              "--int4-algorithm rtn); random inputs are never used in its place")  # fmt: skip
+        if record is not None and record.family is Family.FP8_WEIGHTS and self.overrides:
+            raise ValueError(f"[[overrides]] are not taken under {record.name}: every weight MatMul it can take is "
+                             "stored in it (pin layers under int4 or a decoder's auto)")  # fmt: skip
         weight_only = record is None or record.family is Family.WEIGHT_ONLY
         for override in self.overrides:
             if precision(override.precision).family is Family.WEIGHT_ONLY and not weight_only:

@@ -31,7 +31,7 @@ NIBBLES = np.arange(8, dtype=np.uint32) * 4
 
 def declares_quantization(directory: Path) -> bool:
     """Whether a checkpoint directory's config.json says its weights are quantized (`quantization_config`): its
-    own INT4 codes are then the default (compiler/frontend/quantized_checkpoint.py reads them)."""
+    own codes are then the default (compiler/frontend/quantized_checkpoint.py reads them)."""
     try:
         return bool(json.loads((directory / "config.json").read_text()).get("quantization_config"))
     except (OSError, ValueError, AttributeError):

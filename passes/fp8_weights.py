@@ -3,9 +3,13 @@
     W_fp8 FLOAT8E4M3FN [K, N], s float32 [K/B, N] ──► DequantizeLinear(axis 0, block_size B) ──► MatMul(x, ·)
 
 ONNX's blocked quantization blocks one axis, so a checkpoint's 2-D blocks (DeepSeek's 128 x 128) are written with
-each scale repeated over its block's columns: the same values, exactly. TensorRT for RTX 1.7 builds this form
-for SM89 and SM120 and keeps the weights in one byte in the engine (a 4096 x 4096 weight's engine is 16.8 MB, checked);
-it refuses it for SM86. ONNX Runtime's CPU provider runs it, so the variant is measured as it is written.
+each scale repeated over its block's columns: the same values, exactly; one block spanning K (per-tensor and
+per-channel checkpoints) is written per axis instead (axis 1, a scale per column). TensorRT for RTX 1.7 builds
+both forms for SM89 and SM120 and keeps the weights in one byte in the engine (a 4096 x 4096 weight's engine is
+16.8 MB, checked); it refuses them for SM86. In fp16 regions the DequantizeLinear stays fp32 and its output is
+cast (passes/half_regions.py): a scale of amax / 448 times the attention scale folded into the query
+projection can fall below fp16's normal range; the engine still keeps one byte a weight (17.4 MB, checked).
+ONNX Runtime's CPU provider runs it, so the variant is measured as it is written.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.matching import constant_value
 
 Fp8Weights = Mapping[str, Callable[[np.ndarray], ScaledFp8]]  # MatMul node → its fp8 weight, from the graph's
+CODES_SUFFIX = "/weight_fp8"  # the codes' initializer: passes/half_regions.py keeps their DequantizeLinear fp32
 
 
 def fp8_codes(name: str, codes: np.ndarray) -> gs.Constant:
@@ -32,10 +37,15 @@ def fp8_codes(name: str, codes: np.ndarray) -> gs.Constant:
     return gs.Constant(name, LazyValues(numpy_helper.from_array(codes.astype(E4M3), name)))
 
 
-def dequantize_linear_form(weight: ScaledFp8) -> tuple[np.ndarray, int]:
-    """(scales [K/B, N], B): the blocked DequantizeLinear's operands of a weight whose scales may block N too."""
+def dequantize_linear_form(weight: ScaledFp8) -> tuple[np.ndarray, dict[str, int]]:
+    """(scales, attributes) of the weight's DequantizeLinear: a scale per output column ([N], axis 1) where one
+    block spans K (a per-tensor or per-channel checkpoint), else blocked along K ([K/B, N], axis 0, block_size B),
+    each scale repeated over its block's columns."""
     rows, columns = weight.block
-    return np.ascontiguousarray(np.repeat(weight.scales, columns, axis=1), dtype=np.float32), rows
+    scales = np.ascontiguousarray(np.repeat(weight.scales, columns, axis=1), dtype=np.float32)
+    if rows == weight.codes.shape[0]:
+        return scales[0], {"axis": 1}
+    return scales, {"axis": 0, "block_size": rows}
 
 
 @dataclass
@@ -53,15 +63,15 @@ class WeightOnlyFp8:
             values = constant_value(node.inputs[1])
             assert values is not None and values.ndim == 2, f"{node.name}: planned without a constant weight"
             fp8 = self.weights[node.name](values.astype(np.float32))
-            scales, block = dequantize_linear_form(fp8)
+            scales, attributes = dequantize_linear_form(fp8)
             dequantized = gs.Variable(f"{node.name}/fp8_weight", dtype=np.float32, shape=list(fp8.codes.shape))
             graph.nodes.append(
                 gs.Node(
                     "DequantizeLinear",
                     name=f"{node.name}/DequantizeLinear",
-                    attrs={"axis": 0, "block_size": block},
+                    attrs=attributes,
                     inputs=[
-                        fp8_codes(f"{node.name}/weight_fp8", fp8.codes),
+                        fp8_codes(f"{node.name}{CODES_SUFFIX}", fp8.codes),
                         gs.Constant(f"{node.name}/weight_scale", scales),
                     ],
                     outputs=[dequantized],
@@ -69,7 +79,7 @@ class WeightOnlyFp8:
             )
             node.inputs[1] = dequantized
             quantized, weight_bytes = quantized + 1, weight_bytes + fp8.codes.size + scales.nbytes
-            blocks.add(block)
+            blocks.add(attributes.get("block_size", fp8.codes.shape[0]))
         return PassReport(
             self.name,
             changed=quantized > 0,

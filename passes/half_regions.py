@@ -3,9 +3,10 @@
 and `RoundToBf16` (passes/fp16.py) read.
 
 A node keeps fp32 for what it is — an op named in `keep_fp32` (LayerNormalization by default: FP16 LayerNorm
-overflows), NVFP4's scale-computing DequantizeLinear — or, where the half type is narrower than fp32 (fp16), for
-range: the readers of a weight beyond it (a bf16 checkpoint's outlier, not clipped), through the ops that only move
-values (an embedding table's Gather), and the writers and readers of the activations named in `out_of_range`
+overflows), NVFP4's scale-computing DequantizeLinear, fp8-weight's DequantizeLinear — or, where the half type is
+narrower than fp32 (fp16), for range: the readers of a weight beyond it (a bf16 checkpoint's outlier, not
+clipped), through the ops that only move values (an embedding table's Gather), and the writers and readers of
+the activations named in `out_of_range`
 (those that leave the range on the fp32 graph: compiler/variants/fp16_range.py measures them). Each node kept for
 range is named, with the tensor and its max |x|, in `HalfRegions.for_range`.
 """
@@ -20,6 +21,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.mapped_graph import values_unkept
+from tensorsmith.passes.fp8_weights import CODES_SUFFIX
 from tensorsmith.passes.half_float import FLOAT, HalfFloat, is_fp32, largest_outside
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,13 @@ def _computes_a_scale(node: gs.Node) -> bool:
     scale = node.outputs[0]
     return all(user.op == "DequantizeLinear" and len(user.inputs) > 1 and user.inputs[1] is scale
                for user in scale.outputs)  # fmt: skip
+
+
+def _dequantizes_fp8_weights(node: gs.Node) -> bool:
+    """An fp8-weight DequantizeLinear (passes/fp8_weights.py): its scales (amax / 448, times any factor folded
+    into the weight) may be subnormal in fp16, so it computes in fp32 and its output is cast."""
+    codes = node.inputs[0] if node.op == "DequantizeLinear" and node.inputs else None
+    return isinstance(codes, gs.Constant) and codes.name.endswith(CODES_SUFFIX)
 
 
 def _own_fp32_constants(kept: list[gs.Node], kept_ids: set[int]) -> None:
@@ -130,7 +139,11 @@ def half_regions(
 ) -> HalfRegions:
     """`graph`'s half regions in `half`: the ops in `keep_fp32`, NVFP4's scale-computing DequantizeLinear and
     (fp16) the nodes kept for range keep fp32, and every other fp32 tensor and constant becomes half."""
-    by_op = {id(node) for node in graph.nodes if node.op in keep_fp32 or _computes_a_scale(node)}
+    by_op = {
+        id(node)
+        for node in graph.nodes
+        if node.op in keep_fp32 or _computes_a_scale(node) or _dequantizes_fp8_weights(node)
+    }
     for_range = _kept_for_range(graph, half, out_of_range or {})
     for node_id in by_op:  # kept whatever their range: not named for it
         for_range.pop(node_id, None)

@@ -45,16 +45,21 @@ def _names(keys: list[str]) -> str:
     return shown + (f" … and {len(keys) - _LIST_LIMIT} more" if len(keys) > _LIST_LIMIT else "")
 
 
-def check_safetensors_dtypes(path: Path, stored: frozenset[str] = frozenset()) -> None:
-    """Refuse, naming the dtype and the file, a safetensors file whose tensors are not float weights or integer
-    buffers (`stored`: a pre-quantized format's tensors, read by it); only its header is read."""
+def safetensors_dtypes(path: Path) -> dict[str, str]:
+    """Each tensor's safetensors dtype code, from the header only; a file that is not safetensors named."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="numpy") as opened:
-            codes = {name: opened.get_slice(name).get_dtype() for name in opened.keys()}  # noqa: SIM118 (not iterable)
+            return {name: opened.get_slice(name).get_dtype() for name in opened.keys()}  # noqa: SIM118 (not iterable)
     except (SafetensorError, OSError, ValueError) as err:
         raise ExportError(f"checkpoint {path} is not a valid safetensors file: {err}") from err
+
+
+def check_safetensors_dtypes(path: Path, stored: frozenset[str] = frozenset()) -> None:
+    """Refuse, naming the dtype and the file, a safetensors file whose tensors are not float weights or integer
+    buffers (`stored`: a pre-quantized format's tensors, read by it); only its header is read."""
+    codes = safetensors_dtypes(path)
     taken = {*FLOAT_DTYPES, *BUFFER_DTYPES}
     refused = sorted(name for name, code in codes.items() if code not in taken and name not in stored)
     if refused:

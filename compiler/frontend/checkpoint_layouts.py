@@ -26,6 +26,8 @@ TAKEN = (
     "blocks, modelopt fp8"
 )
 HINT = f"tensorsmith takes {TAKEN}; or give the unquantized bf16/fp16 checkpoint and --precision"
+STORED_CODES = {Element.INT4: "I32", Element.FP8_E4M3: "F8_E4M3"}
+SCALE_DTYPES = ("F32", "F16", "BF16")  # a scale of another type (e8m0's U8) would be read as a number: refused
 StoredWeight: TypeAlias = (
     GroupedInt4 | ScaledFp8
 )  # a quantized Linear's weight [K, N] as stored; .dequantized() its floats
@@ -44,6 +46,11 @@ class Layout:
     columns: tuple[int, int]  # the same along the output features N
     fits: Callable[[tuple[int, int], tuple[int, ...]], bool]  # (weight [N, K], scales' shape) → whole blocks
     read: Callable[[CheckpointWeights, str], StoredWeight]  # (weights, module) → its weight
+
+    @property
+    def codes_dtype(self) -> str:
+        """safetensors' dtype code of the codes' tensor: INT4 packed in int32 words, FP8 as float8 e4m3."""
+        return STORED_CODES[self.element]
 
     def weight_shape(self, weights: CheckpointWeights, module: str) -> tuple[int, int]:
         """`module.weight`'s [N, K], from the codes' header."""
@@ -193,7 +200,9 @@ def _compressed(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
                 hint=HINT,
             )
     if len(forms) != 1:
-        raise ConfigError(f"{where}.config_groups: {len(forms)} formats; tensorsmith takes one a checkpoint", hint=HINT)
+        raise ConfigError(
+            f"{where}.config_groups: {len(forms)} formats; tensorsmith takes one per checkpoint", hint=HINT
+        )
     return forms.pop()
 
 

@@ -27,6 +27,7 @@ import onnx_ir as ir
 
 from tensorsmith.core.checkpoint_references import REFERENCE_KEY, WIDENED, Reference
 from tensorsmith.core.errors import ExportError
+from tensorsmith.core.importing import first_line
 from tensorsmith.core.memory import trim_heap
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class CheckpointWeights:
     read on demand as float32 numpy arrays."""
 
     def __init__(self, directory: Path) -> None:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         self.directory = directory
         self.on_read: Callable[[], None] = lambda: None  # told of each tensor read (the export's progress)
@@ -54,13 +55,16 @@ class CheckpointWeights:
         self._codes: dict[str, str] = {}  # safetensors' dtype codes
         self._places: dict[str, tuple[int, int]] = {}  # each tensor's (offset, length) in its file
         for path in sorted(directory.glob("*.safetensors")):
-            self._places.update(data_places(path))
-            with safe_open(str(path), framework="numpy") as opened:  # the headers only: no torch to import
-                for name in opened.keys():  # noqa: SIM118 (not iterable)
-                    if owner is None or owner.get(name) == path.name:
-                        piece = opened.get_slice(name)
-                        self._files[name], self._codes[name] = path, piece.get_dtype()
-                        self._shapes[name] = tuple(int(d) for d in piece.get_shape())
+            try:
+                self._places.update(data_places(path))
+                with safe_open(str(path), framework="numpy") as opened:  # the headers only: no torch to import
+                    for name in opened.keys():  # noqa: SIM118 (not iterable)
+                        if owner is None or owner.get(name) == path.name:
+                            piece = opened.get_slice(name)
+                            self._files[name], self._codes[name] = path, piece.get_dtype()
+                            self._shapes[name] = tuple(int(d) for d in piece.get_shape())
+            except (SafetensorError, OSError, ValueError) as err:
+                raise ExportError(f"checkpoint {path} is not a valid safetensors file: {first_line(err)}") from err
 
     def __len__(self) -> int:
         return len(self._files)

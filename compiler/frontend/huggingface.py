@@ -51,7 +51,7 @@ class HuggingFaceModel:
     directory: Path
     architecture: str  # e.g. "BertModel", from config.json's `architectures`
     config: dict[str, Any]  # config.json
-    quantized: QuantizedCheckpoint | None = None  # a pre-quantized checkpoint's INT4 weights
+    quantized: QuantizedCheckpoint | None = None  # a pre-quantized checkpoint's quantized Linears
 
     @property
     def output(self) -> str:
@@ -222,7 +222,7 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
         opened = safe_open(str(path), framework="pt", device="cpu", backend="pread")
         slices.update((name, opened.get_slice(name)) for name in opened.keys()  # noqa: SIM118 (not iterable)
                       if owner is None or owner.get(name) == path.name)  # fmt: skip
-    if model.quantized is not None:  # each INT4 weight as the float weight the format's dequantization gives
+    if model.quantized is not None:  # each quantized weight as the float weight the format's dequantization gives
         for module in model.quantized.modules:
             for name in model.quantized.stored_names(module):
                 del slices[name]

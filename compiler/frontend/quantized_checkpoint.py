@@ -22,11 +22,17 @@ import ml_dtypes
 import numpy as np
 
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.frontend.checkpoint_layouts import HINT, Layout, StoredWeight, published_layout
+from tensorsmith.compiler.frontend.checkpoint_layouts import (
+    HINT,
+    SCALE_DTYPES,
+    Layout,
+    StoredWeight,
+    published_layout,
+)
 from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.core.precisions import BF16, Calibration, Element, storing
+from tensorsmith.core.precisions import AUTO, BF16, Calibration, Element, precision, storing
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -76,7 +82,7 @@ class QuantizedCheckpoint:
 
 
 class DequantizedWeights(CheckpointWeights):
-    """A pre-quantized checkpoint's tensors as the export reads a float checkpoint's: each INT4 Linear's `weight`
+    """A pre-quantized checkpoint's tensors as the export reads a float checkpoint's: each quantized Linear's `weight`
     [N, K] is there too, dequantized when read (never a reference to stored bytes), so that the export streams
     it a tensor at a time (checkpoint_weights.py) and the estimate counts it."""
 
@@ -95,11 +101,13 @@ class DequantizedWeights(CheckpointWeights):
         import torch
 
         self.on_read()
-        weight = self.quantized.float_weight(self._virtual[name])
-        if not np.isfinite(weight.sum()):  # a NaN or an infinity in the scales: named as a float weight's would be
-            self._refuse_nonfinite(
-                f"{self._virtual[name]}.{self.quantized.layout.scales}", int((~np.isfinite(weight)).sum())
-            )
+        module = self._virtual[name]
+        weight = self.quantized.float_weight(module)
+        if not np.isfinite(weight.sum()):  # a NaN or an infinity in the codes (float8's) or the scales: named
+            layout = self.quantized.layout
+            codes = np.asarray(self.quantized.weight(module).codes, np.float32)
+            part = layout.codes if not np.isfinite(codes.sum()) else layout.scales
+            self._refuse_nonfinite(f"{module}.{part}", int((~np.isfinite(weight)).sum()))
         return torch.from_numpy(weight)
 
     def lazy(self, name: str, graph_name: str, referable: bool = False) -> ir.TensorProtocol:
@@ -107,7 +115,7 @@ class DequantizedWeights(CheckpointWeights):
 
 
 def checkpoint_weights(directory: Path) -> CheckpointWeights:
-    """The directory's tensors by name, a pre-quantized checkpoint's INT4 weights among them as float weights."""
+    """The directory's tensors by name, a pre-quantized checkpoint's quantized weights among them as float weights."""
     config = json.loads((directory / "config.json").read_text())
     quantized = read_quantized_checkpoint(directory, config) if config.get(FIELD) else None
     return CheckpointWeights(directory) if quantized is None else DequantizedWeights(quantized)
@@ -136,9 +144,16 @@ def read_quantized_checkpoint(directory: Path, config: Mapping[str, Any]) -> Qua
 def _check_tensors(weights: CheckpointWeights, module: str, layout: Layout) -> None:
     """The codes and scales stored, and the scales' groups or blocks whole rows and columns of the weight."""
     marker = f"{module}.{layout.marker}"
-    for part in (layout.codes, layout.scales):
-        if f"{module}.{part}" not in weights:
-            raise ConfigError(f"{weights.directory}: {module}.{part} is missing beside {marker}", hint=HINT)
+    for part, dtypes in ((layout.codes, (layout.codes_dtype,)), (layout.scales, SCALE_DTYPES)):
+        name = f"{module}.{part}"
+        if name not in weights:
+            raise ConfigError(f"{weights.directory}: {name} is missing beside {marker}", hint=HINT)
+        if weights.dtype_code(name) not in dtypes:
+            raise ConfigError(
+                f"{weights.directory}: {name} is stored as {weights.dtype_code(name)}; its format stores "
+                f"{' or '.join(dtypes)}",
+                hint=HINT,
+            )
     scales, (columns, rows) = f"{module}.{layout.scales}", layout.weight_shape(weights, module)
     if not layout.fits((columns, rows), weights.shape(scales)):
         raise ConfigError(f"{weights.directory}: {scales} {list(weights.shape(scales))} does not split {module}'s "
@@ -223,9 +238,22 @@ def checkpoint_precision(config: CompileConfig, quantized: QuantizedCheckpoint) 
     if asked == stored.name and chooses_algorithm and "int4_algorithm" not in given:
         update["int4_algorithm"] = "checkpoint"
     algorithm = update.get("int4_algorithm", config.int4_algorithm)
+    requested = None if asked == AUTO else precision(str(asked))
+    awq = requested is not None and requested.calibration is Calibration.OPTIONAL_AWQ and algorithm == "awq"
+    if awq and requested is not stored and config.calibration is None:  # the checkpoint has no codes of its own
+        raise ConfigError(
+            f"{config.source} stores {quantized.described}: --precision {asked} requantizes its dequantized weights, "
+            "with awq (the default) from calibration data",
+            hint="add --int4-algorithm rtn, or --calibration PATH",
+        )
     if asked == stored.name and (not chooses_algorithm or algorithm == "checkpoint"):
         logger.info("%s: %s, its codes taken as they are for %s", config.source, quantized.described, ", ".join(runs))
     else:
-        what = f"--precision {asked}" if "precision" in given else "each target's float type"
-        logger.warning("%s: %s, dequantized for %s", config.source, quantized.described, what)
+        what = f"--precision {asked}" if "precision" in given or "precision" in update else "each target's float type"
+        how = (
+            f" (--int4-algorithm {algorithm})"
+            if requested is not None and requested.calibration is Calibration.OPTIONAL_AWQ
+            else ""
+        )
+        logger.warning("%s: %s, dequantized for %s%s", config.source, quantized.described, what, how)
     return config.model_copy(update=update) if update else config

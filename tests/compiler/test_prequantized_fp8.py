@@ -74,6 +74,10 @@ def modelopt_fp8_checkpoint(directory: Path, algorithm: str = "FP8_PB_WO") -> di
     return dequantized
 
 
+def per_tensor_modelopt(directory: Path) -> dict[str, np.ndarray]:
+    return modelopt_fp8_checkpoint(directory, "FP8")
+
+
 def compressed_tensors_fp8_checkpoint(directory: Path) -> None:
     """llm-compressor's FP8_DYNAMIC scheme (a scale per output channel, activations quantized per token when
     run), packed by compressed-tensors' float-quantized compressor; the scales from its calculate_qparams."""
@@ -141,18 +145,22 @@ def test_block_fp8_codes_are_the_stored_codes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("write", [block_fp8_checkpoint, compressed_tensors_fp8_checkpoint, modelopt_fp8_checkpoint],
+@pytest.mark.parametrize("write", [block_fp8_checkpoint, compressed_tensors_fp8_checkpoint, per_tensor_modelopt],
                          ids=["blocks", "ct", "modelopt"])  # fmt: skip
 def test_an_fp8_checkpoint_compiles_and_generates_its_tokens(write: Callable[[Path], Any], tmp_path: Path) -> None:
+    """Each layout on Ampere (its dequantized weights, in the type of the rest of the checkpoint), the per-channel
+    and per-tensor ones also on Ada, where one DequantizeLinear per axis (a block spanning K) builds."""
     write(tmp_path / "checkpoint")
-    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu", "sm_86"]})
-    manifest = compile(config, tmp_path / "out").manifest
+    ada = write is not block_fp8_checkpoint
+    targets = ["cpu", "sm_86", *(["sm_89"] if ada else [])]
+    manifest = compile(CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": targets}),
+                       tmp_path / "out").manifest  # fmt: skip
     assert manifest.source.weights is not None and manifest.source.weights.startswith(
         read(tmp_path / "checkpoint").described
     )
     variants = {target.name: (target.variant, target.status) for target in manifest.targets}
-    # no target here runs fp8 weights: the dequantized weights in the type of the rest of the checkpoint
-    assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("bf16", "built")}
+    assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("fp16" if ada else "bf16", "built"),
+                        **({"sm_89": ("fp8-weight", "built")} if ada else {})}  # fmt: skip
     assert_greedy_tokens_match(transformers_dequantized(tmp_path / "checkpoint"), tmp_path / "out")
 
 
@@ -179,6 +187,9 @@ def test_an_fp8_checkpoint_keeps_its_codes_where_the_target_runs_fp8(tmp_path: P
     assert "no fp8-weight kernels" in {target.name: target.reason for target in manifest.targets}["sm_86"]
     codes = variant_fp8_codes(tmp_path / "out", "fp8-weight")
     assert codes.keys() == stored.keys()
+    variant = onnx.load(str(tmp_path / "out" / "variants" / "fp8-weight.onnx"))
+    scales = [tensor for tensor in variant.graph.initializer if tensor.name.endswith("/weight_scale")]
+    assert len(scales) == len(stored) and all(tensor.data_type == onnx.TensorProto.FLOAT for tensor in scales)
     for module, value in codes.items():
         assert np.array_equal(value, stored[module].T), module
     record = next(variant for variant in manifest.variants if variant.name == "fp8-weight")
@@ -212,6 +223,14 @@ def _scales_of(tensor: str, shape: tuple[int, ...]) -> Callable[[Path], None]:
     return damage
 
 
+def _codes_as_bf16(directory: Path) -> None:
+    """A fake-quantized weight: the Linear's `weight` in bf16 beside its `weight_scale_inv`."""
+    tensors = load_file(directory / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = tensors[name].to(torch.bfloat16)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+
+
 def _setting(**fields: object) -> Callable[[Path], None]:
     def damage(directory: Path) -> None:
         config = json.loads((directory / "config.json").read_text())
@@ -225,7 +244,8 @@ def _setting(**fields: object) -> Callable[[Path], None]:
     (_scales_of("model.layers.0.mlp.up_proj.weight_scale_inv", (3, 2)), "model.layers.0.mlp.up_proj.weight_scale_inv"),
     (_setting(fmt="e5m2"), "fmt is 'e5m2'"),
     (_setting(weight_block_size=[128]), "weight_block_size is [128]"),
-], ids=["grid", "e5m2", "block size"])  # fmt: skip
+    (_codes_as_bf16, "model.layers.1.mlp.down_proj.weight is stored as BF16"),
+], ids=["grid", "e5m2", "block size", "codes in bf16"])  # fmt: skip
 def test_a_bad_fp8_layout_is_one_line_before_the_export(damage: Callable[[Path], None], named: str,
                                                          tmp_path: Path) -> None:  # fmt: skip
     block_fp8_checkpoint(tmp_path / "checkpoint")
@@ -242,3 +262,15 @@ def test_an_fp8_checkpoint_has_no_int4_codes_to_take(tmp_path: Path) -> None:
     result = run_cli("compile", tmp_path / "checkpoint", "-o", tmp_path / "out", "--target", "cpu",
                      "--precision", "int4", "--int4-algorithm", "checkpoint")  # fmt: skip
     assert result.exit_code != 0 and "not INT4 codes" in result.stderr, result.stderr
+    # int4 from its dequantized weights: awq by default, which needs calibration data, said before any work
+    result = run_cli("compile", tmp_path / "checkpoint", "-o", tmp_path / "out", "--target", "cpu",
+                     "--precision", "int4")  # fmt: skip
+    assert result.exit_code != 0 and "--int4-algorithm rtn" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_fp8_weight_takes_no_overrides(tmp_path: Path) -> None:
+    block_fp8_checkpoint(tmp_path / "checkpoint")
+    with pytest.raises(ConfigError, match="overrides"):
+        CompileConfig.create({"source": str(tmp_path / "checkpoint"), "precision": "fp8-weight", "targets": ["sm_89"],
+                              "overrides": [{"match": "*down_proj*", "precision": "fp32"}]})  # fmt: skip
