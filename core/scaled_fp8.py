@@ -12,7 +12,9 @@ Each layout by its published definition (REFERENCE.md §12):
 - Model Optimizer's FP8 Hugging Face exports (`quant_method: modelopt`, `quant_algo` FP8, FP8_PER_CHANNEL_PER_TOKEN
   or FP8_PB_WO): `weight` float8_e4m3fn [N, K] and `weight_scale` [] / [1], [N], or [N/128, 1, K/128, 1]; w = q · s.
 
-A grid whose blocks do not divide the weight is refused by the reader (transformers refuses it too).
+A grid that does not fit its weight is refused by the reader: it must split the weight evenly, or, where
+config.json declares the block (`weight_block_size`), be ceil(N/bn) x ceil(K/bk) with K whole blocks (DeepSeek's
+kernels take a partial last block along N; transformers' CPU dequantization refuses it).
 """
 
 from __future__ import annotations
@@ -27,21 +29,21 @@ E4M3 = ml_dtypes.float8_e4m3fn
 
 @dataclass(frozen=True)
 class ScaledFp8:
-    """One weight [K, N] in float8 e4m3: codes [K, N] (ml_dtypes' float8_e4m3fn), scales float32 [K/bk, N/bn],
-    one per block of bk rows (input features) and bn columns (output features)."""
+    """One weight [K, N] in float8 e4m3: codes [K, N] (ml_dtypes' float8_e4m3fn), scales float32
+    [ceil(K/bk), ceil(N/bn)], one per block of bk rows (input features) and bn columns (output features); the
+    last block along N may be partial (DeepSeek-V3's 576-row kv_a_proj_with_mqa in blocks of 128)."""
 
     codes: np.ndarray
     scales: np.ndarray
+    block: tuple[int, int]  # (rows, columns) of one scale's block
 
-    @property
-    def block(self) -> tuple[int, int]:
-        """(rows, columns) of one scale's block."""
-        return self.codes.shape[0] // self.scales.shape[0], self.codes.shape[1] // self.scales.shape[1]
+    def column_scales(self) -> np.ndarray:
+        """[ceil(K/bk), N]: each scale repeated over its block's columns."""
+        return np.repeat(self.scales, self.block[1], axis=1)[:, : self.codes.shape[1]]
 
     def dequantized(self, dtype: np.dtype | type = np.float32) -> np.ndarray:
         """q · s [K, N] in float32, rounded through `dtype` as the checkpoint's own dequantization computes it."""
-        rows, columns = self.block
-        scales = np.repeat(np.repeat(self.scales, rows, axis=0), columns, axis=1)
+        scales = np.repeat(self.column_scales(), self.block[0], axis=0)[: self.codes.shape[0]]
         return (self.codes.astype(np.float32) * scales).astype(dtype).astype(np.float32)
 
 
@@ -51,19 +53,33 @@ def scale_grid(scales: tuple[int, ...]) -> tuple[int, int]:
     return (scales[0], int(np.prod(scales[1:], dtype=np.int64))) if scales else (1, 1)
 
 
-def grid_divides(weight: tuple[int, ...], scales: tuple[int, ...]) -> bool:
-    """Whether a scale grid (from the header) splits a weight [N, K] evenly."""
+def grid_block(
+    weight: tuple[int, ...], scales: tuple[int, ...], block: tuple[int, int] | None
+) -> tuple[int, int] | None:
+    """The [bn, bk] block a scale grid (from the header) gives a weight [N, K], or None where it does not fit:
+    without a declared `block` the grid must split the weight evenly; with one (config.json's
+    `weight_block_size`), the grid is ceil(N/bn) x ceil(K/bk) and bk divides K (TensorRT takes whole blocks
+    along K only)."""
     grid = scale_grid(scales)
-    return len(weight) == 2 and all(g > 0 and size % g == 0 for size, g in zip(weight, grid, strict=True))
+    if len(weight) != 2 or min(grid) <= 0:
+        return None
+    if block is None:
+        whole = all(size % g == 0 for size, g in zip(weight, grid, strict=True))
+        return (weight[0] // grid[0], weight[1] // grid[1]) if whole else None
+    fits = grid == (-(-weight[0] // block[0]), -(-weight[1] // block[1])) and weight[1] % block[1] == 0
+    return (min(block[0], weight[0]), block[1]) if fits else None
 
 
-def scaled_fp8(weight: np.ndarray, scale: np.ndarray) -> ScaledFp8:
+def scaled_fp8(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] | None = None) -> ScaledFp8:
     """A Linear's stored float8 weight [N, K] (as float8, or widened exactly to float32 as the checkpoint's
-    reader gives it) and its scale grid ([], [1], [N, 1] or [N/bn, K/bk]), as [K, N]."""
+    reader gives it) and its scale grid ([], [1], [N], [N, 1], [N/bn, K/bk] or [N/bn, 1, K/bk, 1]), as [K, N];
+    `block`: the declared [bn, bk] (the reader checked the grid fits: grid_block)."""
     codes = np.asarray(weight).astype(E4M3)  # exact: every value is a float8 code
     grid = np.asarray(scale, np.float32)
+    found = grid_block(codes.shape, grid.shape, block)
+    assert found is not None, f"a scale grid {grid.shape} that does not fit {codes.shape}: checked by the reader"
     grid = grid.reshape(scale_grid(grid.shape))
-    return ScaledFp8(np.ascontiguousarray(codes.T), np.ascontiguousarray(grid.T))
+    return ScaledFp8(np.ascontiguousarray(codes.T), np.ascontiguousarray(grid.T), (found[1], found[0]))
 
 
 E4M3_MAX = 448.0
@@ -76,4 +92,4 @@ def quantize_fp8(weight: np.ndarray, block: int) -> ScaledFp8:
     blocks = np.asarray(weight, np.float32).reshape(rows // block, block, columns)
     scales = np.maximum(np.abs(blocks).max(axis=1), np.float32(1e-12)) / np.float32(E4M3_MAX)
     codes = np.clip(blocks / scales[:, None, :], -E4M3_MAX, E4M3_MAX).reshape(rows, columns).astype(E4M3)
-    return ScaledFp8(codes, scales.astype(np.float32))
+    return ScaledFp8(codes, scales.astype(np.float32), (block, 1))

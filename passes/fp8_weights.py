@@ -41,8 +41,8 @@ def dequantize_linear_form(weight: ScaledFp8) -> tuple[np.ndarray, dict[str, int
     """(scales, attributes) of the weight's DequantizeLinear: a scale per output column ([N], axis 1) where one
     block spans K (a per-tensor or per-channel checkpoint), else blocked along K ([K/B, N], axis 0, block_size B),
     each scale repeated over its block's columns."""
-    rows, columns = weight.block
-    scales = np.ascontiguousarray(np.repeat(weight.scales, columns, axis=1), dtype=np.float32)
+    rows = weight.block[0]
+    scales = np.ascontiguousarray(weight.column_scales(), dtype=np.float32)
     if rows == weight.codes.shape[0]:
         return scales[0], {"axis": 1}
     return scales, {"axis": 0, "block_size": rows}

@@ -19,7 +19,7 @@ from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.grouped_int4 import GroupedInt4, awq_int4, compressed_tensors_int4, gptq_int4
 from tensorsmith.core.precisions import Element
-from tensorsmith.core.scaled_fp8 import ScaledFp8, grid_divides, scaled_fp8
+from tensorsmith.core.scaled_fp8 import ScaledFp8, grid_block, scaled_fp8
 
 TAKEN = (
     "awq (gemm), gptq (rows in order), compressed-tensors pack-quantized int4 and float-quantized fp8, fp8 "
@@ -100,8 +100,15 @@ def _compressed_int4(weights: CheckpointWeights, module: str) -> GroupedInt4:
     )
 
 
-def _fp8(scales: str) -> Callable[[CheckpointWeights, str], ScaledFp8]:
-    return lambda weights, module: scaled_fp8(weights.array(f"{module}.weight"), weights.array(f"{module}.{scales}"))
+def _fp8(scales: str, block: tuple[int, int] | None = None) -> Callable[[CheckpointWeights, str], ScaledFp8]:
+    def read(weights: CheckpointWeights, module: str) -> ScaledFp8:
+        return scaled_fp8(weights.array(f"{module}.weight"), weights.array(f"{module}.{scales}"), block)
+
+    return read
+
+
+def _fp8_grid(block: tuple[int, int] | None) -> Callable[[tuple[int, int], tuple[int, ...]], bool]:
+    return lambda weight, scales: grid_block(weight, scales, block) is not None
 
 
 AWQ = Layout(Element.INT4, "qweight", "qweight", "scales", ("qzeros",), (0, 1), (1, 8), _groups_along(0), _awq)
@@ -124,20 +131,24 @@ SCALED_FP8 = Layout(
     ("input_scale",),
     (1, 1),
     (0, 1),
-    grid_divides,
+    _fp8_grid(None),
     _fp8("weight_scale"),
 )
-BLOCK_FP8 = Layout(
-    Element.FP8_E4M3,
-    "weight_scale_inv",
-    "weight",
-    "weight_scale_inv",
-    (),
-    (1, 1),
-    (0, 1),
-    grid_divides,
-    _fp8("weight_scale_inv"),
-)
+
+
+def block_fp8_layout(block: tuple[int, int] | None) -> Layout:
+    """DeepSeek's layout, its blocks [bn, bk] as config.json declares them (a partial last block along N)."""
+    return Layout(
+        Element.FP8_E4M3,
+        "weight_scale_inv",
+        "weight",
+        "weight_scale_inv",
+        (),
+        (1, 1),
+        (0, 1),
+        _fp8_grid(block),
+        _fp8("weight_scale_inv", block),
+    )
 
 
 def gptq_layout(stored_minus_one: bool) -> Layout:
@@ -171,7 +182,9 @@ def published_layout(where: str, method: str, settings: Mapping[str, Any]) -> tu
             )
         return gptq_layout(stored_minus_one=checkpoint_format == "gptq"), f"gptq int4, group {_group(where, settings)}"
     if method == "fp8":  # quant_method, not a precision: transformers' FineGrainedFP8
-        return BLOCK_FP8, _block_fp8(where, settings)
+        block = _block_fp8(where, settings)
+        described = f"fp8 e4m3, blocks of {block[0]}x{block[1]}" if block else "fp8 e4m3"
+        return block_fp8_layout(block), described
     if method == "compressed-tensors":
         return _compressed(where, settings)
     if method == "modelopt":
@@ -221,16 +234,17 @@ def _modelopt(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
     return SCALED_FP8, f"modelopt {algorithm.lower()} (fp8 e4m3)"
 
 
-def _block_fp8(where: str, settings: Mapping[str, Any]) -> str:
+def _block_fp8(where: str, settings: Mapping[str, Any]) -> tuple[int, int] | None:
+    """config.json's `weight_block_size` [bn, bk], checked (None: the blocks the scales' grid splits evenly)."""
     form = str(settings.get("fmt", "e4m3"))
     if form != "e4m3":
         raise ConfigError(f"{where}.fmt is {form!r}: tensorsmith takes float8 e4m3 weights", hint=HINT)
     block = settings.get("weight_block_size")
     if block is None:
-        return "fp8 e4m3, a scale per tensor"
+        return None
     if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
         raise ConfigError(f"{where}.weight_block_size is {block!r}: two positive sizes are needed", hint=HINT)
-    return f"fp8 e4m3, blocks of {block[0]}x{block[1]}"
+    return block[0], block[1]
 
 
 def _bits(where: str, bits: object, expected: int) -> None:

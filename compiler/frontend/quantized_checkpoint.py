@@ -157,7 +157,7 @@ def _check_tensors(weights: CheckpointWeights, module: str, layout: Layout) -> N
     scales, (columns, rows) = f"{module}.{layout.scales}", layout.weight_shape(weights, module)
     if not layout.fits((columns, rows), weights.shape(scales)):
         raise ConfigError(f"{weights.directory}: {scales} {list(weights.shape(scales))} does not split {module}'s "
-                          f"weight [{columns}, {rows}] into whole groups or blocks", hint=HINT)  # fmt: skip
+                          f"weight [{columns}, {rows}] into its groups or blocks", hint=HINT)  # fmt: skip
     if f"{module}.g_idx" in weights:  # GPTQ: each row's group (out of row order in act-order: G rows each still)
         groups = weights.shape(scales)[0]
         g_idx = np.asarray(weights.array(f"{module}.g_idx")).astype(np.int64)

@@ -28,22 +28,26 @@ BLOCK = 32  # the tiny model's sizes (64, 128; 32 for keys and values) in whole 
 FP8_MAX = 448.0
 
 
-def block_fp8_checkpoint(directory: Path, layers: int = 2) -> dict[str, np.ndarray]:
-    """Every decoder-layer Linear in float8 e4m3 with a float32 `weight_scale_inv` per 32 x 32 block (amax / 448),
-    as DeepSeek-V3 and transformers' FineGrainedFP8 store them; the codes [N, K] as float32, by module."""
+def block_fp8_checkpoint(
+    directory: Path, layers: int = 2, block: tuple[int, int] = (BLOCK, BLOCK)
+) -> dict[str, np.ndarray]:
+    """Every decoder-layer Linear in float8 e4m3 with a float32 `weight_scale_inv` per block [bn, bk] (amax / 448;
+    a partial last block along N where bn does not divide it, as DeepSeek-V3's 576-row kv_a_proj_with_mqa has), as
+    DeepSeek-V3 and transformers' FineGrainedFP8 store them; the codes [N, K] as float32, by module."""
     tiny_llama(torch.bfloat16, layers).save_pretrained(directory)
     tensors, stored = load_file(directory / "model.safetensors"), {}
+    rows_block, columns_block = block
     for name in [name for name in tensors if name.rsplit(".", 2)[-2] in LINEARS]:
         weight = tensors[name].float()
         rows, columns = weight.shape
-        blocks = weight.reshape(rows // BLOCK, BLOCK, columns // BLOCK, BLOCK)
+        padded = torch.nn.functional.pad(weight, (0, 0, 0, -rows % rows_block))
+        blocks = padded.reshape(-1, rows_block, columns // columns_block, columns_block)
         scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
-        codes = (blocks / scale[:, None, :, None]).reshape(rows, columns).to(torch.float8_e4m3fn)
+        codes = (blocks / scale[:, None, :, None]).reshape(padded.shape)[:rows].to(torch.float8_e4m3fn)
         tensors[name], tensors[name.replace(".weight", ".weight_scale_inv")] = codes, scale.contiguous()
         stored[name.removesuffix(".weight")] = codes.float().numpy()
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
-    settings = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                "weight_block_size": [BLOCK, BLOCK]}  # fmt: skip
+    settings = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, "quantization_config": settings}))
     return stored
@@ -132,6 +136,24 @@ def test_model_optimizer_fp8_dequantizes_by_its_definition(algorithm: str, tmp_p
     )
     for module, weight in expected.items():
         assert np.array_equal(quantized.float_weight(module), weight), module
+
+
+@pytest.mark.slow
+def test_partial_blocks_along_the_output_features_dequantize_and_build(tmp_path: Path) -> None:
+    """Blocks of 48 output features over 64-, 128- and 32-wide projections: the last block partial, as DeepSeek's
+    kernels take it (transformers' CPU dequantization refuses it): by the layout's definition, and built."""
+    stored = block_fp8_checkpoint(tmp_path / "checkpoint", block=(48, BLOCK))
+    quantized = read(tmp_path / "checkpoint")
+    assert quantized.described == f"fp8 e4m3, blocks of 48x{BLOCK}"
+    for module, codes in stored.items():
+        scale = read(tmp_path / "checkpoint").weights.array(f"{module}.weight_scale_inv")
+        spread = np.repeat(np.repeat(scale, 48, axis=0)[: codes.shape[0]], BLOCK, axis=1)
+        assert np.array_equal(quantized.float_weight(module), codes * spread), module
+    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu", "sm_89"]})
+    manifest = compile(config, tmp_path / "out").manifest
+    assert {target.name: target.status for target in manifest.targets}["sm_89"] == "built"
+    assert variant_fp8_codes(tmp_path / "out", "fp8-weight").keys() == stored.keys()
+    assert_greedy_tokens_match(dequantized_reference(tmp_path / "checkpoint"), tmp_path / "out")
 
 
 def test_block_fp8_codes_are_the_stored_codes(tmp_path: Path) -> None:
