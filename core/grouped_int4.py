@@ -20,7 +20,7 @@ TensorRT's INT4 DequantizeLinear takes (passes/int4.py).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +65,10 @@ class GroupedInt4:
         ordered = np.empty_like(values)
         ordered[self.rows] = values
         return ordered
+
+    def scaled(self, factor: float) -> GroupedInt4:
+        """The same codes, every scale times `factor` (a factor a graph pass folded into the weight)."""
+        return replace(self, scales=self.scales * np.float32(factor))
 
     def zero_offsets(self) -> np.ndarray | None:
         """z · s [K/G, N]: what an asymmetric weight subtracts per group (passes/int4.py's correction)."""

@@ -19,7 +19,7 @@ kernels take a partial last block along N; transformers' CPU dequantization refu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -36,6 +36,10 @@ class ScaledFp8:
     codes: np.ndarray
     scales: np.ndarray
     block: tuple[int, int]  # (rows, columns) of one scale's block
+
+    def scaled(self, factor: float) -> ScaledFp8:
+        """The same codes, every scale times `factor` (a factor a graph pass folded into the weight)."""
+        return replace(self, scales=self.scales * np.float32(factor))
 
     def column_scales(self) -> np.ndarray:
         """[ceil(K/bk), N]: each scale repeated over its block's columns."""

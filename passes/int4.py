@@ -28,7 +28,7 @@ from tensorsmith.passes.matching import constant_value
 
 # A block's amax maps to ±7.5, so that rounding uses all 16 levels (-8 for a negative max, 7 clipped for a positive
 # one), as ONNX Runtime's MLAS quantizer does; amax/7 leaves -8 unused: on tinylm, round-to-nearest's perplexity
-# ratio went from 1.105 to 1.057 with this alone (measured, docs/benchmarks.md).
+# ratio went from 1.105 to 1.057 with this alone (measured, docs/design-notes.md).
 AMAX_LEVEL = 7.5
 INT4_MIN_OPSET = INT4.min_opset
 SMALLER_BLOCKS = (64, 32, 16)  # for a weight whose K the block does not divide (TensorRT takes whole blocks only)

@@ -16,8 +16,8 @@ measured on `SimulatedNvfp4`'s graph: the same weight values as a plain fp32 con
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -46,6 +46,28 @@ class Nvfp4Weight:
     @property
     def block(self) -> int:
         return int(self.codes.shape[0] // self.block_scales.shape[0])
+
+    def scaled(self, factor: float) -> Nvfp4Weight:
+        """The same codes and block scales, the tensor scale times `factor` (a factor a graph pass folded in)."""
+        return replace(self, tensor_scale=float(np.float32(self.tensor_scale) * np.float32(factor)))
+
+    def dequantized(self, dtype: np.dtype | type = np.float32) -> np.ndarray:
+        """codes · (block scale · tensor scale) [K, N], rounded through `dtype` (a checkpoint's own arithmetic)."""
+        return dequantize_nvfp4(self).astype(dtype).astype(np.float32)
+
+
+def stored_nvfp4(packed: np.ndarray, block_scales: np.ndarray, tensor_scale: float) -> Nvfp4Weight:
+    """A checkpoint's NVFP4 Linear as Model Optimizer and compressed-tensors store it: uint8 [N, K/2], two e2m1
+    codes a byte, the first in the low nibble (sign bit 3, magnitude index bits 0-2); fp8 e4m3 block scales
+    [N, K/16] (already widened to float32: exact); the tensor scale the block scales multiply. As [K, N]."""
+    nibbles = np.stack((packed & 0x0F, packed >> 4), axis=-1).reshape(packed.shape[0], -1).astype(np.int64)
+    magnitudes = np.asarray(E2M1_VALUES, np.float32)[nibbles & 0x07]
+    codes = np.where(nibbles & 0x08, -magnitudes, magnitudes)
+    return Nvfp4Weight(
+        codes=np.ascontiguousarray(codes.T),
+        block_scales=np.ascontiguousarray(np.asarray(block_scales, np.float32).T),
+        tensor_scale=float(tensor_scale),
+    )
 
 
 def round_to_e2m1(values: np.ndarray) -> np.ndarray:
@@ -114,6 +136,15 @@ def nvfp4_constants(prefix: str, q: Nvfp4Weight) -> tuple[gs.Constant, gs.Consta
     )
 
 
+StoredNvfp4 = Mapping[str, Callable[[np.ndarray], Nvfp4Weight]]  # MatMul node → its stored weight, from the graph's
+
+
+def _nvfp4_of(node: str, weight: np.ndarray, block: int, stored: StoredNvfp4) -> Nvfp4Weight:
+    """The checkpoint's own NVFP4 weight of `node` where it has one, else `weight` quantized here."""
+    make = stored.get(node)
+    return make(weight) if make is not None else quantize_nvfp4(weight, block)
+
+
 @dataclass
 class _Targets:
     """The named MatMuls whose weights can be quantized, and why the others were skipped."""
@@ -157,6 +188,7 @@ class WeightOnlyNvfp4:
     nodes: frozenset[str]
     block: int = NVFP4_BLOCK
     floats: Mapping[str, str] = field(default_factory=dict)  # kept in float by the plan: reported as skipped
+    stored: StoredNvfp4 = field(default_factory=dict)  # a checkpoint's own NVFP4 weights, not quantized here
     name: str = "weight_only_nvfp4"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
@@ -170,7 +202,7 @@ class WeightOnlyNvfp4:
             )
         weight_bytes = 0
         for node, weight in targets.weights:
-            q = quantize_nvfp4(weight, self.block)
+            q = _nvfp4_of(node.name, weight, self.block, self.stored)
             codes, block_scales, tensor_scale = nvfp4_constants(f"{node.name}/weight", q)
             scales = gs.Variable(f"{node.name}/weight_block_scale", dtype=np.float32, shape=list(q.block_scales.shape))
             dequantized = gs.Variable(f"{node.name}/nvfp4_weight", dtype=np.float32, shape=list(q.codes.shape))
@@ -195,11 +227,12 @@ class SimulatedNvfp4:
 
     nodes: frozenset[str]
     block: int = NVFP4_BLOCK
+    stored: StoredNvfp4 = field(default_factory=dict)
     name: str = "simulated_nvfp4"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
         targets = _targets(graph, self.nodes, self.block)
         for node, weight in targets.weights:
-            simulated = dequantize_nvfp4(quantize_nvfp4(weight, self.block))
+            simulated = dequantize_nvfp4(_nvfp4_of(node.name, weight, self.block, self.stored))
             node.inputs[1] = gs.Constant(f"{node.name}/weight_nvfp4_simulated", simulated)
         return _report(self.name, self.block, targets)

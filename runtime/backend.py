@@ -48,7 +48,7 @@ class Backend(abc.ABC):
     def reserve(self, nbytes: dict[str, int]) -> None:  # noqa: B027 - a no-op unless the backend keeps buffers
         """Size the buffers of the named tensors for a whole request (generate: the cache at its longest), so
         that no step allocates. ONNX Runtime's CPU sessions allocate from their arena; binding preallocated
-        outputs there was measured slower at every cache size (docs/benchmarks.md), so this is a no-op."""
+        outputs there was measured slower at every cache size (docs/benchmark-history.md), so this is a no-op."""
 
     def input_dtype(self, name: str) -> np.dtype:
         """The dtype this backend's graph takes for input `name`: the manifest's, unless the backend knows better

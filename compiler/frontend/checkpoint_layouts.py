@@ -15,22 +15,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+import numpy as np
+
 from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.grouped_int4 import GroupedInt4, awq_int4, compressed_tensors_int4, gptq_int4
 from tensorsmith.core.precisions import Element
 from tensorsmith.core.scaled_fp8 import ScaledFp8, grid_block, scaled_fp8
+from tensorsmith.passes.nvfp4 import NVFP4_BLOCK, Nvfp4Weight, stored_nvfp4
 
 TAKEN = (
-    "awq (gemm), gptq (rows in order), compressed-tensors pack-quantized int4 and float-quantized fp8, fp8 "
-    "blocks, modelopt fp8"
+    "awq (gemm), gptq, compressed-tensors pack-quantized int4, float-quantized fp8 and nvfp4, fp8 blocks, "
+    "modelopt fp8 and nvfp4"
 )
 HINT = f"tensorsmith takes {TAKEN}; or give the unquantized bf16/fp16 checkpoint and --precision"
-STORED_CODES = {Element.INT4: "I32", Element.FP8_E4M3: "F8_E4M3"}
+STORED_CODES = {Element.INT4: "I32", Element.FP8_E4M3: "F8_E4M3", Element.FP4_E2M1: "U8"}
 SCALE_DTYPES = ("F32", "F16", "BF16")  # a scale of another type (e8m0's U8) would be read as a number: refused
-StoredWeight: TypeAlias = (
-    GroupedInt4 | ScaledFp8
-)  # a quantized Linear's weight [K, N] as stored; .dequantized() its floats
+# a quantized Linear's weight [K, N] as stored: .dequantized() its floats, .scaled(factor) its scales times one
+StoredWeight: TypeAlias = GroupedInt4 | ScaledFp8 | Nvfp4Weight
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Layout:
     columns: tuple[int, int]  # the same along the output features N
     fits: Callable[[tuple[int, int], tuple[int, ...]], bool]  # (weight [N, K], scales' shape) → whole blocks
     read: Callable[[CheckpointWeights, str], StoredWeight]  # (weights, module) → its weight
+    scale_dtypes: tuple[str, ...] = SCALE_DTYPES  # the scales' safetensors dtypes
+    rounding: str | None = None  # the dtype code its own dequantization rounds through; None: its scales'
 
     @property
     def codes_dtype(self) -> str:
@@ -136,6 +140,50 @@ SCALED_FP8 = Layout(
 )
 
 
+def _nvfp4(second: str, inverse: bool) -> Callable[[CheckpointWeights, str], Nvfp4Weight]:
+    """NVFP4 with its second-level scale `second`: Model Optimizer's `weight_scale_2` multiplies the block scales,
+    compressed-tensors' `weight_global_scale` divides them."""
+
+    def read(weights: CheckpointWeights, module: str) -> Nvfp4Weight:
+        tensor = float(np.asarray(weights.array(f"{module}.{second}"), np.float32).reshape(-1)[0])
+        packed = np.asarray(weights.array(f"{module}.{'weight_packed' if inverse else 'weight'}")).astype(np.uint8)
+        scale = float(np.float32(1) / np.float32(tensor)) if inverse else tensor
+        return stored_nvfp4(packed, weights.array(f"{module}.weight_scale"), scale)
+
+    return read
+
+
+def _nvfp4_grid(weight: tuple[int, int], scales: tuple[int, ...]) -> bool:
+    return tuple(scales) == (weight[0], weight[1] // NVFP4_BLOCK) and weight[1] % NVFP4_BLOCK == 0
+
+
+MODELOPT_NVFP4 = Layout(
+    Element.FP4_E2M1,
+    "weight_scale_2",
+    "weight",
+    "weight_scale",
+    ("input_scale",),
+    (1, 2),
+    (0, 1),
+    _nvfp4_grid,
+    _nvfp4("weight_scale_2", inverse=False),
+    ("F8_E4M3",),
+)
+COMPRESSED_NVFP4 = Layout(
+    Element.FP4_E2M1,
+    "weight_global_scale",
+    "weight_packed",
+    "weight_scale",
+    ("input_global_scale",),
+    (1, 2),
+    (0, 1),
+    _nvfp4_grid,
+    _nvfp4("weight_global_scale", True),
+    ("F8_E4M3",),
+    "BF16",  # compressed-tensors decompresses NVFP4 into bfloat16 whatever the model's type
+)
+
+
 def block_fp8_layout(block: tuple[int, int] | None) -> Layout:
     """DeepSeek's layout, its blocks [bn, bk] as config.json declares them (a partial last block along N)."""
     return Layout(
@@ -201,6 +249,9 @@ def _compressed(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
         if form == "pack-quantized" and kind == "int" and not group.get("input_activations"):
             _bits(scheme + ".weights", weights.get("num_bits"), 4)
             forms.add((COMPRESSED_INT4, "compressed-tensors pack-quantized int4"))
+        elif form == "nvfp4-pack-quantized" and kind == "float":
+            _bits(scheme + ".weights", weights.get("num_bits"), 4)
+            forms.add((COMPRESSED_NVFP4, f"compressed-tensors nvfp4, blocks of {NVFP4_BLOCK}"))
         elif form == "float-quantized" and kind == "float":
             _bits(scheme + ".weights", weights.get("num_bits"), 8)
             strategy = str(weights.get("strategy", "tensor"))
@@ -220,15 +271,19 @@ def _compressed(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
 
 
 MODELOPT_FP8 = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO")  # its per-tensor, per-channel and block FP8
+MODELOPT_NVFP4_ALGORITHMS = ("NVFP4", "W4A16_NVFP4")  # NVFP4 weights (the activations are the compile's to choose)
 
 
 def _modelopt(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
     """Model Optimizer's Hugging Face export: `quant_algo` names the format (as config.json's `quantization_config`
     writes it; the older hf_quant_config.json alone is not read)."""
     algorithm = str(settings.get("quant_algo", "")).upper()
+    if algorithm in MODELOPT_NVFP4_ALGORITHMS:
+        return MODELOPT_NVFP4, f"modelopt {algorithm.lower()} (nvfp4, blocks of {NVFP4_BLOCK})"
     if algorithm not in MODELOPT_FP8:
         raise ConfigError(
-            f"{where}.quant_algo is {algorithm!r}: tensorsmith takes Model Optimizer's {', '.join(MODELOPT_FP8)}",
+            f"{where}.quant_algo is {algorithm!r}: tensorsmith takes Model Optimizer's "
+            f"{', '.join((*MODELOPT_FP8, *MODELOPT_NVFP4_ALGORITHMS))}",
             hint=HINT,
         )
     return SCALED_FP8, f"modelopt {algorithm.lower()} (fp8 e4m3)"

@@ -22,13 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.frontend.checkpoint_layouts import (
-    HINT,
-    SCALE_DTYPES,
-    Layout,
-    StoredWeight,
-    published_layout,
-)
+from tensorsmith.compiler.frontend.checkpoint_layouts import HINT, Layout, StoredWeight, published_layout
 from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ConfigError
@@ -73,8 +67,10 @@ class QuantizedCheckpoint:
         return self.layout.weight_shape(self.weights, module)
 
     def rounding(self, module: str) -> type:
-        """The type `module`'s dequantized weight is rounded through: its scales' (the format's own arithmetic)."""
-        return ROUNDING.get(self.weights.dtype_code(f"{module}.{self.layout.scales}"), np.float32)
+        """The type `module`'s dequantized weight is rounded through: the layout's, else its scales' (the format's
+        own arithmetic)."""
+        stored = self.layout.rounding or self.weights.dtype_code(f"{module}.{self.layout.scales}")
+        return ROUNDING.get(stored, np.float32)
 
     def float_weight(self, module: str) -> np.ndarray:
         """`module.weight` [N, K] float32 as the format dequantizes it, rounded through its scales' type."""
@@ -144,7 +140,7 @@ def read_quantized_checkpoint(directory: Path, config: Mapping[str, Any]) -> Qua
 def _check_tensors(weights: CheckpointWeights, module: str, layout: Layout) -> None:
     """The codes and scales stored, and the scales' groups or blocks whole rows and columns of the weight."""
     marker = f"{module}.{layout.marker}"
-    for part, dtypes in ((layout.codes, (layout.codes_dtype,)), (layout.scales, SCALE_DTYPES)):
+    for part, dtypes in ((layout.codes, (layout.codes_dtype,)), (layout.scales, layout.scale_dtypes)):
         name = f"{module}.{part}"
         if name not in weights:
             raise ConfigError(f"{weights.directory}: {name} is missing beside {marker}", hint=HINT)

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 # ONNX Runtime graph optimizers worth switching off for a variant, tried one set at a time. Its CPU
 # SkipLayerNormalization kernel took 3-4x the time of the Adds + LayerNormalization it replaces on MiniLM
-# (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32: docs/benchmarks.md), so whether to fuse is measured.
+# (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32: docs/benchmark-history.md), so whether to fuse is measured.
 SESSION_CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("SkipLayerNormFusion",))
 MIN_GAIN = 0.05  # a non-default session must be this much faster than the defaults to be chosen
 MAX_TUNED_BYTES = 2 << 30  # each candidate's session opens its weights again: not for models above 2 GiB

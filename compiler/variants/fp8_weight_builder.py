@@ -7,14 +7,12 @@ float builder writes theirs."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from functools import partial
 
 import numpy as np
 
-from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, read_quantized_checkpoint
+from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
 from tensorsmith.compiler.variants.int4 import WeightMatMuls, weight_matmuls
@@ -22,11 +20,11 @@ from tensorsmith.compiler.variants.measure import measure_variant
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, PrecisionPlan, RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import rewrite_file, variant_path
-from tensorsmith.compiler.variants.stored_codes import module_matmuls, with_folded_factor
+from tensorsmith.compiler.variants.stored_codes import module_matmuls, stored_checkpoint, with_folded_factor
 from tensorsmith.compiler.variants.weight_only_builder import weight_only_evaluation, without_gemm
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import remove_onnx
-from tensorsmith.core.precisions import FP16, Element, Family, precision
+from tensorsmith.core.precisions import FP16, Family, precision
 from tensorsmith.core.scaled_fp8 import ScaledFp8, quantize_fp8
 from tensorsmith.passes import GraphPass
 from tensorsmith.passes.fp8_weights import Fp8Weights, WeightOnlyFp8
@@ -41,7 +39,7 @@ def build_fp8_weight_variants(job: BuildJob) -> FamilyVariants:
     evaluation = weight_only_evaluation(config, fused, None)
     model = without_gemm(fused, directory)
     requested = precision(plan.request)  # the family's one record: its element and block
-    checkpoint = _stored_checkpoint(config, requested.element)
+    checkpoint = stored_checkpoint(config, requested.element)
     block = SMALLEST_BLOCK if checkpoint else requested.block or SMALLEST_BLOCK
     found = weight_matmuls(model, block)
     weights, reasons = _plan(found, checkpoint, block)
@@ -68,15 +66,6 @@ def build_fp8_weight_variants(job: BuildJob) -> FamilyVariants:
         precision=plan.request, evaluated_on=evaluation.described, budget=None, recipes=recipes
     )
     return FamilyVariants(records, by_target, None, reports, [], precision_plan)
-
-
-def _stored_checkpoint(config: CompileConfig, element: Element) -> QuantizedCheckpoint | None:
-    """The source's checkpoint where it stores `element` codes (taken as stored); None for any other source."""
-    if config.source_kind != "huggingface":
-        return None
-    directory = config.resolve(config.source)
-    found = read_quantized_checkpoint(directory, json.loads((directory / "config.json").read_text()))
-    return found if found is not None and found.element is element else None
 
 
 def _plan(

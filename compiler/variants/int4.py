@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -35,6 +36,9 @@ from tensorsmith.passes.int4 import SMALLER_BLOCKS, Int4Weight, WeightOnlyInt4, 
 from tensorsmith.passes.matching import constant_value
 from tensorsmith.passes.quantize import InsertQDQ
 from tensorsmith.runtime.manifest import VariantRecord
+
+if TYPE_CHECKING:
+    from tensorsmith.passes.nvfp4 import StoredNvfp4
 
 logger = logging.getLogger(__name__)
 
@@ -177,10 +181,12 @@ def build_int4_variant(
     assignment: Mapping[str, str] | None = None,
     tables: bool = True,
     scales: Mapping[str, Mapping[str, float]] | None = None,
+    stored_nvfp4: StoredNvfp4 | None = None,
 ) -> tuple[VariantRecord, list[PassReport]]:
     """Write and measure the int4 variant of `recipe` (fp16 or fp32 float regions): every layer of the plan in INT4,
     or as `assignment` says per layer (int4, int8-weight, int8 or fp8 with the activation `scales` of that
-    precision, fp16); vocabulary tables quantized when `tables`. Returns the record (its accuracy
+    precision, fp16); vocabulary tables quantized when `tables`; `stored_nvfp4`: a checkpoint's own NVFP4 weights
+    for those layers. Returns the record (its accuracy
     measure_variant's figures) and the passes' reports."""
     from tensorsmith.passes.embeddings import QuantizeEmbeddings
     from tensorsmith.passes.fp16 import ConvertToFp16
@@ -204,7 +210,7 @@ def build_int4_variant(
     own = recipe.quantized is NVFP4
     passes: list[GraphPass] = [WeightOnlyInt4(weights, plan.block, {} if own else floats), WeightOnlyInt8(int8)]
     if nvfp4 or own:
-        passes.append(WeightOnlyNvfp4(nvfp4, floats=floats if own else {}))
+        passes.append(WeightOnlyNvfp4(nvfp4, floats=floats if own else {}, stored=stored_nvfp4 or {}))
     for precision in (INT8, FP8):  # W8A8: the input activation quantized too, per tensor
         nodes = [node for node, level in levels.items() if level == precision.name]
         if nodes:
@@ -216,7 +222,7 @@ def build_int4_variant(
         passes.append(ConvertToFp16())
     reports = rewrite_file(model, passes, path) if isinstance(model, Path) else rewrite(model, passes, path)
     if nvfp4:  # ONNX Runtime has no FLOAT4E2M1 DequantizeLinear: measured on the same weights held in fp32
-        simulated = [SimulatedNvfp4(nvfp4) if isinstance(p, WeightOnlyNvfp4) else p for p in passes]
+        simulated = [SimulatedNvfp4(nvfp4, stored=p.stored) if isinstance(p, WeightOnlyNvfp4) else p for p in passes]
         whole = load_onnx(model) if isinstance(model, Path) else model
         figures = measure_variant(rewritten(whole, simulated)[0], evaluation)
     else:
@@ -255,10 +261,10 @@ def int4_recipe_plan(
             level, reason = pinned[name]
         elif name not in plan.weights:
             reason = plan.skipped.get(name, "policy")
+        elif plan.algorithm == "checkpoint":
+            reason = "the checkpoint's own codes and scales"
         elif requested is NVFP4:
             reason = "nvfp4: e2m1 in blocks of 16, fp8 block scales (Model Optimizer's form)"
-        elif plan.algorithm == "checkpoint":
-            reason = "the checkpoint's own codes, scales and zero points"
         elif plan.algorithm == "awq":
             reason = f"awq: α={plan.alphas[activation]:g}, sample error {plan.error_vs_rtn[activation]:.3f}× RTN's"
         else:

@@ -4,13 +4,16 @@ moved into its scales, the codes untouched). compiler/variants/stored_int4.py an
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from functools import partial
 
 import numpy as np
 
+from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.checkpoint_layouts import StoredWeight
-from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint
+from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, read_quantized_checkpoint
 from tensorsmith.core.errors import ExportError
+from tensorsmith.core.precisions import Element
 
 
 def module_matmuls(layers: dict[str, tuple[str, str, int]], checkpoint: QuantizedCheckpoint) -> dict[str, str]:
@@ -43,4 +46,28 @@ def with_folded_factor(checkpoint: QuantizedCheckpoint, module: str, graph_weigh
             f"{checkpoint.element.value} codes no longer apply",
             hint="please report this with -v",
         )
-    return stored if factor == 1.0 else replace(stored, scales=(stored.scales * np.float32(factor)))
+    return stored if factor == 1.0 else stored.scaled(factor)
+
+
+def stored_weights(
+    layers: dict[str, tuple[str, str, int]], checkpoint: QuantizedCheckpoint
+) -> tuple[dict[str, partial[StoredWeight]], dict[str, str]]:
+    """Each weight MatMul of a module the checkpoint stores quantized: its stored weight as the MatMul reads it,
+    made when a pass reaches it (from the graph's weight: with_folded_factor); and every weight MatMul's reason."""
+    made = {
+        name: partial(with_folded_factor, checkpoint, module)
+        for module, name in module_matmuls(layers, checkpoint).items()
+    }
+    reasons = {name: f"the checkpoint's own codes and scales ({checkpoint.described})" for name in made}
+    for name in layers:
+        reasons.setdefault(name, f"not quantized in the checkpoint: {checkpoint.described}")
+    return made, reasons
+
+
+def stored_checkpoint(config: CompileConfig, element: Element) -> QuantizedCheckpoint | None:
+    """The source's checkpoint where it stores `element` codes (taken as stored); None for any other source."""
+    if config.source_kind != "huggingface":
+        return None
+    directory = config.resolve(config.source)
+    found = read_quantized_checkpoint(directory, json.loads((directory / "config.json").read_text()))
+    return found if found is not None and found.element is element else None

@@ -4,12 +4,15 @@ of a module the checkpoint stores in INT4 takes the stored codes, scales and zer
 
 from __future__ import annotations
 
+from typing import cast
+
 from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint
 from tensorsmith.compiler.variants.int4 import GraphSource, Int4Plan, WeightMatMuls, weight_array, weight_matmuls
-from tensorsmith.compiler.variants.stored_codes import module_matmuls, with_folded_factor
+from tensorsmith.compiler.variants.stored_codes import module_matmuls, stored_weights, with_folded_factor
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.grouped_int4 import GroupedInt4
 from tensorsmith.passes.int4 import Int4Weight
+from tensorsmith.passes.nvfp4 import NVFP4_BLOCK, StoredNvfp4
 
 
 def stored_plan(found: WeightMatMuls, checkpoint: QuantizedCheckpoint) -> Int4Plan:
@@ -32,3 +35,13 @@ def stored_plan(found: WeightMatMuls, checkpoint: QuantizedCheckpoint) -> Int4Pl
 def plan_stored(source: GraphSource, checkpoint: QuantizedCheckpoint) -> Int4Plan:
     """`source`'s weight MatMuls (any K: the checkpoint's groups divide it) planned from `checkpoint`."""
     return stored_plan(weight_matmuls(source, 16), checkpoint)
+
+
+def plan_stored_nvfp4(source: GraphSource, checkpoint: QuantizedCheckpoint) -> tuple[Int4Plan, StoredNvfp4]:
+    """An NVFP4 checkpoint's plan: the MatMuls of the modules it stores in NVFP4 (each weight made from the stored
+    codes and scales when the pass reaches it), the others float, as the checkpoint left them."""
+    found = weight_matmuls(source, NVFP4_BLOCK)
+    made, reasons = stored_weights(found.layers, checkpoint)
+    weights = {name: Int4Weight(None, None, NVFP4_BLOCK) for name in made}
+    skipped = {name: reason for name, reason in reasons.items() if name not in made}
+    return Int4Plan(weights, "checkpoint", NVFP4_BLOCK, found.layers, skipped), cast(StoredNvfp4, made)

@@ -24,7 +24,8 @@ from tensorsmith.compiler.variants.language import text_evaluation
 from tensorsmith.compiler.variants.measure import Evaluation
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.rewrite import rewrite_file
-from tensorsmith.compiler.variants.stored_int4 import plan_stored
+from tensorsmith.compiler.variants.stored_codes import stored_checkpoint
+from tensorsmith.compiler.variants.stored_int4 import plan_stored, plan_stored_nvfp4
 from tensorsmith.compiler.variants.weight_mix import (
     build_mixed_variant,
     plan_weight_levels,
@@ -36,6 +37,7 @@ from tensorsmith.core.ir import load_onnx, remove_onnx
 from tensorsmith.core.precisions import NVFP4, Family
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes.int4 import GemmAsMatMul
+from tensorsmith.passes.nvfp4 import StoredNvfp4
 
 
 @registered(Family.WEIGHT_ONLY)
@@ -54,8 +56,12 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
     algorithm, block = ("rtn", NVFP4.block) if nvfp4 else (config.int4_algorithm, config.int4_block_size)
     awq_data = split.calibration if split is not None and algorithm == "awq" else None
     stored = source_checkpoint(config) if algorithm == "checkpoint" else None
+    fp4 = stored_checkpoint(config, NVFP4.element) if nvfp4 else None  # a checkpoint's own NVFP4 codes
+    stored_fp4: StoredNvfp4 = {}
     if stored is not None:
         int4_plan = plan_stored(model, stored)
+    elif fp4 is not None:
+        int4_plan, stored_fp4 = plan_stored_nvfp4(model, fp4)
     else:
         int4_plan = plan_int4(model, algorithm, block, awq_data, reporter, job.records)
     data = split.calibration if split is not None else None
@@ -74,7 +80,8 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
             chosen = dict.fromkeys(int4_plan.weights, recipe.quantized.name)
             assignment = recipe_levels(recipe, chosen | {n: lv for n, (lv, _) in levels.pinned.items()})
             record, passes = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
-                                                tables=stored is None, scales=levels.scales)  # fmt: skip
+                                                tables=stored is None and fp4 is None, scales=levels.scales,
+                                                stored_nvfp4=stored_fp4)  # fmt: skip
             pinned = {n: (assignment[n], reason) for n, (_, reason) in levels.pinned.items()}
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
         else:

@@ -1,7 +1,8 @@
-"""FP8 checkpoints as they are published: DeepSeek's block-scaled layout (transformers' FineGrainedFP8, written
-here by its definition) and compressed-tensors' float-quantized FP8 (written by compressed-tensors' own
-compressor). Each reads back to the weights transformers dequantizes, and compiles to an artifact that generates
-transformers' tokens for the same checkpoint."""
+"""Float-coded checkpoints as they are published: DeepSeek's block-scaled FP8 (transformers' FineGrainedFP8,
+written here by its definition), compressed-tensors' float-quantized FP8 and NVFP4 (written by compressed-tensors'
+own compressors), Model Optimizer's FP8 and NVFP4 exports (by their definitions). Each reads back to the weights
+transformers dequantizes (or the definition, where transformers does not load it on a CPU), and compiles to an
+artifact that generates the same checkpoint's tokens, its codes kept where a target runs them."""
 
 from __future__ import annotations
 
@@ -103,6 +104,31 @@ def compressed_tensors_fp8_checkpoint(directory: Path) -> None:
     compressor.update_config(str(directory))
 
 
+def compressed_tensors_nvfp4_checkpoint(directory: Path) -> None:
+    """llm-compressor's NVFP4A16 scheme (e2m1 weights in groups of 16, fp8 group scales under a global scale),
+    packed by compressed-tensors' nvfp4-pack-quantized compressor; the scales from its own generate_gparam and
+    calculate_qparams."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+
+    model = tiny_llama()
+    scheme = preset_name_to_scheme("NVFP4A16", ["Linear"])
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    for module in model.modules():
+        if hasattr(module, "weight_global_scale"):
+            weight = module.weight.detach().float()
+            global_scale = generate_gparam(weight.amin(), weight.amax())
+            module.weight_global_scale.data.copy_(global_scale.reshape(module.weight_global_scale.shape))
+            groups = weight.unflatten(-1, (-1, 16))
+            scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), scheme.weights, global_scale=global_scale)
+            module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
+    compressor = ModelCompressor.from_pretrained_model(model, "nvfp4-pack-quantized")
+    compressor.compress_model(model)
+    model.save_pretrained(directory)
+    compressor.update_config(str(directory))
+
+
 def transformers_dequantized(directory: Path) -> Any:
     """transformers' own module of the checkpoint, its FP8 weights dequantized as it loads them on a CPU (Model
     Optimizer's, which transformers does not load, dequantized by its definition: the test above checks it)."""
@@ -116,11 +142,12 @@ def transformers_dequantized(directory: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **options).eval()
 
 
-@pytest.mark.parametrize("write", [block_fp8_checkpoint, compressed_tensors_fp8_checkpoint], ids=["blocks", "ct"])
+@pytest.mark.parametrize("write", [block_fp8_checkpoint, compressed_tensors_fp8_checkpoint,
+                                   compressed_tensors_nvfp4_checkpoint], ids=["blocks", "ct", "ct nvfp4"])  # fmt: skip
 def test_fp8_weights_dequantize_as_transformers_loads_them(write: Callable[[Path], Any], tmp_path: Path) -> None:
     write(tmp_path)
     quantized = read(tmp_path)
-    assert quantized.element.value == "float8e4m3fn" and len(quantized.modules) == 2 * len(LINEARS)
+    assert quantized.element.value in ("float8e4m3fn", "float4e2m1") and len(quantized.modules) == 2 * len(LINEARS)
     parameters = dict(transformers_dequantized(tmp_path).named_parameters())
     for module in quantized.modules:
         expected = parameters[f"{module}.weight"].detach().numpy()
@@ -296,3 +323,49 @@ def test_fp8_weight_takes_no_overrides(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="overrides"):
         CompileConfig.create({"source": str(tmp_path / "checkpoint"), "precision": "fp8-weight", "targets": ["sm_89"],
                               "overrides": [{"match": "*down_proj*", "precision": "fp32"}]})  # fmt: skip
+
+
+def modelopt_nvfp4_checkpoint(directory: Path) -> dict[str, np.ndarray]:
+    """Model Optimizer's NVFP4 export by its definition: `weight` uint8 [N, K/2] (two e2m1 codes a byte, the first
+    in the low nibble), `weight_scale` float8 e4m3 [N, K/16], `weight_scale_2` float32; the codes [K, N] by module."""
+    from tensorsmith.passes.nvfp4 import E2M1_VALUES, quantize_nvfp4
+
+    tiny_llama(torch.bfloat16).save_pretrained(directory)
+    tensors, stored = load_file(directory / "model.safetensors"), {}
+    for name in [name for name in tensors if name.rsplit(".", 2)[-2] in LINEARS]:
+        q = quantize_nvfp4(tensors[name].float().numpy().T)
+        codes = q.codes.T  # [N, K]
+        index = np.searchsorted(np.asarray(E2M1_VALUES, np.float32), np.abs(codes)) | np.where(codes < 0, 8, 0)
+        packed = (index[:, 0::2] | (index[:, 1::2] << 4)).astype(np.uint8)
+        module = name.removesuffix(".weight")
+        tensors[name] = torch.from_numpy(packed)
+        tensors[f"{module}.weight_scale"] = torch.from_numpy(q.block_scales.T.copy()).to(torch.float8_e4m3fn)
+        tensors[f"{module}.weight_scale_2"] = torch.tensor(q.tensor_scale, dtype=torch.float32)
+        stored[module] = q.codes
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    settings = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"]}
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "quantization_config": settings}))
+    return stored
+
+
+@pytest.mark.slow
+def test_a_model_optimizer_nvfp4_checkpoint_keeps_its_codes_on_blackwell(tmp_path: Path) -> None:
+    stored = modelopt_nvfp4_checkpoint(tmp_path / "checkpoint")
+    quantized = read(tmp_path / "checkpoint")
+    assert quantized.described == "modelopt nvfp4 (nvfp4, blocks of 16)"
+    for module, codes in stored.items():
+        assert np.array_equal(quantized.weight(module).codes, codes), module
+    config = CompileConfig.create({"source": str(tmp_path / "checkpoint"), "targets": ["cpu", "sm_120"]})
+    manifest = compile(config, tmp_path / "out").manifest
+    assert {t.name: (t.variant, t.status) for t in manifest.targets} == {"cpu": ("fp32", "not-needed"),
+                                                                         "sm_120": ("nvfp4", "built")}  # fmt: skip
+    variant = onnx.load(str(tmp_path / "out" / "variants" / "nvfp4.onnx"))
+    plan = json.loads((tmp_path / "out" / "precision.json").read_text())
+    modules = {layer["name"]: layer["module"].removeprefix("model.") for layer in plan["recipes"]["nvfp4"]["layers"]}
+    written = {modules[t.name.removesuffix("/weight_fp4")]: numpy_helper.to_array(t).astype(np.float32)
+               for t in variant.graph.initializer if t.name.endswith("/weight_fp4")}  # fmt: skip
+    assert written.keys() == stored.keys()
+    for module, codes in written.items():
+        assert np.array_equal(codes, stored[module]), module
+    assert_greedy_tokens_match(dequantized_reference(tmp_path / "checkpoint"), tmp_path / "out")
