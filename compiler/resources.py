@@ -34,10 +34,11 @@ from tensorsmith.core.precisions import Family
 
 GB = 10**9
 BASE_MEMORY = int(1.5 * GB)
-# peak resident bytes per byte of the float32 weights, by what the heaviest variant does, from the compiles measured
-# since the export reads no float32 module (docs/benchmark-history.md): weight-only 1.0 (1B INT4 AWQ's variant step, 0.97;
-# 3B INT4 RTN for sm_86 alone: 0.46), float 0.75 (1B fp16 for cpu + sm_86: 0.64), calibrated 1.0 (not measured at
-# scale: as weight-only), 2.0 for an fp32 variant measured whole and a decoder's weight search (its stacked levels)
+# peak resident bytes per byte of the float32 weights, by what the heaviest variant does, from the compiles
+# measured since the export reads no float32 module (docs/benchmark-history.md): weight-only 1.0 (1B INT4 AWQ's
+# variant step, 0.97; 3B INT4 RTN for sm_86 alone: 0.46), float 0.75 (1B fp16 for cpu + sm_86: 0.64), calibrated
+# 1.0 (not measured at scale: as weight-only), 2.0 for an fp32 variant measured whole and a decoder's weight
+# search (its stacked levels)
 MEMORY_PER_FP32_BYTE = {Family.WEIGHT_ONLY: 1.0, Family.FP8_WEIGHTS: 1.0, Family.CALIBRATED: 1.0, Family.FLOAT: 0.75}
 FP32_OR_SEARCH = 2.0
 TWIN_ABOVE = 1 << 30  # bytes the narrow twin saves at least, or it is not written (core/narrow_twin.py)
