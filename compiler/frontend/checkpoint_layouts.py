@@ -1,216 +1,24 @@
-"""The published layouts of pre-quantized checkpoints: for each `quant_method` of config.json's
-`quantization_config`, which tensors around a Linear `M` hold its codes and scales, and how to read them
-(core/grouped_int4.py unpacks the INT4 ones, core/scaled_fp8.py the FP8 ones).
+"""Which published layout a pre-quantized checkpoint's config.json names (`quantization_config`): its
+`quant_method` and settings, checked before the export, an error naming the field. The layouts themselves are
+records (layout_record.py) in int4_layouts.py and float_layouts.py.
 
 Taken: AutoAWQ's GEMM (`awq`), GPTQ in row order or act-order (`gptq`, the original format and `gptq_v2`),
-compressed-tensors' `pack-quantized` INT4 (W4A16) and `float-quantized` FP8 (per tensor, channel or block;
-static or dynamic activations: the activations are the compile's to choose), block-scaled FP8 as DeepSeek,
-Qwen3-FP8 and transformers' FineGrainedFP8 write it (`fp8`), and Model Optimizer's FP8 exports (`modelopt`).
-Every setting is checked here, before the export, an error naming the field.
+compressed-tensors' `pack-quantized` INT4 (W4A16), `float-quantized` FP8 (per tensor, channel or block; static or
+dynamic activations: the activations are the compile's to choose) and `nvfp4-pack-quantized`, block-scaled FP8 as
+DeepSeek, Qwen3-FP8 and transformers' FineGrainedFP8 write it (`fp8`), and Model Optimizer's FP8 and NVFP4
+exports (`modelopt`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from collections.abc import Mapping
+from typing import Any
 
-import numpy as np
-
-from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
+from tensorsmith.compiler.frontend.float_layouts import COMPRESSED_NVFP4, MODELOPT_NVFP4, SCALED_FP8, block_fp8_layout
+from tensorsmith.compiler.frontend.int4_layouts import AWQ, COMPRESSED_INT4, gptq_layout
+from tensorsmith.compiler.frontend.layout_record import HINT, Layout
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.core.grouped_int4 import GroupedInt4, awq_int4, compressed_tensors_int4, gptq_int4
-from tensorsmith.core.precisions import Element
-from tensorsmith.core.scaled_fp8 import ScaledFp8, grid_block, scaled_fp8
-from tensorsmith.passes.nvfp4 import NVFP4_BLOCK, Nvfp4Weight, stored_nvfp4
-
-TAKEN = (
-    "awq (gemm), gptq, compressed-tensors pack-quantized int4, float-quantized fp8 and nvfp4, fp8 blocks, "
-    "modelopt fp8 and nvfp4"
-)
-HINT = f"tensorsmith takes {TAKEN}; or give the unquantized bf16/fp16 checkpoint and --precision"
-STORED_CODES = {Element.INT4: "I32", Element.FP8_E4M3: "F8_E4M3", Element.FP4_E2M1: "U8"}
-SCALE_DTYPES = ("F32", "F16", "BF16")  # a scale of another type (e8m0's U8) would be read as a number: refused
-# a quantized Linear's weight [K, N] as stored: .dequantized() its floats, .scaled(factor) its scales times one
-StoredWeight: TypeAlias = GroupedInt4 | ScaledFp8 | Nvfp4Weight
-
-
-@dataclass(frozen=True)
-class Layout:
-    """One format's tensors around a Linear `M`: the one marking it quantized (`M.<marker>`) and how to read it."""
-
-    element: Element  # what one stored code is
-    marker: str  # e.g. "qweight": only a quantized Linear has it
-    codes: str  # the tensor holding the codes (the marker, or `weight` where the scales mark the Linear)
-    scales: str  # the scales' tensor, stored beside it
-    optional: tuple[str, ...]  # tensors that may be stored beside it (zero points, shapes, g_idx, input scales)
-    features: tuple[int, int]  # (axis, codes per element) of the codes along the input features K
-    columns: tuple[int, int]  # the same along the output features N
-    fits: Callable[[tuple[int, int], tuple[int, ...]], bool]  # (weight [N, K], scales' shape) → whole blocks
-    read: Callable[[CheckpointWeights, str], StoredWeight]  # (weights, module) → its weight
-    scale_dtypes: tuple[str, ...] = SCALE_DTYPES  # the scales' safetensors dtypes
-    rounding: str | None = None  # the dtype code its own dequantization rounds through; None: its scales'
-
-    @property
-    def codes_dtype(self) -> str:
-        """safetensors' dtype code of the codes' tensor: INT4 packed in int32 words, FP8 as float8 e4m3."""
-        return STORED_CODES[self.element]
-
-    def weight_shape(self, weights: CheckpointWeights, module: str) -> tuple[int, int]:
-        """`module.weight`'s [N, K], from the codes' header."""
-        packed = weights.shape(f"{module}.{self.codes}")
-        (rows, per_row), (columns, per_column) = self.features, self.columns
-        return packed[columns] * per_column, packed[rows] * per_row
-
-
-def _groups_along(axis: int) -> Callable[[tuple[int, int], tuple[int, ...]], bool]:
-    """INT4 groups: the scales' `axis` counts groups of whole rows of K."""
-    return lambda weight, scales: len(scales) > axis and scales[axis] > 0 and weight[1] % scales[axis] == 0
-
-
-def _awq(weights: CheckpointWeights, module: str) -> GroupedInt4:
-    read = weights.array
-    return awq_int4(read(f"{module}.qweight"), read(f"{module}.qzeros"), read(f"{module}.scales"))
-
-
-def _gptq(stored_minus_one: bool) -> Callable[[CheckpointWeights, str], GroupedInt4]:
-    def read(weights: CheckpointWeights, module: str) -> GroupedInt4:
-        array = weights.array
-        g_idx = f"{module}.g_idx"
-        weight = gptq_int4(
-            array(f"{module}.qweight"),
-            array(f"{module}.qzeros"),
-            array(f"{module}.scales"),
-            stored_minus_one,
-            array(g_idx) if g_idx in weights else None,
-        )
-        if weight.zero_points is not None and int(weight.zero_points.max()) > 7:
-            raise ConfigError(
-                f"{weights.directory}: {module}.qzeros stores 15, a zero point of 16 in the original "
-                "GPTQ format, outside INT4",
-                hint=HINT,
-            )
-        return weight
-
-    return read
-
-
-def _compressed_int4(weights: CheckpointWeights, module: str) -> GroupedInt4:
-    zero = f"{module}.weight_zero_point"
-    return compressed_tensors_int4(
-        weights.array(f"{module}.weight_packed"),
-        weights.array(f"{module}.weight_scale"),
-        weights.array(zero) if zero in weights else None,
-    )
-
-
-def _fp8(scales: str, block: tuple[int, int] | None = None) -> Callable[[CheckpointWeights, str], ScaledFp8]:
-    def read(weights: CheckpointWeights, module: str) -> ScaledFp8:
-        return scaled_fp8(weights.array(f"{module}.weight"), weights.array(f"{module}.{scales}"), block)
-
-    return read
-
-
-def _fp8_grid(block: tuple[int, int] | None) -> Callable[[tuple[int, int], tuple[int, ...]], bool]:
-    return lambda weight, scales: grid_block(weight, scales, block) is not None
-
-
-AWQ = Layout(Element.INT4, "qweight", "qweight", "scales", ("qzeros",), (0, 1), (1, 8), _groups_along(0), _awq)
-COMPRESSED_INT4 = Layout(
-    Element.INT4,
-    "weight_packed",
-    "weight_packed",
-    "weight_scale",
-    ("weight_zero_point", "weight_shape"),
-    (1, 8),
-    (0, 1),
-    _groups_along(1),
-    _compressed_int4,
-)
-SCALED_FP8 = Layout(
-    Element.FP8_E4M3,
-    "weight_scale",
-    "weight",
-    "weight_scale",
-    ("input_scale",),
-    (1, 1),
-    (0, 1),
-    _fp8_grid(None),
-    _fp8("weight_scale"),
-)
-
-
-def _nvfp4(second: str, inverse: bool) -> Callable[[CheckpointWeights, str], Nvfp4Weight]:
-    """NVFP4 with its second-level scale `second`: Model Optimizer's `weight_scale_2` multiplies the block scales,
-    compressed-tensors' `weight_global_scale` divides them."""
-
-    def read(weights: CheckpointWeights, module: str) -> Nvfp4Weight:
-        tensor = float(np.asarray(weights.array(f"{module}.{second}"), np.float32).reshape(-1)[0])
-        packed = np.asarray(weights.array(f"{module}.{'weight_packed' if inverse else 'weight'}")).astype(np.uint8)
-        scale = float(np.float32(1) / np.float32(tensor)) if inverse else tensor
-        return stored_nvfp4(packed, weights.array(f"{module}.weight_scale"), scale)
-
-    return read
-
-
-def _nvfp4_grid(weight: tuple[int, int], scales: tuple[int, ...]) -> bool:
-    return tuple(scales) == (weight[0], weight[1] // NVFP4_BLOCK) and weight[1] % NVFP4_BLOCK == 0
-
-
-MODELOPT_NVFP4 = Layout(
-    Element.FP4_E2M1,
-    "weight_scale_2",
-    "weight",
-    "weight_scale",
-    ("input_scale",),
-    (1, 2),
-    (0, 1),
-    _nvfp4_grid,
-    _nvfp4("weight_scale_2", inverse=False),
-    ("F8_E4M3",),
-)
-COMPRESSED_NVFP4 = Layout(
-    Element.FP4_E2M1,
-    "weight_global_scale",
-    "weight_packed",
-    "weight_scale",
-    ("input_global_scale",),
-    (1, 2),
-    (0, 1),
-    _nvfp4_grid,
-    _nvfp4("weight_global_scale", True),
-    ("F8_E4M3",),
-    "BF16",  # compressed-tensors decompresses NVFP4 into bfloat16 whatever the model's type
-)
-
-
-def block_fp8_layout(block: tuple[int, int] | None) -> Layout:
-    """DeepSeek's layout, its blocks [bn, bk] as config.json declares them (a partial last block along N)."""
-    return Layout(
-        Element.FP8_E4M3,
-        "weight_scale_inv",
-        "weight",
-        "weight_scale_inv",
-        (),
-        (1, 1),
-        (0, 1),
-        _fp8_grid(block),
-        _fp8("weight_scale_inv", block),
-    )
-
-
-def gptq_layout(stored_minus_one: bool) -> Layout:
-    return Layout(
-        Element.INT4,
-        "qweight",
-        "qweight",
-        "scales",
-        ("qzeros", "g_idx"),
-        (0, 8),
-        (1, 1),
-        _groups_along(0),
-        _gptq(stored_minus_one),
-    )
+from tensorsmith.passes.nvfp4 import NVFP4_BLOCK
 
 
 def published_layout(where: str, method: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:

@@ -22,8 +22,9 @@ import ml_dtypes
 import numpy as np
 
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.frontend.checkpoint_layouts import HINT, Layout, StoredWeight, published_layout
+from tensorsmith.compiler.frontend.checkpoint_layouts import published_layout
 from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
+from tensorsmith.compiler.frontend.layout_record import HINT, Layout, StoredWeight
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.precisions import AUTO, BF16, Calibration, Element, precision, storing

@@ -10,7 +10,7 @@ from functools import partial
 import numpy as np
 
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.frontend.checkpoint_layouts import StoredWeight
+from tensorsmith.compiler.frontend.layout_record import StoredWeight
 from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, read_quantized_checkpoint
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.precisions import Element
