@@ -38,7 +38,10 @@ def test_the_latent_cache_generates_transformers_tokens_and_builds_engines(
     deepseek_v3: tuple[Path, torch.nn.Module], tmp_path: Path
 ) -> None:
     checkpoint, reference = deepseek_v3
-    config = CompileConfig.create({"source": str(checkpoint), "targets": ["cpu", "sm_86", "sm_120"]})
+    # fp16, the form checked here (its bf16 default builds too)
+    config = CompileConfig.create(
+        {"source": str(checkpoint), "targets": ["cpu", "sm_86", "sm_120"], "precision": "fp16"}
+    )
     manifest = compile(config, tmp_path / "latent").manifest
     generation = manifest.generation
     assert generation is not None and generation.cache_form == "latent"

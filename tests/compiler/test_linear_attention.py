@@ -50,7 +50,10 @@ def test_a_hybrid_caches_its_states_generates_transformers_tokens_and_builds_eng
     qwen3_5: tuple[Path, torch.nn.Module], tmp_path: Path
 ) -> None:
     checkpoint, reference = qwen3_5
-    config = CompileConfig.create({"source": str(checkpoint), "targets": ["cpu", "sm_86", "sm_120"]})
+    # fp16, the form checked here (its bf16 default builds too)
+    config = CompileConfig.create(
+        {"source": str(checkpoint), "targets": ["cpu", "sm_86", "sm_120"], "precision": "fp16"}
+    )
     manifest = compile(config, tmp_path / "out").manifest
     generation = manifest.generation
     assert generation is not None and generation.kv_cache == "static"
