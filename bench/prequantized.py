@@ -18,6 +18,7 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,11 @@ def awq_layout(weight: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-def make_awq_checkpoint(source: Path, directory: Path) -> Path:
-    """`source` (a bf16 checkpoint directory) in AutoAWQ's GEMM layout at `directory`, one shard at a time."""
-    import torch
+def quantized_copy(source: Path, directory: Path, quantize: Callable[[str, Any], dict[str, Any]],
+                   settings: dict[str, Any]) -> Path:  # fmt: skip
+    """`source` (a bf16 checkpoint directory) at `directory` with each decoder-layer Linear's `weight` replaced by the
+    tensors `quantize(module, weight)` gives (by name under the module), one shard at a time, config.json's
+    `quantization_config` set to `settings`; kept where it was made already."""
     from safetensors.torch import load_file, save_file
 
     if (directory / "config.json").is_file():
@@ -66,18 +69,40 @@ def make_awq_checkpoint(source: Path, directory: Path) -> Path:
     for path in sorted(source.glob("*.safetensors")):
         tensors = load_file(path)
         for name in [name for name in tensors if name.endswith(".weight") and name.split(".")[-2] in LINEARS]:
-            stored = awq_layout(tensors.pop(name).float().numpy())
             module = name.removesuffix(".weight")
-            tensors |= {f"{module}.{key}": torch.from_numpy(value) for key, value in stored.items()}
+            stored = quantize(module, tensors.pop(name))
+            tensors |= {f"{module}.{key}": value for key, value in stored.items()}
         save_file(tensors, directory / path.name, metadata={"format": "pt"})
     for path in source.iterdir():
         if path.suffix != ".safetensors" and path.is_file():
             shutil.copy(path, directory / path.name)
     config = json.loads((directory / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "version": "gemm",
-                                     "zero_point": True}  # fmt: skip
+    config["quantization_config"] = settings
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
+
+
+def make_awq_checkpoint(source: Path, directory: Path) -> Path:
+    """`source` (a bf16 checkpoint directory) in AutoAWQ's GEMM layout at `directory`."""
+    import torch
+
+    def quantize(module: str, weight: Any) -> dict[str, Any]:
+        return {key: torch.from_numpy(value) for key, value in awq_layout(weight.float().numpy()).items()}
+
+    settings = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "version": "gemm", "zero_point": True}
+    return quantized_copy(source, directory, quantize, settings)
+
+
+def compile_side(command: list[str], work: Path) -> tuple[dict[str, Any], Path]:
+    """Run one side's compile in its own process (bench/scale.py measures it): its figures (wall, peak RSS, exit;
+    the log's tail if it failed, the artifact's bytes if not) and its output directory."""
+    out = Path(command[command.index("-o") + 1])
+    figures = _process(command, work / f"{out.name}.log")
+    if figures["exit"] != 0:
+        figures["tail"] = (work / f"{out.name}.log").read_text()[-600:]
+    else:
+        figures["artifact_gb"] = round(_bytes(out) / 1e9, 3)
+    return figures, out
 
 
 def sides(awq: Path, bf16: Path, work: Path) -> dict[str, list[str]]:
@@ -102,12 +127,8 @@ def measure(shape: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tensorsmith-prequantized-") as scratch:
         work = Path(scratch)
         for side, command in sides(awq, bf16, work).items():
-            out = Path(command[command.index("-o") + 1])
-            figures = _process(command, work / f"{out.name}.log")
-            if figures["exit"] != 0:
-                figures["tail"] = (work / f"{out.name}.log").read_text()[-600:]
-            else:
-                figures["artifact_gb"] = round(_bytes(out) / 1e9, 3)
+            figures, out = compile_side(command, work)
+            if figures["exit"] == 0:
                 kind = "tensorsmith" if side.startswith("tensorsmith") else "genai"
                 if kind == "tensorsmith":
                     manifest = json.loads((out / "manifest.json").read_text())

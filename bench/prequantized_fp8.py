@@ -20,42 +20,34 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.scale import SHAPES_DIRECTORY, TEXT, _bytes, _process
+from bench.prequantized import compile_side, quantized_copy
+from bench.scale import SHAPES_DIRECTORY, TEXT, _bytes
 from bench.shapes import make_checkpoint
 
 BLOCK = 128
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TARGETS = ("cpu", "sm_89", "sm_120")
 
 
 def make_fp8_checkpoint(source: Path, directory: Path) -> Path:
-    """`source` (a bf16 checkpoint directory) in block-scaled FP8 at `directory`, one shard at a time."""
+    """`source` (a bf16 checkpoint directory) in block-scaled FP8 at `directory`."""
     import torch
-    from safetensors.torch import load_file, save_file
 
-    if (directory / "config.json").is_file():
-        return directory
-    directory.mkdir(parents=True, exist_ok=True)
-    for path in sorted(source.glob("*.safetensors")):
-        tensors = load_file(path)
-        for name in [name for name in tensors if name.endswith(".weight") and name.split(".")[-2] in LINEARS]:
-            weight = tensors[name].float()
-            rows, columns = weight.shape
-            padded = torch.nn.functional.pad(weight, (0, -columns % BLOCK, 0, -rows % BLOCK))
-            blocks = padded.reshape(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // BLOCK, BLOCK)
-            scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
-            codes = (blocks / scale[:, None, :, None]).reshape(padded.shape)[:rows, :columns]
-            tensors[name] = codes.to(torch.float8_e4m3fn).contiguous()
-            tensors[name.replace(".weight", ".weight_scale_inv")] = scale.contiguous()
-        save_file(tensors, directory / path.name, metadata={"format": "pt"})
-    for path in source.iterdir():
-        if path.suffix != ".safetensors" and path.is_file():
-            shutil.copy(path, directory / path.name)
-    config = json.loads((directory / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": [BLOCK, BLOCK]}  # fmt: skip
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
-    return directory
+    def quantize(module: str, weight: Any) -> dict[str, Any]:
+        weight = weight.float()
+        rows, columns = weight.shape
+        padded = torch.nn.functional.pad(weight, (0, -columns % BLOCK, 0, -rows % BLOCK))
+        blocks = padded.reshape(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // BLOCK, BLOCK)
+        scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+        codes = (blocks / scale[:, None, :, None]).reshape(padded.shape)[:rows, :columns]
+        return {"weight": codes.to(torch.float8_e4m3fn).contiguous(), "weight_scale_inv": scale.contiguous()}
+
+    settings = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [BLOCK, BLOCK],
+    }
+    return quantized_copy(source, directory, quantize, settings)
 
 
 def sides(fp8: Path, bf16: Path, work: Path) -> dict[str, list[str]]:
@@ -77,13 +69,9 @@ def measure(shape: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tensorsmith-prequantized-") as scratch:
         work = Path(scratch)
         for side, command in sides(fp8, bf16, work).items():
-            out = Path(command[command.index("-o") + 1])
-            figures = _process(command, work / f"{out.name}.log")
-            if figures["exit"] != 0:
-                figures["tail"] = (work / f"{out.name}.log").read_text()[-600:]
-            else:
+            figures, out = compile_side(command, work)
+            if figures["exit"] == 0:
                 manifest = json.loads((out / "manifest.json").read_text())
-                figures["artifact_gb"] = round(_bytes(out) / 1e9, 3)
                 figures["engines_gb"] = {path.stem: round(path.stat().st_size / 1e9, 3)
                                          for path in sorted((out / "engines").glob("*.engine"))}  # fmt: skip
                 figures["targets"] = {target["name"]: target["variant"] for target in manifest["targets"]}

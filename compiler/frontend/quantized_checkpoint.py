@@ -113,9 +113,13 @@ class DequantizedWeights(CheckpointWeights):
 
 def checkpoint_weights(directory: Path) -> CheckpointWeights:
     """The directory's tensors by name, a pre-quantized checkpoint's quantized weights among them as float weights."""
-    config = json.loads((directory / "config.json").read_text())
-    quantized = read_quantized_checkpoint(directory, config) if config.get(FIELD) else None
+    quantized = quantized_checkpoint_of(directory)
     return CheckpointWeights(directory) if quantized is None else DequantizedWeights(quantized)
+
+
+def quantized_checkpoint_of(directory: Path) -> QuantizedCheckpoint | None:
+    """The quantization a checkpoint directory's config.json declares, read and checked; None for none."""
+    return read_quantized_checkpoint(directory, json.loads((directory / "config.json").read_text()))
 
 
 def read_quantized_checkpoint(directory: Path, config: Mapping[str, Any]) -> QuantizedCheckpoint | None:
@@ -190,8 +194,7 @@ def stored_weights(directory: Path) -> str:
     """How a checkpoint directory stores its weights, for the manifest and the summary: its float type by most
     values ('bfloat16'), after its quantized format where it has one ('awq gemm int4, group 128; bfloat16')."""
     floats = stored_float(directory) or "no float"
-    config = json.loads((directory / "config.json").read_text())
-    quantized = read_quantized_checkpoint(directory, config) if config.get(FIELD) else None
+    quantized = quantized_checkpoint_of(directory)
     return floats if quantized is None else f"{quantized.described}; the rest {floats}"
 
 
@@ -210,7 +213,7 @@ def checkpoint_float_precision(config: CompileConfig, directory: Path) -> Compil
 def source_checkpoint(config: CompileConfig) -> QuantizedCheckpoint:
     """The pre-quantized checkpoint `config.source` names (for `int4_algorithm` checkpoint; read from its headers)."""
     directory = config.resolve(config.source)
-    found = read_quantized_checkpoint(directory, json.loads((directory / "config.json").read_text()))
+    found = quantized_checkpoint_of(directory)
     if found is None:
         raise ConfigError(f"--int4-algorithm checkpoint: {config.source} is not a pre-quantized checkpoint (its "
                           f"config.json has no {FIELD})", hint="use --int4-algorithm awq or rtn")  # fmt: skip

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
-
-import numpy as np
+from typing import cast
 
 from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint
 from tensorsmith.compiler.targets import Recipe
@@ -20,7 +19,7 @@ from tensorsmith.compiler.variants.measure import measure_variant
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, PrecisionPlan, RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import rewrite_file, variant_path
-from tensorsmith.compiler.variants.stored_codes import module_matmuls, stored_checkpoint, with_folded_factor
+from tensorsmith.compiler.variants.stored_codes import stored_checkpoint, stored_weights
 from tensorsmith.compiler.variants.weight_only_builder import weight_only_evaluation, without_gemm
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import remove_onnx
@@ -73,27 +72,16 @@ def _plan(
 ) -> tuple[Fp8Weights, dict[str, str]]:
     """Each MatMul's fp8 weight (made from the graph's weight when the pass reaches it) and every weight MatMul's
     reason: the stored codes, rounding to nearest, or why it stays float."""
+    if checkpoint is not None:  # its element is fp8 (stored_checkpoint): each made weight a ScaledFp8
+        made, stored_reasons = stored_weights(found.layers, checkpoint)
+        return cast(Fp8Weights, made), stored_reasons
     reasons = dict(found.skipped)
     weights: dict[str, partial[ScaledFp8]] = {}
-    if checkpoint is not None:
-        for module, name in module_matmuls(found.layers, checkpoint).items():
-            weights[name] = partial(_stored_fp8, checkpoint, module)
-            reasons[name] = f"the checkpoint's own codes and scales ({checkpoint.described})"
-        for name in found.layers:
-            reasons.setdefault(name, f"not quantized in the checkpoint ({checkpoint.described})")
-        return weights, reasons
     for name in found.chosen:
         own = found.blocks.get(name, block)
         weights[name] = partial(quantize_fp8, block=own)
         reasons[name] = f"rtn: round to nearest, amax / 448 per block of {own} rows"
     return weights, reasons
-
-
-def _stored_fp8(checkpoint: QuantizedCheckpoint, module: str, graph_weight: np.ndarray) -> ScaledFp8:
-    """`module`'s stored fp8 weight as the graph's MatMul reads it (stored_codes.with_folded_factor)."""
-    stored = with_folded_factor(checkpoint, module, graph_weight)
-    assert isinstance(stored, ScaledFp8), f"{module}: an fp8 checkpoint's weight"
-    return stored
 
 
 def _recipe_plan(

@@ -4,14 +4,13 @@ moved into its scales, the codes untouched). compiler/variants/stored_int4.py an
 
 from __future__ import annotations
 
-import json
 from functools import partial
 
 import numpy as np
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.layout_record import StoredWeight
-from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, read_quantized_checkpoint
+from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, quantized_checkpoint_of
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.precisions import Element
 
@@ -68,6 +67,5 @@ def stored_checkpoint(config: CompileConfig, element: Element) -> QuantizedCheck
     """The source's checkpoint where it stores `element` codes (taken as stored); None for any other source."""
     if config.source_kind != "huggingface":
         return None
-    directory = config.resolve(config.source)
-    found = read_quantized_checkpoint(directory, json.loads((directory / "config.json").read_text()))
+    found = quantized_checkpoint_of(config.resolve(config.source))
     return found if found is not None and found.element is element else None

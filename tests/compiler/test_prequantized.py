@@ -35,33 +35,41 @@ def tiny_llama(dtype: torch.dtype = torch.bfloat16, layers: int = 2) -> Any:
     return LlamaForCausalLM(LlamaConfig(**COMMON, **{**DECODER, "num_hidden_layers": layers})).to(dtype).eval()
 
 
-def compressed_tensors_checkpoint(directory: Path, symmetric: bool) -> None:
-    """W4A16 in groups of 32, as llm-compressor saves it: compressed-tensors computes nothing here but the packing
-    (its observers live in llm-compressor), so the scales are min/max per group through its own calculate_qparams."""
+def compressed_tensors_written(directory: Path, scheme: Any, form: str, set_scales: Callable[[Any], None]) -> None:
+    """A tiny Llama's Linears quantized by `scheme` and packed in `form` by compressed-tensors' own compressor, as
+    llm-compressor saves them: compressed-tensors computes nothing but the packing (its observers live in
+    llm-compressor), so `set_scales` gives each quantized module its scales through compressed-tensors' own
+    calculate_qparams."""
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (
-        QuantizationArgs,
-        QuantizationConfig,
-        QuantizationScheme,
-        apply_quantization_config,
-    )
-    from compressed_tensors.quantization.utils import calculate_qparams
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
 
     model = tiny_llama()
-    arguments = QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=GROUP)
-    scheme = QuantizationScheme(targets=["Linear"], weights=arguments)
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
     for module in model.modules():
         if hasattr(module, "weight_scale"):
-            groups = module.weight.detach().float().unflatten(-1, (-1, GROUP))
-            scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), arguments)
-            module.weight_scale.data.copy_(scale)
-            if hasattr(module, "weight_zero_point"):
-                module.weight_zero_point.data.copy_(zero)
-    compressor = ModelCompressor.from_pretrained_model(model, "pack-quantized")
+            set_scales(module)
+    compressor = ModelCompressor.from_pretrained_model(model, form)
     compressor.compress_model(model)
     model.save_pretrained(directory)
     compressor.update_config(str(directory))
+
+
+def compressed_tensors_checkpoint(directory: Path, symmetric: bool) -> None:
+    """W4A16 in groups of 32: min/max per group."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    arguments = QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=GROUP)
+
+    def set_scales(module: Any) -> None:
+        groups = module.weight.detach().float().unflatten(-1, (-1, GROUP))
+        scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), arguments)
+        module.weight_scale.data.copy_(scale)
+        if hasattr(module, "weight_zero_point"):
+            module.weight_zero_point.data.copy_(zero)
+
+    scheme = QuantizationScheme(targets=["Linear"], weights=arguments)
+    compressed_tensors_written(directory, scheme, "pack-quantized", set_scales)
 
 
 def _grouped_codes(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -270,7 +278,9 @@ def _unequal_groups(directory: Path) -> None:
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
 
 
-def _setting(**fields: object) -> Callable[[Path], None]:
+def quantization_setting(**fields: object) -> Callable[[Path], None]:
+    """A damage that sets `fields` in config.json's quantization_config."""
+
     def damage(directory: Path) -> None:
         config = json.loads((directory / "config.json").read_text())
         config["quantization_config"] |= fields
@@ -282,10 +292,10 @@ def _setting(**fields: object) -> Callable[[Path], None]:
 @pytest.mark.parametrize(("method", "damage", "named"), [
     ("gptq", _unequal_groups, "model.layers.1.self_attn.o_proj.g_idx gives its groups unequal numbers of rows"),
     ("awq", _without("model.layers.0.mlp.up_proj.scales"), "model.layers.0.mlp.up_proj.scales is missing"),
-    ("awq", _setting(quant_method="bitsandbytes"), "quant_method is 'bitsandbytes'"),
-    ("awq", _setting(bits=8), "gives 8 bits"),
-    ("awq", _setting(version="gemv"), "version is 'gemv'"),
-    ("awq", _setting(group_size=-1), "group_size is -1"),
+    ("awq", quantization_setting(quant_method="bitsandbytes"), "quant_method is 'bitsandbytes'"),
+    ("awq", quantization_setting(bits=8), "gives 8 bits"),
+    ("awq", quantization_setting(version="gemv"), "version is 'gemv'"),
+    ("awq", quantization_setting(group_size=-1), "group_size is -1"),
 ], ids=["unequal groups", "missing scales", "unknown method", "8 bits", "gemv packing", "no groups"])  # fmt: skip
 def test_a_bad_layout_is_one_line_before_the_export(method: str, damage: Callable[[Path], None], named: str,
                                                      tmp_path: Path) -> None:  # fmt: skip

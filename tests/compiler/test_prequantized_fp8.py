@@ -21,7 +21,14 @@ from safetensors.torch import load_file, save_file
 from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.core.errors import ConfigError
 from tests.compiler.test_decoders import assert_greedy_tokens_match
-from tests.compiler.test_prequantized import LINEARS, dequantized_reference, read, tiny_llama
+from tests.compiler.test_prequantized import (
+    LINEARS,
+    compressed_tensors_written,
+    dequantized_reference,
+    quantization_setting,
+    read,
+    tiny_llama,
+)
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
@@ -85,48 +92,37 @@ def per_tensor_modelopt(directory: Path) -> dict[str, np.ndarray]:
 
 def compressed_tensors_fp8_checkpoint(directory: Path) -> None:
     """llm-compressor's FP8_DYNAMIC scheme (a scale per output channel, activations quantized per token when
-    run), packed by compressed-tensors' float-quantized compressor; the scales from its calculate_qparams."""
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    run), packed by compressed-tensors' float-quantized compressor."""
+    from compressed_tensors.quantization import preset_name_to_scheme
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    model = tiny_llama()
     scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
-    for module in model.modules():
-        if hasattr(module, "weight_scale"):
-            weight = module.weight.detach().float()
-            scale, _ = calculate_qparams(weight.amin(-1, keepdim=True), weight.amax(-1, keepdim=True), scheme.weights)
-            module.weight_scale.data.copy_(scale)
-    compressor = ModelCompressor.from_pretrained_model(model, "float-quantized")
-    compressor.compress_model(model)
-    model.save_pretrained(directory)
-    compressor.update_config(str(directory))
+
+    def set_scales(module: Any) -> None:
+        weight = module.weight.detach().float()
+        scale, _ = calculate_qparams(weight.amin(-1, keepdim=True), weight.amax(-1, keepdim=True), scheme.weights)
+        module.weight_scale.data.copy_(scale)
+
+    compressed_tensors_written(directory, scheme, "float-quantized", set_scales)
 
 
 def compressed_tensors_nvfp4_checkpoint(directory: Path) -> None:
     """llm-compressor's NVFP4A16 scheme (e2m1 weights in groups of 16, fp8 group scales under a global scale),
-    packed by compressed-tensors' nvfp4-pack-quantized compressor; the scales from its own generate_gparam and
-    calculate_qparams."""
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    packed by compressed-tensors' nvfp4-pack-quantized compressor; the global scale from its generate_gparam."""
+    from compressed_tensors.quantization import preset_name_to_scheme
     from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
-    model = tiny_llama()
     scheme = preset_name_to_scheme("NVFP4A16", ["Linear"])
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
-    for module in model.modules():
-        if hasattr(module, "weight_global_scale"):
-            weight = module.weight.detach().float()
-            global_scale = generate_gparam(weight.amin(), weight.amax())
-            module.weight_global_scale.data.copy_(global_scale.reshape(module.weight_global_scale.shape))
-            groups = weight.unflatten(-1, (-1, 16))
-            scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), scheme.weights, global_scale=global_scale)
-            module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
-    compressor = ModelCompressor.from_pretrained_model(model, "nvfp4-pack-quantized")
-    compressor.compress_model(model)
-    model.save_pretrained(directory)
-    compressor.update_config(str(directory))
+
+    def set_scales(module: Any) -> None:
+        weight = module.weight.detach().float()
+        global_scale = generate_gparam(weight.amin(), weight.amax())
+        module.weight_global_scale.data.copy_(global_scale.reshape(module.weight_global_scale.shape))
+        groups = weight.unflatten(-1, (-1, 16))
+        scale, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), scheme.weights, global_scale=global_scale)
+        module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
+
+    compressed_tensors_written(directory, scheme, "nvfp4-pack-quantized", set_scales)
 
 
 def transformers_dequantized(directory: Path) -> Any:
@@ -280,19 +276,10 @@ def _codes_as_bf16(directory: Path) -> None:
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
 
 
-def _setting(**fields: object) -> Callable[[Path], None]:
-    def damage(directory: Path) -> None:
-        config = json.loads((directory / "config.json").read_text())
-        config["quantization_config"] |= fields
-        (directory / "config.json").write_text(json.dumps(config))
-
-    return damage
-
-
 @pytest.mark.parametrize(("damage", "named"), [
     (_scales_of("model.layers.0.mlp.up_proj.weight_scale_inv", (3, 2)), "model.layers.0.mlp.up_proj.weight_scale_inv"),
-    (_setting(fmt="e5m2"), "fmt is 'e5m2'"),
-    (_setting(weight_block_size=[128]), "weight_block_size is [128]"),
+    (quantization_setting(fmt="e5m2"), "fmt is 'e5m2'"),
+    (quantization_setting(weight_block_size=[128]), "weight_block_size is [128]"),
     (_codes_as_bf16, "model.layers.1.mlp.down_proj.weight is stored as BF16"),
 ], ids=["grid", "e5m2", "block size", "codes in bf16"])  # fmt: skip
 def test_a_bad_fp8_layout_is_one_line_before_the_export(damage: Callable[[Path], None], named: str,
