@@ -140,8 +140,12 @@ def _cpu(report: dict[str, Any]) -> str:
         f"<p>The cpu target runs <code>{escape(cpu['variant'])}</code>: {escape(cpu['reason'])}.</p>",
     ]
     if cpu.get("latency_ms_batch8"):
-        rows = sorted(cpu["latency_ms_batch8"].items(), key=lambda item: item[1])
-        parts.append(_table(("variant", "ms, batch 8, ONNX Runtime defaults"), rows))
+        rows: list[tuple[object, ...]] = sorted(cpu["latency_ms_batch8"].items(), key=lambda item: item[1])
+        columns: tuple[str, ...] = ("candidate", "ms, batch 8, ONNX Runtime defaults")
+        for metric, by_candidate in cpu.get("metric", {}).items():  # the figure that chose between them
+            rows = [(*row, by_candidate.get(str(row[0]))) for row in rows]
+            columns = (*columns, metric)
+        parts.append(_table(columns, rows))
     preparation = cpu.get("dynamic_preparation", {})
     split = preparation.get("split_outlier_neurons", {})
     if split.get("units"):

@@ -37,6 +37,9 @@ class CpuChoice(BaseModel):
     variant: str
     reason: str
     latency_ms_batch8: dict[str, float] = Field(default_factory=dict, description="per variant, ORT defaults")
+    metric: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="the metric that chose, per candidate (MatMulNBits' accuracy levels)"
+    )
     dynamic_preparation: dict[str, dict[str, object]] = Field(
         default_factory=dict, description="what preparing the dynamic variant's graph did, per pass"
     )

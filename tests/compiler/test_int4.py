@@ -13,6 +13,7 @@ import onnx
 import pytest
 
 from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.compiler.variants.cpu_choice import MIN_GAIN, within_tolerance
 from tensorsmith.passes.int4 import dequantize_int4, quantize_int4
 from tensorsmith.passes.int4_codes import INT4_MAX
 from tensorsmith.runtime import load
@@ -73,7 +74,12 @@ def test_awq_beats_round_to_nearest_and_engines_build(tmp_path: Path) -> None:
     assert by_target["sm_75"].variant == "fp16" and "no INT4" in by_target["sm_75"].reason
     # the cpu variant's MatMulNBits accuracy level was measured, recorded, and the runtime's session has it
     level = awq["cpu-int4"].onnxruntime_session_config["session.qdq_matmulnbits_accuracy_level"]
-    assert level in ("1", "4")
+    choice = json.loads((tmp_path / "awq" / "precision.json").read_text())["recipes"]["cpu-int4"]["cpu"]
+    metric = choice["metric"]["perplexity-ratio"]
+    fast, exact = metric["accuracy level 4"], metric["accuracy level 1"]
+    latency = choice["latency_ms_batch8"]
+    faster = latency["accuracy level 4"] < (1 - MIN_GAIN) * latency["accuracy level 1"]
+    assert level == ("4" if faster and within_tolerance(fast, exact) else "1"), choice
     model = load(tmp_path / "awq", backend="onnxruntime")
     options = model._backend._session.get_session_options()  # type: ignore[attr-defined]
     assert options.get_session_config_entry("session.qdq_matmulnbits_accuracy_level") == level
