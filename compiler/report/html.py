@@ -140,11 +140,11 @@ def _cpu(report: dict[str, Any]) -> str:
         f"<p>The cpu target runs <code>{escape(cpu['variant'])}</code>: {escape(cpu['reason'])}.</p>",
     ]
     if cpu.get("latency_ms_batch8"):
-        rows: list[tuple[object, ...]] = sorted(cpu["latency_ms_batch8"].items(), key=lambda item: item[1])
-        columns: tuple[str, ...] = ("candidate", "ms, batch 8, ONNX Runtime defaults")
-        for metric, by_candidate in cpu.get("metric", {}).items():  # the figure that chose between them
-            rows = [(*row, by_candidate.get(str(row[0]))) for row in rows]
-            columns = (*columns, metric)
+        latency: dict[str, float] = cpu["latency_ms_batch8"]
+        metrics: dict[str, dict[str, float]] = cpu.get("metric", {})  # the figure that chose between them, if any
+        columns = ("candidate", "ms, batch 8, ONNX Runtime defaults", *metrics)
+        rows = [(name, latency[name], *(by_candidate.get(name) for by_candidate in metrics.values()))
+                for name in sorted(latency, key=latency.__getitem__)]  # fmt: skip
         parts.append(_table(columns, rows))
     preparation = cpu.get("dynamic_preparation", {})
     split = preparation.get("split_outlier_neurons", {})
