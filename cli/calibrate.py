@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from tensorsmith.cli.compile import PRECISIONS, config_from_flags, source_options, source_overrides
-from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout
+from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout, terminable
 
 
 @click.command("calibrate")
@@ -27,6 +27,7 @@ from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, 
 @click.option("--shards", type=int, help="With --ray: how many shards (default 4).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
+@terminable
 def calibrate_command(
     source: str,
     out: Path,

@@ -1,4 +1,4 @@
-"""`tensorsmith compile`, `tensorsmith build` and `tensorsmith merge`: the commands that write artifacts."""
+"""`tensorsmith compile`: a source into an artifact."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout
-from tensorsmith.core.precisions import FP8, requestable
+from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout, terminable
+from tensorsmith.core.precisions import CAPABILITIES, FP8, requestable
 
 PRECISIONS = requestable()  # --precision: the precision table's requestable names, and auto
 
@@ -44,7 +44,14 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
 @click.option("--output-name", "outputs", multiple=True, help="Names for the model's outputs, in order.")
 @click.option("--opset", type=int, help="ai.onnx opset of the compiled graph (default 20).")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), help="PyTorch exporter.")
-@click.option("--target", "targets", multiple=True, metavar="TARGET", help="Architecture to compile for (cpu).")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    metavar="TARGET",
+    help=f"cpu, or a GPU architecture sm_XX (sm_{CAPABILITIES[0]} to sm_{CAPABILITIES[-1]}); repeat for several "
+    "(default: cpu).",
+)
 @click.option(
     "--precision",
     type=click.Choice(PRECISIONS),
@@ -124,6 +131,7 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
 @click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
+@terminable
 def compile_command(
     source: str,
     out: Path,
@@ -159,7 +167,11 @@ def compile_command(
     no_verify: bool,
     as_json: bool,
 ) -> None:
-    """Compile SOURCE (a tensorsmith.toml, model.onnx, model.pt2, or pkg.module:function) into OUT."""
+    """Compile SOURCE into the artifact directory OUT.
+
+    SOURCE is a Hugging Face model directory (config.json and safetensors, as save_pretrained writes them; a
+    *ForCausalLM becomes a decoder with prefill and decode engines), an ONNX file, a .pt2 ExportedProgram, a
+    factory pkg.module:function returning an nn.Module (with --checkpoint and --input), or a tensorsmith.toml."""
     from tensorsmith.compiler import compile
     from tensorsmith.compiler.flags import parse_dim_flag
 
@@ -247,53 +259,3 @@ def _exit_if_unmet(unmet: list[str], out: Path, failed: list[str] | None = None)
     if failed:
         click.echo(f"error: engine builds failed: {'; '.join(failed)} (hint: see {out}/manifest.json)", err=True)
         sys.exit(1)
-
-
-@click.command("build")
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--target", required=True, help="Architecture, e.g. sm_90.")
-@click.option("--builder", type=click.Choice(["tensorrt", "tensorrt-rtx"]), help="Default: whichever covers it.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-@handle_errors
-def build_command(artifact: Path, target: str, builder: str | None, as_json: bool) -> None:
-    """Add TARGET's engine to an existing artifact (e.g. on a GPU runner in CI)."""
-    from tensorsmith.compiler.add_engine import build_target
-
-    with progress_reporter() as reporter:
-        record = build_target(artifact, target, builder, reporter=reporter)
-    if as_json:
-        emit_json({"ok": True, "artifact": str(artifact), **record.model_dump(mode="json")})
-        return
-    assert record.engine is not None
-    stdout.print(f"built {target} with {record.builder} {record.engine.builder_version} → {record.engine.path}")
-
-
-@click.command("merge")
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.argument("parts", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-@handle_errors
-def merge_command(artifact: Path, parts: tuple[Path, ...], as_json: bool) -> None:
-    """Merge into ARTIFACT the engines that `tensorsmith build PART --target X` added to copies of it (PARTS: one
-    per CI matrix job; each job's manifest.json and engines/ are enough).
-
-    A command of its own rather than a flag of `build`: it builds nothing and needs no TensorRT, and like
-    `git merge` or `coverage combine` it reads best as the one step that joins the jobs' results.
-    """
-    from tensorsmith.compiler.merge import merge_parts
-
-    result = merge_parts(artifact, list(parts))
-    if as_json:
-        emit_json({"ok": True, "artifact": str(artifact),
-                   "added": [{"target": m.target, "part": str(m.part), **m.record.model_dump(mode="json")}
-                             for m in result.added],
-                   "unchanged": result.unchanged, "pending": result.pending})  # fmt: skip
-        return
-    for merged in result.added:
-        assert merged.record.engine is not None
-        stdout.print(f"merged {merged.target} ({merged.record.builder} {merged.record.engine.builder_version}) "
-                     f"from {merged.part} → {artifact / merged.record.engine.path}", markup=False)  # fmt: skip
-    if result.unchanged:
-        stdout.print(f"already in {artifact}, the same engines: {', '.join(result.unchanged)}", markup=False)
-    if result.pending:
-        stdout.print(f"still without an engine: {', '.join(result.pending)}", markup=False)

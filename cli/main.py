@@ -14,7 +14,8 @@ import numpy as np
 from rich.table import Table
 
 from tensorsmith.cli.calibrate import calibrate_command
-from tensorsmith.cli.compile import build_command, compile_command, merge_command
+from tensorsmith.cli.compile import compile_command
+from tensorsmith.cli.engines import build_command, merge_command
 from tensorsmith.cli.generate import generate_command
 from tensorsmith.cli.output import emit_json, handle_errors, setup_logging, stdout
 from tensorsmith.cli.serve import serve_command

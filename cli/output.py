@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import logging
+import signal
 import sys
 import threading
 import time
@@ -15,12 +16,16 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
+from tensorsmith.core.errors import UsageError
 from tensorsmith.core.library_logs import LIBRARY_LOGGERS
 from tensorsmith.core.progress import LogReporter
 from tensorsmith.core.progress import logger as progress_logger
 from tensorsmith.runtime.errors import TensorsmithError
 
 F = TypeVar("F", bound=Callable[..., Any])
+USAGE = 2  # exit status of a usage error (click's own, and the shell convention)
+INTERRUPTED = 130  # 128 + SIGINT
+TERMINATED = 143  # 128 + SIGTERM
 
 # soft_wrap: long lines stay whole when piped to a file or a CI log.
 stdout = Console(highlight=False, soft_wrap=True)
@@ -173,7 +178,36 @@ def handle_errors(command: F) -> F:
             if kwargs.get("as_json"):
                 emit_json({"ok": False, "error": message, "hint": hint, "type": type(err).__name__})
             click.echo(f"error: {message}" + (f" (hint: {hint})" if hint else ""), err=True)
-            sys.exit(1)
+            sys.exit(USAGE if isinstance(err, UsageError) else 1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is, so that what it holds is released as on an error (temporary
+    directories, the staged artifact, engine builders' child processes) before the exit status says SIGTERM."""
+
+
+def terminable(command: F) -> F:
+    """Under SIGTERM (a CI job cancelled, a container stopped) and Ctrl-C: clean up, one line, exit 143 or 130.
+    For commands that write files; the server keeps uvicorn's own handling of SIGTERM (drain, then exit)."""
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
+        try:
+            return command(*args, **kwargs)
+        except Terminated:
+            click.echo("error: terminated (SIGTERM)", err=True)
+            sys.exit(TERMINATED)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted", err=True)
+            sys.exit(INTERRUPTED)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     return wrapper  # type: ignore[return-value]
 

@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from tensorsmith.calibration.layers import Override
 from tensorsmith.compiler.declarations import DimRange, InputDecl, StrictModel
 from tensorsmith.compiler.settings import BuildConfig, GenerationConfig
-from tensorsmith.compiler.targets import TARGETS, Request, check_precision
-from tensorsmith.core.errors import ConfigError
+from tensorsmith.compiler.targets import TARGETS, Request, check_precision, unknown_targets
+from tensorsmith.core.errors import ConfigError, UsageError
 from tensorsmith.core.grouped_int4 import declares_quantization
 from tensorsmith.core.layerwise import Layerwise
 from tensorsmith.core.metrics import Budget
@@ -115,7 +115,7 @@ class CompileConfig(StrictModel):
     def _known_targets(cls, targets: list[str]) -> list[str]:
         unknown = [target for target in targets if target not in TARGETS]
         if unknown:
-            raise ValueError(f"unknown target(s) {unknown}; targets are {', '.join(TARGETS)}")
+            raise _HintedValueError(unknown_targets(unknown))
         return list(dict.fromkeys(targets))
 
     @field_validator("budget")
@@ -239,7 +239,7 @@ class CompileConfig(StrictModel):
             more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
             if first["type"] == "extra_forbidden":
                 kind = "table" if isinstance(first.get("input"), dict) else "key"
-                raise ConfigError(
+                raise UsageError(
                     f"{origin}: unknown {kind} '{field}'{more}",
                     hint=f"known keys there: {', '.join(_known_keys(first['loc']))}",
                 ) from err
@@ -248,9 +248,9 @@ class CompileConfig(StrictModel):
             value = first.get("input")
             got = f" (got {value!r})" if field and isinstance(value, str | int | float) else ""
             hint = getattr(first.get("ctx", {}).get("error"), "hint", None)
-            raise ConfigError(
+            raise UsageError(
                 f"{origin}: {where}{message}{more}{'' if hint else got}",
-                hint=hint or "see the CompileConfig fields in compiler/config.py or samples/*/tensorsmith.toml",
+                hint=hint or "`tensorsmith compile --help` describes each flag; a tensorsmith.toml takes the same keys",
             ) from err
         return config
 

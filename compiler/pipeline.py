@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorsmith.compiler.artifact.staging import staged_artifact, write_manifest
+from tensorsmith.compiler.artifact.staging import check_replaceable, staged_artifact, write_manifest
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.early_engines import EarlyEngines
 from tensorsmith.compiler.engines.records import build_engines
@@ -73,6 +73,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     timed = TimedReporter(reporter or LogReporter())
 
     quiet_onnxruntime()  # also for the sessions libraries open for us (onnx-graphsurgeon's constant folding)
+    check_replaceable(out)  # before loading the source: an -o that is not ours fails at once (again under the lock)
     source = open_source(config)  # an ONNX file's inputs are declared here, once
     config = source.config
     # before the export: a wrong array name, a missing tokenizer or a budget the model cannot measure fails at once
@@ -82,6 +83,13 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
     elif (config.precision == AUTO or not precision(config.precision).is_float) and config.inputs:
         check_data(config)
     budget = config.accuracy_budget()
+    if config.precision == AUTO and "budget" not in config.model_fields_set:  # said, not silently assumed
+        advice = "; a decoder's is usually perplexity-ratio, e.g. --budget 'perplexity-ratio<=1.02'"
+        logger.warning(
+            "--precision auto without --budget: the budget is %s (the default)%s",
+            config.budget,
+            advice if source.is_decoder else "",
+        )
     if budget is not None and budget.is_language and not source.is_decoder:
         raise ConfigError(f"budget {budget} is a language-model metric, and {config.source} is no text-generation "
                           "model", hint="use cosine, min-cosine, max-abs or sqnr-db")  # fmt: skip

@@ -9,6 +9,7 @@ Adding a target is one row here (and its tests).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -166,7 +167,16 @@ def get_target(name: str) -> Target:
     try:
         return TARGETS[name]
     except KeyError:
-        raise ConfigError(f"unknown target '{name}'", hint=f"targets are {', '.join(TARGETS)}") from None
+        raise unknown_targets([name]) from None
+
+
+def unknown_targets(names: list[str]) -> ConfigError:
+    """The error for target names the table lacks, with the closest known name where one is close (sm86 → sm_86)."""
+    close = [match for name in names for match in difflib.get_close_matches(name, TARGETS, n=1, cutoff=0.6)]
+    known = f"targets are {', '.join(TARGETS)}"
+    return ConfigError(
+        f"unknown target(s) {names}", hint=f"did you mean {', '.join(close)}? {known}" if close else known
+    )
 
 
 def check_precision(request: Request, target_names: list[str]) -> None:

@@ -10,6 +10,11 @@ class ConfigError(TensorsmithError):
     """A config file, flag or input declaration is wrong."""
 
 
+class UsageError(ConfigError):
+    """A flag or config key that names nothing there is (an unknown key, target or choice): the command line's
+    exit status 2, as click gives its own usage errors."""
+
+
 class ExportError(TensorsmithError):
     """The source model could not be loaded or exported to ONNX."""
 

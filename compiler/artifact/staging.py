@@ -35,7 +35,7 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, a quota, a fi
 logger = logging.getLogger(__name__)
 
 
-def _check_replaceable(out: Path, marker: str) -> None:
+def check_replaceable(out: Path, marker: str = MANIFEST_NAME) -> None:
     """Refuse to replace a directory without `marker`, the file tensorsmith writes in it (an `-o ~` typo must
     not erase $HOME)."""
     if out.exists() and not out.is_dir():
@@ -164,7 +164,7 @@ def staged_artifact(out: Path, marker: str = MANIFEST_NAME) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     with artifact_lock(out):
         remove_stale_staging(out)
-        _check_replaceable(out, marker)
+        check_replaceable(out, marker)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         staging.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the published artifact gets normal ones
         owner = _own(staging)

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 from safetensors.torch import save_file
 
 from tensorsmith import runtime
+from tensorsmith.cli.output import USAGE
 from tensorsmith.compiler import pipeline
 from tests.conftest import run_cli, small_mlp_onnx
 
@@ -378,6 +379,23 @@ CASES: dict[str, tuple[Case, str, bool]] = {
 }
 
 
+# what the config's own checks refuse (a key, value or combination it does not take): a usage error
+USAGE_CASES = {
+    "config unknown key",
+    "config unknown table",
+    "config wrong type",
+    "unknown target",
+    "input zero dim",
+    "precision not on target",
+    "int4 awq without data",
+    "malformed budget",
+    "int4 below opset 21",
+    "weight-only override for int8",
+    "calibration stats and data",
+    "calibration stats, no eval data",
+}
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_clear_line_and_nothing_is_written(
     case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -390,26 +408,27 @@ def test_bad_input_is_one_clear_line_and_nothing_is_written(
     if before:  # the export (or an ONNX source's passes) must not start: it is where the slow work begins
         monkeypatch.setattr(pipeline, "fused_graph", _no_export)
     result = run_cli("compile", *arguments, "-o", out)
-    assert_one_clear_line(result, expected)
-    assert_json_error(run_cli("compile", *arguments, "-o", out, "--json"), expected)
+    code = USAGE if case in USAGE_CASES else 1
+    assert_one_clear_line(result, expected, code)
+    assert_json_error(run_cli("compile", *arguments, "-o", out, "--json"), expected, code)
     assert not out.exists()
     assert not (tmp_path / "artifacts").exists() or not any((tmp_path / "artifacts").iterdir())
     assert "arbitrary code ran" not in capsys.readouterr().out + result.stdout
     assert "weights_only=False" not in result.stderr and "pydantic" not in result.stderr
 
 
-def assert_one_clear_line(result: Result, expected: str) -> None:
-    """Exit 1 and one `error: ...` line on stderr naming the thing, with a hint; no traceback."""
-    assert result.exit_code == 1, result.stderr
+def assert_one_clear_line(result: Result, expected: str, code: int = 1) -> None:
+    """Exit `code` and one `error: ...` line on stderr naming the thing, with a hint; no traceback."""
+    assert result.exit_code == code, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, result.stderr
     assert expected in lines[0] and "(hint: " in lines[0], lines[0]
     assert "Traceback" not in result.stderr + result.stdout
 
 
-def assert_json_error(result: Result, expected: str) -> None:
-    """Under --json: exit 1 and one JSON object on stdout, the error naming the thing and a hint with it."""
-    assert result.exit_code == 1, result.stderr
+def assert_json_error(result: Result, expected: str, code: int = 1) -> None:
+    """Under --json: exit `code` and one JSON object on stdout, the error naming the thing and a hint with it."""
+    assert result.exit_code == code, result.stderr
     printed = json.loads(result.stdout)
     assert printed["ok"] is False and expected in printed["error"], printed
     assert printed["hint"], printed

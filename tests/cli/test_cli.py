@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from tensorsmith.cli.output import USAGE
 from tests.conftest import cpu_backend, run_cli, run_cli_json
 
 
@@ -140,7 +141,7 @@ def test_fp8_for_an_ampere_target_is_refused_before_any_work(mlp_onnx: Path, tmp
         "compile", mlp_onnx, "-o", tmp_path / "out", "--precision", "fp8",
         "--calibration", tmp_path / "calibration.npz", "--target", "sm_86",
     )  # fmt: skip
-    assert result.exit_code == 1
+    assert result.exit_code == USAGE  # a combination the config refuses
     assert "target sm_86 (Ampere (RTX 30, A10)) cannot run fp8" in result.stderr
     assert "sm_89" in result.stderr
     assert not (tmp_path / "out").exists()
@@ -158,7 +159,7 @@ def test_turing_gets_an_fp16_variant_and_engine(mlp_onnx: Path, tmp_path: Path) 
     assert fp16["path"] == "variants/fp16.onnx" and fp16["accuracy"]["cosine"] > 0.999
 
     result = run_cli("compile", mlp_onnx, "-o", tmp_path / "cpu16", "--precision", "fp16")
-    assert result.exit_code == 1 and "target cpu" in result.stderr and "cannot run fp16" in result.stderr
+    assert result.exit_code == USAGE and "target cpu" in result.stderr and "cannot run fp16" in result.stderr
 
 
 def test_a_failed_engine_is_recorded_the_rest_is_written_and_the_exit_is_1(tmp_path: Path) -> None:
@@ -259,3 +260,10 @@ def test_export_warnings_go_to_the_manifest_and_show_only_with_v(tmp_path: Path,
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert "UserWarning: this model warns while it is traced" in manifest["source"]["warnings"]
     assert ("this model warns while it is traced" in result.stderr) is verbose
+
+
+def test_a_misspelt_target_is_a_usage_error_with_the_closest_name(mlp_onnx: Path, tmp_path: Path) -> None:
+    result = run_cli("compile", mlp_onnx, "-o", tmp_path / "out", "--target", "sm86")
+    assert result.exit_code == USAGE
+    assert "unknown target(s) ['sm86'] (hint: did you mean sm_86? targets are cpu, sm_75" in result.stderr
+    assert not (tmp_path / "out").exists()

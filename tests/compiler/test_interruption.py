@@ -3,11 +3,13 @@ OUT fails at once, and the temporary directories a killed compile leaves are rem
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from subprocess import PIPE
 
 import numpy as np
 import pytest
@@ -24,7 +26,12 @@ def compile_command(source: Path, out: Path) -> list[str]:
 
 
 def start(source: Path, out: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(compile_command(source, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """The compile in its own process; its temporary files (an engine build's, which a SIGKILL leaves) under
+    the test's directory, not the machine's /tmp."""
+    scratch = out.parent / "tmp"
+    scratch.mkdir(exist_ok=True)
+    environment = {**os.environ, "TMPDIR": str(scratch)}
+    return subprocess.Popen(compile_command(source, out), stdout=PIPE, stderr=PIPE, text=True, env=environment)
 
 
 def kill_at_stage(process: subprocess.Popen[str], stage: str) -> bool:
@@ -184,3 +191,28 @@ def test_compile_and_build_exclude_each_other_builds_share(
     assert building.exit_code == 1 and "is being replaced by a tensorsmith compile (pid" in building.stderr
     assert_intact(out, before, reference)
     assert leftovers(out.parent, "out") == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_compile_stopped_in_an_engine_build_cleans_up_and_says_so(tmp_path: Path, signum: signal.Signals) -> None:
+    """SIGTERM (a cancelled CI job) or Ctrl-C in the middle of an engine build: the builder's child process and
+    its temporary directory go, nothing is published, one line says why, and the status is 128 + the signal."""
+    source = small_mlp_onnx(tmp_path / "model.onnx", opset=17)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = tmp_path / "out"
+    environment = {**os.environ, "TMPDIR": str(scratch)}
+    process = subprocess.Popen(compile_command(source, out), stdout=PIPE, stderr=PIPE, text=True, env=environment)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if "building the sm_86 engine" in line:
+            break
+    while not any(scratch.glob("tensorsmith-build-*")):  # the builder's child is running
+        time.sleep(0.05)
+    process.send_signal(signum)
+    _, errors = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, errors
+    assert [line for line in errors.splitlines() if line.startswith("error:")] == [
+        "error: terminated (SIGTERM)" if signum == signal.SIGTERM else "error: interrupted"
+    ]
+    assert not list(scratch.glob("tensorsmith-*")) and not out.exists() and leftovers(tmp_path, "out") == []

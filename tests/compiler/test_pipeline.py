@@ -166,3 +166,31 @@ def test_a_directory_that_is_not_an_artifact_is_never_replaced(tmp_path: Path) -
     with pytest.raises(ConfigError, match="without manifest.json: not written by tensorsmith"):
         compile(config("tests.compiler.test_pipeline:build_scaled"), precious)
     assert (precious / "notes.txt").read_text() == "keep me"
+    # said before the source is even loaded (a checkpoint's export takes minutes): this factory does not exist
+    with pytest.raises(ConfigError, match="not written by tensorsmith"):
+        compile(config("tests.compiler.test_pipeline:no_such_factory"), precious)
+
+
+class _StoppedBeforeTheExport(Exception):
+    pass
+
+
+def test_auto_without_a_budget_says_which_budget_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tensorsmith.compiler import pipeline
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise _StoppedBeforeTheExport
+
+    monkeypatch.setattr(pipeline, "fused_graph", stop)
+    source = small_mlp_onnx(tmp_path / "mlp.onnx")
+    np.savez(tmp_path / "c.npz", x=np.ones((4, 8), np.float32))
+    fields = {"source": str(source), "precision": "auto", "calibration": str(tmp_path / "c.npz")}
+    with pytest.raises(_StoppedBeforeTheExport):
+        compile(CompileConfig.create(fields), tmp_path / "out")
+    assert "--precision auto without --budget: the budget is cosine>=0.995 (the default)" in caplog.text
+    caplog.clear()
+    with pytest.raises(_StoppedBeforeTheExport):
+        compile(CompileConfig.create({**fields, "budget": "cosine>=0.99"}), tmp_path / "out")
+    assert "without --budget" not in caplog.text
