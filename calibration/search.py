@@ -84,8 +84,9 @@ class PrecisionSearch:
 
         order = sorted(self.candidates, key=cost)
         with reporter.task("bisecting the largest set within budget", None) as advance:
-            prefix = largest_prefix(len(order), lambda n: self.evaluate(set(order[:n])), self.budget.met, baseline,
-                                    advance)  # fmt: skip
+            prefix = largest_prefix(
+                len(order), lambda n: self.evaluate(set(order[:n])), self.budget.met, baseline, advance
+            )
         low, best_value = prefix.length, prefix.value
         logger.info("%d of %d layers within %s (estimate %.6f)", low, len(order), self.budget, best_value)
         return SearchResult(order[:low], order, sensitivity, best_value, baseline, self.evaluations)

@@ -112,8 +112,15 @@ class TensorStatistics:
             return side.histogram if side.exponent is None else fold(side.histogram, max(exponents) - side.exponent)
 
         histogram = aligned(self) + aligned(other)
-        return TensorStatistics(self.name, max(self.amax, other.amax), self.count + other.count,
-                                self.nonfinite + other.nonfinite, exponent, histogram, self.derived)  # fmt: skip
+        return TensorStatistics(
+            self.name,
+            max(self.amax, other.amax),
+            self.count + other.count,
+            self.nonfinite + other.nonfinite,
+            exponent,
+            histogram,
+            self.derived,
+        )
 
     def threshold_histogram(self) -> tuple[np.ndarray, float]:
         """(the bins up to the one holding the amax, the range they cover): what the threshold functions take."""
@@ -123,8 +130,9 @@ class TensorStatistics:
         return self.histogram[:used], used * math.ldexp(1.0, self.exponent - BIN_BITS)
 
 
-def smoothed_statistics(name: str, channel_amax: np.ndarray, inverse_scale: np.ndarray, of: TensorStatistics
-                        ) -> TensorStatistics:  # fmt: skip
+def smoothed_statistics(
+    name: str, channel_amax: np.ndarray, inverse_scale: np.ndarray, of: TensorStatistics
+) -> TensorStatistics:
     """x·(1/s) per channel, as SmoothQuant calibrates it: its amax, exactly (a float32 product by a positive
     constant keeps the order, so max|x_c·k_c| = max|x_c|·k_c), and no histogram: it is never observed."""
     amax = (
@@ -146,8 +154,9 @@ class Statistics:
 
     def merge(self, other: Statistics) -> Statistics:
         if set(self.tensors) != set(other.tensors) or set(self.channel_amax) != set(other.channel_amax):
-            raise CalibrationError("the statistics to merge observed different tensors",
-                                   hint="collect every shard with the same graph")  # fmt: skip
+            raise CalibrationError(
+                "the statistics to merge observed different tensors", hint="collect every shard with the same graph"
+            )
         return Statistics(
             {name: stats.merge(other.tensors[name]) for name, stats in self.tensors.items()},
             {name: np.maximum(amax, other.channel_amax[name]) for name, amax in self.channel_amax.items()},
@@ -181,20 +190,41 @@ class Statistics:
         try:
             with np.load(path, allow_pickle=False) as archive:
                 if int(archive["format"]) != STATISTICS_FORMAT:
-                    raise CalibrationError(f"{path}: statistics format {int(archive['format'])}, this tensorsmith "
-                                           f"reads {STATISTICS_FORMAT}", hint="collect them again")  # fmt: skip
+                    raise CalibrationError(
+                        f"{path}: statistics format {int(archive['format'])}, this tensorsmith "
+                        f"reads {STATISTICS_FORMAT}",
+                        hint="collect them again",
+                    )
                 names = [str(name) for name in archive["names"]]
-                tensors = {name: TensorStatistics(name, float(peak), int(count), int(nonfinite),
-                                                  _sentinel_or_exponent(int(exponent)), row.astype(np.int64))
-                           for name, peak, count, nonfinite, exponent, row in
-                           zip(names, archive["amax"], archive["count"], archive["nonfinite"], archive["exponent"],
-                               archive["histograms"], strict=True)}  # fmt: skip
-                channels = {str(name): archive[f"channel_amax_{index}"].astype(np.float32)
-                            for index, name in enumerate(archive["channel_names"])}  # fmt: skip
+                tensors = {
+                    name: TensorStatistics(
+                        name,
+                        float(peak),
+                        int(count),
+                        int(nonfinite),
+                        _sentinel_or_exponent(int(exponent)),
+                        row.astype(np.int64),
+                    )
+                    for name, peak, count, nonfinite, exponent, row in zip(
+                        names,
+                        archive["amax"],
+                        archive["count"],
+                        archive["nonfinite"],
+                        archive["exponent"],
+                        archive["histograms"],
+                        strict=True,
+                    )
+                }
+                channels = {
+                    str(name): archive[f"channel_amax_{index}"].astype(np.float32)
+                    for index, name in enumerate(archive["channel_names"])
+                }
                 return cls(tensors, channels, int(archive["samples"])), str(archive["graph_sha256"])
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as err:
-            raise CalibrationError(f"cannot read calibration statistics {path}: {err}",
-                                   hint="pass files written by `tensorsmith calibrate`") from err  # fmt: skip
+            raise CalibrationError(
+                f"cannot read calibration statistics {path}: {err}",
+                hint="pass files written by `tensorsmith calibrate`",
+            ) from err
 
 
 NO_EXPONENT = -(2**31)
@@ -241,8 +271,9 @@ def merged_statistics(pattern: str, graph_sha256: str, base: Path) -> Statistics
     collected on this graph."""
     paths = sorted(Path(path) for path in glob.glob(pattern if Path(pattern).is_absolute() else str(base / pattern)))
     if not paths:
-        raise CalibrationError(f"--calibration-stats '{pattern}' matches no file",
-                          hint="write them with tensorsmith calibrate")  # fmt: skip
+        raise CalibrationError(
+            f"--calibration-stats '{pattern}' matches no file", hint="write them with tensorsmith calibrate"
+        )
     merged: Statistics | None = None
     for path in paths:
         statistics, collected_on = Statistics.load(path)

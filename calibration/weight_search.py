@@ -91,8 +91,12 @@ class WeightSearch:
         self.options = options
         self.budget = budget
         self.feeds = feeds
-        self.slots = {(name, level): index for index, (name, level) in
-                      enumerate((name, level) for name in self.layers for level in options[name].weights)}  # fmt: skip
+        self.slots = {
+            (name, level): index
+            for index, (name, level) in enumerate(
+                (name, level) for name in self.layers for level in options[name].weights
+            )
+        }
         graph = gs.import_onnx(model)
         switches = gs.Variable(SWITCHES, dtype=np.float32, shape=[len(self.slots)])
         graph.inputs.append(switches)
@@ -111,8 +115,9 @@ class WeightSearch:
                 if level in WITH_ACTIVATIONS:
                     own = f"{node.inputs[0].name}/{level}/{name}"
                     scale = option.activation_scales[level]
-                    quantize = functools.partial(quantize_activation, tensor=node.inputs[0], scale=scale,
-                                                 precision=level, name=own)  # fmt: skip
+                    quantize = functools.partial(
+                        quantize_activation, tensor=node.inputs[0], scale=scale, precision=level, name=own
+                    )
                     activation = switched(graph, activation, switch(self.slots[name, level]), own, quantize)
             node.inputs[0] = activation
         self.session = session_for(gs.export_onnx(graph))
@@ -131,13 +136,19 @@ class WeightSearch:
         stack = np.stack([np.asarray(weight.values, np.float32), *(option.weights[level] for level in levels)])
         slots = np.array([self.slots[name, level] for level in levels], np.int64)
         (own,) = graph.layer(op="Gather", inputs=[switches, slots], outputs=[f"{name}/switches"])
-        (counted,) = graph.layer(op="Mul", inputs=[own, np.arange(1, len(levels) + 1, dtype=np.float32)],
-                                 outputs=[f"{name}/counted"])  # fmt: skip
+        (counted,) = graph.layer(
+            op="Mul", inputs=[own, np.arange(1, len(levels) + 1, dtype=np.float32)], outputs=[f"{name}/counted"]
+        )
         (total,) = graph.layer(op="ReduceSum", inputs=[counted], outputs=[f"{name}/level"], attrs={"keepdims": 0})
-        (index,) = graph.layer(op="Cast", inputs=[total], outputs=[f"{name}/level_index"],
-                               attrs={"to": onnx.TensorProto.INT64})  # fmt: skip
-        (chosen,) = graph.layer(op="Gather", inputs=[gs.Constant(f"{name}/weights_by_level", stack), index],
-                                outputs=[f"{name}/weight_chosen"], attrs={"axis": 0})  # fmt: skip
+        (index,) = graph.layer(
+            op="Cast", inputs=[total], outputs=[f"{name}/level_index"], attrs={"to": onnx.TensorProto.INT64}
+        )
+        (chosen,) = graph.layer(
+            op="Gather",
+            inputs=[gs.Constant(f"{name}/weights_by_level", stack), index],
+            outputs=[f"{name}/weight_chosen"],
+            attrs={"axis": 0},
+        )
         own.dtype, counted.dtype, total.dtype, chosen.dtype = np.float32, np.float32, np.float32, np.float32
         index.dtype = np.int64
         return chosen
@@ -187,8 +198,13 @@ class WeightSearch:
                 costs.append((max(lost(measured[deepest], before), 1e-12) / saved, name, deepest))
         moves = [(name, level) for _, name, level in sorted(costs, key=lambda cost: cost[0])]
         with reporter.task("weight precision: bisecting the moves within budget", None) as advance:
-            prefix = largest_prefix(len(moves), lambda n: self.evaluate(assignment_of(moves[:n], self.layers, pinned)),
-                                    self.budget.met, baseline, advance)  # fmt: skip
+            prefix = largest_prefix(
+                len(moves),
+                lambda n: self.evaluate(assignment_of(moves[:n], self.layers, pinned)),
+                self.budget.met,
+                baseline,
+                advance,
+            )
         low, best = prefix.length, prefix.value
         assignment = assignment_of(moves[:low], self.layers, pinned)
         logger.info("%d of %d moves within %s (estimate %.6f)", low, len(moves), self.budget, best)

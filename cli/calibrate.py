@@ -17,13 +17,18 @@ from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, 
 @source_options
 @click.option("--opset", type=int, help="As for compile: the statistics are of the graph it makes.")
 @click.option("--target", "targets", multiple=True, metavar="TARGET", help="As for compile (the graph depends on it).")
-@click.option("--precision", type=click.Choice(PRECISIONS),
-              help="As for compile (a decoder's graph depends on it).")  # fmt: skip
+@click.option("--precision", type=click.Choice(PRECISIONS), help="As for compile (a decoder's graph depends on it).")
 @click.option("--calibration", type=click.Path(path_type=Path), help=".npz, a folder of them, or a decoder's .txt.")
 @click.option("--calibration-samples", type=int, help="Use at most N calibration samples.")
 @click.option("--shard", metavar="I/N", help="Only the I-th of N contiguous shards of the samples (0-based).")
-@click.option("--ray", "ray_address", is_flag=False, flag_value="local", metavar="[ADDRESS]",
-              help="Run every shard as a Ray task (a local Ray without ADDRESS) and merge them.")  # fmt: skip
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="local",
+    metavar="[ADDRESS]",
+    help="Run every shard as a Ray task (a local Ray without ADDRESS) and merge them.",
+)
 @click.option("--shards", type=int, help="With --ray: how many shards (default 4).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
@@ -61,8 +66,9 @@ def calibrate_command(
     if ray_address is not None and shard is not None:
         raise ConfigError("--ray runs every shard itself: drop --shard", hint="or drop --ray to collect one shard")
     if ray_address is not None and Path(ray_address).exists():
-        raise ConfigError(f"--ray took '{ray_address}' as the Ray address", hint="put --ray after SOURCE, or write "
-                          "--ray=ADDRESS")  # fmt: skip
+        raise ConfigError(
+            f"--ray took '{ray_address}' as the Ray address", hint="put --ray after SOURCE, or write --ray=ADDRESS"
+        )
     if ray_address is None and shards is not None:
         raise ConfigError("--shards is for --ray", hint="for one shard of N, pass --shard I/N")
     if shards is not None and shards < 1:
@@ -75,12 +81,20 @@ def calibrate_command(
             result = calibrate_on_ray(config, out, shards or 4, address, reporter=reporter)
         else:
             result = calibrate(config, out, parse_shard(shard) if shard else None, reporter=reporter)
-    summary = {"ok": True, "out": str(result.out), "graph_sha256": result.graph_sha256, "samples": result.samples,
-               "tensors": result.tensors, "shard": list(result.shard) if result.shard else None,
-               "seconds": result.seconds}  # fmt: skip
+    summary = {
+        "ok": True,
+        "out": str(result.out),
+        "graph_sha256": result.graph_sha256,
+        "samples": result.samples,
+        "tensors": result.tensors,
+        "shard": list(result.shard) if result.shard else None,
+        "seconds": result.seconds,
+    }
     if as_json:
         emit_json(summary)
         return
     which = f"shard {result.shard[0]}/{result.shard[1]}" if result.shard else "all samples"
-    stdout.print(f"[bold green]calibrated[/] {config.source} ({which}: {result.samples} samples, {result.tensors} "
-                 f"tensors) → {result.out} in {result.seconds:.1f} s")  # fmt: skip
+    stdout.print(
+        f"[bold green]calibrated[/] {config.source} ({which}: {result.samples} samples, {result.tensors} "
+        f"tensors) → {result.out} in {result.seconds:.1f} s"
+    )

@@ -18,12 +18,15 @@ PRECISIONS = requestable()  # --precision: the precision table's requestable nam
 def source_options(function: Callable[..., Any]) -> Callable[..., Any]:
     """--config, --checkpoint and --input: what finds and declares SOURCE, for every command that reads one."""
     path = click.Path(path_type=Path)
-    for option in reversed([
-        click.option("--config", "config_path", type=path, help="tensorsmith.toml with settings."),
-        click.option("--checkpoint", type=path, help=".safetensors or .pt/.pth (weights only)."),
-        click.option("--input", "inputs", multiple=True, metavar="NAME:DTYPE:DIMS",
-                     help="e.g. input_ids:int64:batch,128"),
-    ]):  # fmt: skip
+    for option in reversed(
+        [
+            click.option("--config", "config_path", type=path, help="tensorsmith.toml with settings."),
+            click.option("--checkpoint", type=path, help=".safetensors or .pt/.pth (weights only)."),
+            click.option(
+                "--input", "inputs", multiple=True, metavar="NAME:DTYPE:DIMS", help="e.g. input_ids:int64:batch,128"
+            ),
+        ]
+    ):
         function = option(function)
     return function
 
@@ -32,8 +35,10 @@ def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[s
     """The config keys of --checkpoint and --input."""
     from tensorsmith.compiler.flags import parse_input_flag
 
-    return {"checkpoint": str(checkpoint.resolve()) if checkpoint else None,
-            "inputs": [parse_input_flag(text) for text in inputs] or None}  # fmt: skip
+    return {
+        "checkpoint": str(checkpoint.resolve()) if checkpoint else None,
+        "inputs": [parse_input_flag(text) for text in inputs] or None,
+    }
 
 
 @click.command("compile")
@@ -202,8 +207,12 @@ def compile_command(
     }
     if engine_cache is not None:
         overrides["build"] = {"engine_cache_dir": str(engine_cache.resolve())}
-    lengths = {"max_sequence_length": max_sequence_length, "max_batch": max_batch, "kv_cache": kv_cache,
-               "kv_cache_precision": kv_cache_precision}  # fmt: skip
+    lengths = {
+        "max_sequence_length": max_sequence_length,
+        "max_batch": max_batch,
+        "kv_cache": kv_cache,
+        "kv_cache_precision": kv_cache_precision,
+    }
     if any(value is not None for value in lengths.values()):
         overrides["generation"] = {key: value for key, value in lengths.items() if value is not None}
     config = config_from_flags(source, config_path, overrides)
@@ -217,9 +226,16 @@ def compile_command(
     failed = _failed(manifest)
     if as_json:
         payload = manifest.model_dump(mode="json")
-        emit_json({"ok": result.budget_met and not failed, "out": str(result.out), "seconds": result.seconds,
-                   "unmet_budgets": result.unmet_budgets, "unquantized_variants": unquantized_variants(plan),
-                   **payload})  # fmt: skip
+        emit_json(
+            {
+                "ok": result.budget_met and not failed,
+                "out": str(result.out),
+                "seconds": result.seconds,
+                "unmet_budgets": result.unmet_budgets,
+                "unquantized_variants": unquantized_variants(plan),
+                **payload,
+            }
+        )
         _exit_if_unmet(result.unmet_budgets, result.out, failed)
         return
     stdout.print(f"[bold green]compiled[/] {config.source} → {result.out} in {result.seconds:.1f} s")

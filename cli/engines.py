@@ -47,15 +47,25 @@ def merge_command(artifact: Path, parts: tuple[Path, ...], as_json: bool) -> Non
 
     result = merge_parts(artifact, list(parts))
     if as_json:
-        emit_json({"ok": True, "artifact": str(artifact),
-                   "added": [{"target": m.target, "part": str(m.part), **m.record.model_dump(mode="json")}
-                             for m in result.added],
-                   "unchanged": result.unchanged, "pending": result.pending})  # fmt: skip
+        emit_json(
+            {
+                "ok": True,
+                "artifact": str(artifact),
+                "added": [
+                    {"target": m.target, "part": str(m.part), **m.record.model_dump(mode="json")} for m in result.added
+                ],
+                "unchanged": result.unchanged,
+                "pending": result.pending,
+            }
+        )
         return
     for merged in result.added:
         assert merged.record.engine is not None
-        stdout.print(f"merged {merged.target} ({merged.record.builder} {merged.record.engine.builder_version}) "
-                     f"from {merged.part} → {artifact / merged.record.engine.path}", markup=False)  # fmt: skip
+        stdout.print(
+            f"merged {merged.target} ({merged.record.builder} {merged.record.engine.builder_version}) "
+            f"from {merged.part} → {artifact / merged.record.engine.path}",
+            markup=False,
+        )
     if result.unchanged:
         stdout.print(f"already in {artifact}, the same engines: {', '.join(result.unchanged)}", markup=False)
     if result.pending:

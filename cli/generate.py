@@ -74,23 +74,47 @@ def generate_command(
     if not ids:
         raise TensorsmithError("the prompt has no tokens", hint="give a longer --prompt or --prompt-ids")
     # the settings and ids checked as generate() checks them, but before the load (the slow part on a GPU)
-    check_request(read_manifest(artifact), str(artifact), np.array([ids]), None, max_new_tokens,
-                  Sampling(do_sample, temperature, top_k, top_p), num_beams, seed=seed)  # fmt: skip
+    check_request(
+        read_manifest(artifact),
+        str(artifact),
+        np.array([ids]),
+        None,
+        max_new_tokens,
+        Sampling(do_sample, temperature, top_k, top_p),
+        num_beams,
+        seed=seed,
+    )
     stamps: list[float] = []  # when each new token came: the first ends the prefill
     with load(artifact, backend=backend) as model:
         started = time.perf_counter()
-        sequences = model.generate(np.array([ids]), max_new_tokens=max_new_tokens, do_sample=do_sample,
-                                   temperature=temperature, top_k=top_k, top_p=top_p, num_beams=num_beams,
-                                   seed=seed, streamer=lambda _: stamps.append(time.perf_counter()))  # fmt: skip
+        sequences = model.generate(
+            np.array([ids]),
+            max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            num_beams=num_beams,
+            seed=seed,
+            streamer=lambda _: stamps.append(time.perf_counter()),
+        )
         backend_name = model.backend
     new_tokens = sequences[0, len(ids) :].tolist()
     text = tokenizer.decode(new_tokens) if tokenizer is not None else None
     prefill_ms = (stamps[0] - started) * 1e3 if stamps else 0.0
     decode_rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0] else 0.0
     if as_json:
-        emit_json({"ok": True, "sequences": sequences.tolist(), "new_tokens": new_tokens, "text": text,
-                   "backend": backend_name, "prefill_ms": round(prefill_ms, 3),
-                   "decode_tokens_per_second": round(decode_rate, 1)})  # fmt: skip
+        emit_json(
+            {
+                "ok": True,
+                "sequences": sequences.tolist(),
+                "new_tokens": new_tokens,
+                "text": text,
+                "backend": backend_name,
+                "prefill_ms": round(prefill_ms, 3),
+                "decode_tokens_per_second": round(decode_rate, 1),
+            }
+        )
         return
     continuation = text if text is not None else " ".join(map(str, new_tokens))
     if prompt is not None:  # the prompt in bold, then what the model wrote (escaped: text may hold [brackets])

@@ -139,12 +139,22 @@ def export_triton_command(
 
     model = export_triton(artifact, target, repository, name, max_batch, max_queue_delay_us, instances)
     if as_json:
-        emit_json({"ok": True, "model": str(model.directory), "platform": model.platform,
-                   "model_file": model.model_file, "max_batch_size": model.max_batch_size,
-                   "preferred_batch_size": model.preferred_batch_sizes, "warnings": model.warnings})  # fmt: skip
+        emit_json(
+            {
+                "ok": True,
+                "model": str(model.directory),
+                "platform": model.platform,
+                "model_file": model.model_file,
+                "max_batch_size": model.max_batch_size,
+                "preferred_batch_size": model.preferred_batch_sizes,
+                "warnings": model.warnings,
+            }
+        )
         return
-    stdout.print(f"wrote {model.directory} ({model.platform}, 1/{model.model_file}, max_batch_size "
-                 f"{model.max_batch_size}, preferred {model.preferred_batch_sizes})")  # fmt: skip
+    stdout.print(
+        f"wrote {model.directory} ({model.platform}, 1/{model.model_file}, max_batch_size "
+        f"{model.max_batch_size}, preferred {model.preferred_batch_sizes})"
+    )
     # model.warnings went to the log (stderr) already
 
 

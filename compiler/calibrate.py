@@ -69,8 +69,9 @@ def calibration_samples(config: CompileConfig, inputs: list[TensorRecord], refer
     if is_decoder_graph(inputs):
         return decoder_calibration(config, inputs, reference)
     specs = [record.spec() for record in inputs]
-    return CalibrationData(config.resolve(config.calibration), specs, config.calibration_batch_size,
-                           config.calibration_samples)  # fmt: skip
+    return CalibrationData(
+        config.resolve(config.calibration), specs, config.calibration_batch_size, config.calibration_samples
+    )
 
 
 def shard_of(data: CalibrationData, shard: tuple[int, int] | None, total: int | None = None) -> CalibrationData:
@@ -118,8 +119,14 @@ def calibrate(
     with _fused_samples(config, timed) as (fused, data):
         statistics = collect_statistics(fused.model, shard_of(data, shard), timed)
     _write(statistics, fused.record.sha256, out)
-    return CalibrateResult(out, fused.record.sha256, statistics.samples, len(statistics.tensors), shard,
-                           round(time.perf_counter() - started, 3))  # fmt: skip
+    return CalibrateResult(
+        out,
+        fused.record.sha256,
+        statistics.samples,
+        len(statistics.tensors),
+        shard,
+        round(time.perf_counter() - started, 3),
+    )
 
 
 def _npz(statistics: Statistics, graph_sha256: str) -> bytes:
@@ -164,8 +171,10 @@ def calibrate_on_ray(
         if shards > total:
             raise ConfigError(f"--shards {shards} for {total} calibration samples", hint=f"use at most {total}")
         if address is not None and is_decoder_graph(fused.inputs):
-            raise ConfigError("--ray ADDRESS for a decoder: its calibration feeds read the fused graph from this "
-                              "machine's disk", hint="use a local Ray (--ray), or --shard I/N jobs")  # fmt: skip
+            raise ConfigError(
+                "--ray ADDRESS for a decoder: its calibration feeds read the fused graph from this machine's disk",
+                hint="use a local Ray (--ray), or --shard I/N jobs",
+            )
         started_here = not ray.is_initialized()
         if started_here:
             timed.stage(f"starting Ray ({address or 'local'})")
@@ -188,5 +197,6 @@ def calibrate_on_ray(
             merged = statistics if merged is None else merged.merge(statistics)
         assert merged is not None
     _write(merged, fused.record.sha256, out)
-    return CalibrateResult(out, fused.record.sha256, merged.samples, len(merged.tensors), None,
-                           round(time.perf_counter() - started, 3))  # fmt: skip
+    return CalibrateResult(
+        out, fused.record.sha256, merged.samples, len(merged.tensors), None, round(time.perf_counter() - started, 3)
+    )

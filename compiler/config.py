@@ -80,9 +80,10 @@ class CompileConfig(StrictModel):
     )
     percentile: float = Field(99.99, gt=0, le=100, description="for --calibrator percentile")
     int4_algorithm: Literal["awq", "rtn", "checkpoint"] = Field(
-        "awq", description="for precision int4: AWQ (needs calibration data), round-to-nearest, or the codes of a "
+        "awq",
+        description="for precision int4: AWQ (needs calibration data), round-to-nearest, or the codes of a "
         "pre-quantized checkpoint (its default)",
-    )  # fmt: skip
+    )
     int4_block_size: Literal[32, 64, 128] = Field(128, description="for precision int4: weights per scale, along K")
     calibration: Path | None = Field(None, description=".npz (inputs stacked on axis 0) or a folder of them")
     calibration_samples: int | None = Field(None, ge=1, description="use at most this many calibration samples")
@@ -138,8 +139,9 @@ class CompileConfig(StrictModel):
         if self.calibration_stats is not None and self.calibration is not None:
             raise ValueError("--calibration-stats stands in for --calibration: pass one of them")
         if self.calibration_stats is not None and self.evaluation is None:
-            raise ValueError("--calibration-stats needs --eval-data: no calibration samples to hold out for "
-                             "measuring the variants")  # fmt: skip
+            raise ValueError(
+                "--calibration-stats needs --eval-data: no calibration samples to hold out for measuring the variants"
+            )
         record = None if self.precision == AUTO else precision(self.precision)
         calibrated = record is None or record.calibration is Calibration.ACTIVATIONS
         if calibrated and self.calibration is None and self.calibration_stats is None:
@@ -148,11 +150,15 @@ class CompileConfig(StrictModel):
         # checkpoint's request is checked when its layout is read: quantized_checkpoint.checkpoint_precision)
         stored = "int4_algorithm" not in self.model_fields_set and declares_quantization(self.resolve(self.source))
         if awq and self.calibration is None and not stored:
-            raise ValueError(f"precision {self.precision} with awq needs calibration data: --calibration PATH (or "
-                             "--int4-algorithm rtn); random inputs are never used in its place")  # fmt: skip
+            raise ValueError(
+                f"precision {self.precision} with awq needs calibration data: --calibration PATH (or "
+                "--int4-algorithm rtn); random inputs are never used in its place"
+            )
         if record is not None and record.family is Family.FP8_WEIGHTS and self.overrides:
-            raise ValueError(f"[[overrides]] are not taken under {record.name}: every weight MatMul it can take is "
-                             "stored in it (pin layers under int4 or a decoder's auto)")  # fmt: skip
+            raise ValueError(
+                f"[[overrides]] are not taken under {record.name}: every weight MatMul it can take is "
+                "stored in it (pin layers under int4 or a decoder's auto)"
+            )
         weight_only = record is None or record.family is Family.WEIGHT_ONLY
         for override in self.overrides:
             if precision(override.precision).family is Family.WEIGHT_ONLY and not weight_only:
@@ -257,7 +263,12 @@ class CompileConfig(StrictModel):
 
 def _known_keys(location: tuple[int | str, ...]) -> list[str]:
     """The keys allowed where an unknown one was found (`location`: pydantic's path to it)."""
-    tables: dict[object, type[BaseModel]] = {"build": BuildConfig, "inputs": InputDecl, "dims": DimRange,
-                                             "overrides": Override, "generation": GenerationConfig}  # fmt: skip
+    tables: dict[object, type[BaseModel]] = {
+        "build": BuildConfig,
+        "inputs": InputDecl,
+        "dims": DimRange,
+        "overrides": Override,
+        "generation": GenerationConfig,
+    }
     model = tables.get(location[0], CompileConfig) if len(location) > 1 else CompileConfig
     return [name for name in model.model_fields if name != "base_dir"]

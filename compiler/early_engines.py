@@ -59,8 +59,9 @@ class EarlyEngines:
     def __enter__(self) -> EarlyEngines:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-                 ) -> None:  # fmt: skip
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self._scratch, ignore_errors=True)
@@ -99,11 +100,16 @@ class EarlyEngines:
         for target, builder in builders.items():
             profiles = decoder_profiles(layout.inputs, layout.dims, target)
             plan = self._scratch / f"{target}.engine"
-            build = self._pool.submit(build_engine, graph.path, target, profiles, builder, self._config.build,
-                                      sha256, plan)  # fmt: skip
+            build = self._pool.submit(
+                build_engine, graph.path, target, profiles, builder, self._config.build, sha256, plan
+            )
             self._started[target] = _Started(sha256, _records(profiles), build)
-        logger.info("building the %s engine%s from variant %s beside its measurements", ", ".join(builders),
-                    "s" if len(builders) > 1 else "", name)  # fmt: skip
+        logger.info(
+            "building the %s engine%s from variant %s beside its measurements",
+            ", ".join(builders),
+            "s" if len(builders) > 1 else "",
+            name,
+        )
 
     def take(self, target: str, sha256: str, profiles: list[Profile]) -> BuiltEngine | None:
         """`target`'s early build (waited for) if it was started from this graph and these profiles, else None.

@@ -144,8 +144,11 @@ def _plan(manifest: Manifest, parts: list[tuple[Path, Manifest]]) -> tuple[list[
                 claims[name] = MergedTarget(target=name, part=part, record=record)
             adds.append(name)
         if not adds:
-            carried = f"OUT already has its engines ({', '.join(r.name for r in built)})" if built else (
-                "it has no built engine")  # fmt: skip
+            carried = (
+                f"OUT already has its engines ({', '.join(r.name for r in built)})"
+                if built
+                else ("it has no built engine")
+            )
             raise ArtifactError(
                 f"part {part} adds no target: {carried}",
                 hint="run `tensorsmith build PART --target X` in its job before uploading it, or leave out a part "

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tensorsmith.compiler.artifact.staging import check_replaceable, staged_artifact, write_manifest
+from tensorsmith.compiler.artifact.tokenizer import copy_tokenizer
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.early_engines import EarlyEngines
 from tensorsmith.compiler.engines.records import build_engines
 from tensorsmith.compiler.frontend.decoder import generation_record
 from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
-from tensorsmith.compiler.frontend.huggingface import copy_tokenizer
 from tensorsmith.compiler.frontend.source import Source, open_source
 from tensorsmith.compiler.frontend.stamped_export import streams_weights
 from tensorsmith.compiler.report.collect import write_report
@@ -91,12 +91,19 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
             advice if source.is_decoder else "",
         )
     if budget is not None and budget.is_language and not source.is_decoder:
-        raise ConfigError(f"budget {budget} is a language-model metric, and {config.source} is no text-generation "
-                          "model", hint="use cosine, min-cosine, max-abs or sqnr-db")  # fmt: skip
+        raise ConfigError(
+            f"budget {budget} is a language-model metric, and {config.source} is no text-generation model",
+            hint="use cosine, min-cosine, max-abs or sqnr-db",
+        )
     plan = plan_variants(config, decoder=source.is_decoder)
     if source.huggingface is not None and config.check_resources:  # a checkpoint too large fails here, in one line
-        check_resources(source.huggingface.directory, plan, out, search=source.is_decoder and config.precision == AUTO,
-                        streamed=streams_weights(source.huggingface, config))  # fmt: skip
+        check_resources(
+            source.huggingface.directory,
+            plan,
+            out,
+            search=source.is_decoder and config.precision == AUTO,
+            streamed=streams_weights(source.huggingface, config),
+        )
     with (
         layerwise(config.layerwise, timed),
         staged_artifact(out) as staging,
@@ -119,13 +126,22 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
             variants = variants.with_records([variants.records[0].model_copy(update={"shipped": False})])
         layout = None
         if source.huggingface is not None and source.is_decoder:  # its variant files become generation graphs
-            records, layout = generation_graphs(variants.records, variants.by_target, source.huggingface, config,
-                                                (fused.inputs, fused.outputs), staging, timed,
-                                                lambda: fused.verification_inputs(config)[0], early.graphs)  # fmt: skip
+            records, layout = generation_graphs(
+                variants.records,
+                variants.by_target,
+                source.huggingface,
+                config,
+                (fused.inputs, fused.outputs),
+                staging,
+                timed,
+                lambda: fused.verification_inputs(config)[0],
+                early.graphs,
+            )
             variants = variants.with_records(records)
         inputs, dims = (layout.inputs, layout.dims) if layout else (fused.inputs, config.dims)
-        targets = build_engines(config.build, config.targets, variants.by_target, inputs, dims, staging, timed,
-                                source.is_decoder, early)  # fmt: skip
+        targets = build_engines(
+            config.build, config.targets, variants.by_target, inputs, dims, staging, timed, source.is_decoder, early
+        )
         targets = [_with_note(target, plan.notes.get(target.name)) for target in targets]
         drop_twin(fused.path)  # measuring is done: the twin is not part of the artifact
         if left_out:
@@ -166,8 +182,14 @@ def _manifest(
     layout: CacheLayout | None,
 ) -> Manifest:
     # the reference's file, rewritten to a generation graph for a decoder; none where it is not shipped
-    model = next((FileRecord(path=r.path, sha256=r.sha256) if r.shipped else None for r in variants.records
-                  if r.path == fused.record.path), fused.record)  # fmt: skip
+    model = next(
+        (
+            FileRecord(path=r.path, sha256=r.sha256) if r.shipped else None
+            for r in variants.records
+            if r.path == fused.record.path
+        ),
+        fused.record,
+    )
     dims = layout.dims if layout else source.config.dims
     reports = [*fused.reports, *variants.reports, *(layout.reports if layout else [])]
     return Manifest(

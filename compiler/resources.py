@@ -116,12 +116,16 @@ def estimate(directory: Path, plan: VariantPlan, out: Path, search: bool, stream
     # it writes only the weights its passes change (the attention-scaled queries: 8% of a Llama's parameters)
     if streamed and layerwise and directory.stat().st_dev == parent.stat().st_dev:
         fp32 = int(fp32 * REWRITTEN_SHARE)
-    variants = sum(_variant_bytes(recipe, parameters) for recipe in recipes if recipe.quantized or
-                   recipe.floats.element.bits < 32)  # fmt: skip
-    engines = sum(_variant_bytes(recipe, parameters) for recipe, targets in recipes.items()
-                  for target in targets if not recipe.on_cpu)  # fmt: skip
-    return ResourceEstimate(parameters, memory, fp32 + twin + variants + engines, available, free_disk(parent),
-                            parent)  # fmt: skip
+    variants = sum(
+        _variant_bytes(recipe, parameters) for recipe in recipes if recipe.quantized or recipe.floats.element.bits < 32
+    )
+    engines = sum(
+        _variant_bytes(recipe, parameters)
+        for recipe, targets in recipes.items()
+        for target in targets
+        if not recipe.on_cpu
+    )
+    return ResourceEstimate(parameters, memory, fp32 + twin + variants + engines, available, free_disk(parent), parent)
 
 
 def free_disk(path: Path) -> int:
@@ -138,12 +142,18 @@ def check_resources(
     targets = ", ".join(plan.by_target)
     short = []
     if found.memory_short:
-        short.append(f"{found.memory / GB:.1f} GB of memory (this machine has {(found.available_memory or 0) / GB:.1f} "
-                     "GB available)")  # fmt: skip
+        short.append(
+            f"{found.memory / GB:.1f} GB of memory (this machine has {(found.available_memory or 0) / GB:.1f} "
+            "GB available)"
+        )
     if found.disk > found.free_disk:
         short.append(f"{found.disk / GB:.0f} GB of disk ({found.free_disk / GB:.0f} GB free on {found.disk_path})")
-    memory_hint = (f"this machine's memory holds decoders up to about {found.largest_fitting() / 1e9:.1f}B parameters "
-                   "(--precision int4); " if found.memory_short else "")  # fmt: skip
+    memory_hint = (
+        f"this machine's memory holds decoders up to about {found.largest_fitting() / 1e9:.1f}B parameters "
+        "(--precision int4); "
+        if found.memory_short
+        else ""
+    )
     raise ConfigError(
         f"{directory}: compiling {found.parameters / 1e9:.2f}B parameters ({plan.request} for {targets}) needs about "
         f"{' and '.join(short)}",

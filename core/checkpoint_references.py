@@ -166,12 +166,18 @@ def reference_form(name: str, reference: Reference, graph: Path) -> tuple[onnx.T
     current = stored_name
     if reference.perm is not None:
         made = name if reference.stored == onnx.TensorProto.FLOAT else f"{name}{STORED_SUFFIX}.transposed"
-        nodes.append(onnx.helper.make_node("Transpose", [current], [made], name=f"{REFERENCE_NODE}/{name}/Transpose",
-                                           perm=list(reference.perm)))  # fmt: skip
+        nodes.append(
+            onnx.helper.make_node(
+                "Transpose", [current], [made], name=f"{REFERENCE_NODE}/{name}/Transpose", perm=list(reference.perm)
+            )
+        )
         current = made
     if reference.stored != onnx.TensorProto.FLOAT:
-        nodes.append(onnx.helper.make_node("Cast", [current], [name], name=f"{REFERENCE_NODE}/{name}/Cast",
-                                           to=onnx.TensorProto.FLOAT))  # fmt: skip
+        nodes.append(
+            onnx.helper.make_node(
+                "Cast", [current], [name], name=f"{REFERENCE_NODE}/{name}/Cast", to=onnx.TensorProto.FLOAT
+            )
+        )
     stored = onnx.TensorProto(name=stored_name, dims=list(reference.shape), data_type=reference.stored)
     stored.data_location = onnx.TensorProto.EXTERNAL
     location = linked.relative_to(graph.parent).as_posix()
@@ -236,8 +242,13 @@ def _is_reference(tensor: onnx.TensorProto) -> bool:
 
 def _reference(tensor: onnx.TensorProto, base: Path) -> Reference:
     fields = {entry.key: entry.value for entry in tensor.external_data}
-    return Reference(base / fields["location"], int(fields.get("offset", 0)), int(fields["length"]),
-                     tensor.data_type, tuple(int(dim) for dim in tensor.dims))  # fmt: skip
+    return Reference(
+        base / fields["location"],
+        int(fields.get("offset", 0)),
+        int(fields["length"]),
+        tensor.data_type,
+        tuple(int(dim) for dim in tensor.dims),
+    )
 
 
 def linked_bytes(graph: Path) -> int:

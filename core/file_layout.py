@@ -21,8 +21,10 @@ class Layout:
 
     @property
     def described(self) -> str:
-        return (f"{len(self.placed)} written into unread bytes, {self.appended / 1e6:.1f} MB appended, "
-                f"{self.unread / 1e6:.1f} MB unread")  # fmt: skip
+        return (
+            f"{len(self.placed)} written into unread bytes, {self.appended / 1e6:.1f} MB appended, "
+            f"{self.unread / 1e6:.1f} MB unread"
+        )
 
 
 def plan_layout(

@@ -94,8 +94,9 @@ def compressed_tensors_int4(packed: np.ndarray, scale: np.ndarray, zero_point: n
     codes = unpack_rows(packed) - 8  # [N, K]
     scales = np.asarray(scale, np.float32)  # [N, K/G]
     zeros = None if zero_point is None else _asymmetric(unpack_rows(zero_point.T)[:, : scales.shape[0]] - 8)
-    return GroupedInt4(np.ascontiguousarray(codes.T), np.ascontiguousarray(scales.T), zeros,
-                       codes.shape[1] // scales.shape[1])  # fmt: skip
+    return GroupedInt4(
+        np.ascontiguousarray(codes.T), np.ascontiguousarray(scales.T), zeros, codes.shape[1] // scales.shape[1]
+    )
 
 
 def awq_int4(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray) -> GroupedInt4:

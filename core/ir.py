@@ -140,8 +140,12 @@ def save_ir(model: onnx_ir.Model, path: Path) -> None:
 
     sidecar = external_data_path(path)
     sidecar.unlink(missing_ok=True)
-    weights = sum(value.const_value.nbytes for graph in model.graphs() for value in graph.initializers.values()
-                  if value.const_value is not None)  # fmt: skip
+    weights = sum(
+        value.const_value.nbytes
+        for graph in model.graphs()
+        for value in graph.initializers.values()
+        if value.const_value is not None
+    )
     if weights <= EXTERNAL_DATA_ABOVE:
         ir.save(model, path)
         return

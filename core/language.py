@@ -63,9 +63,11 @@ class TokenFigures:
         of positions where both pick the same most likely token), on the rows both have seen."""
         actual = self.mean_negative_log_likelihood
         agreement = float((reference.predicted[: self.rows] == self.predicted).mean())
-        return {"perplexity": float(np.exp(actual)),
-                "perplexity-ratio": float(np.exp(actual - reference.mean_negative_log_likelihood)),
-                "next-token-agreement": agreement}  # fmt: skip
+        return {
+            "perplexity": float(np.exp(actual)),
+            "perplexity-ratio": float(np.exp(actual - reference.mean_negative_log_likelihood)),
+            "next-token-agreement": agreement,
+        }
 
 
 # The fp32 reference's figures on the evaluation windows, by (logits, tokens) while both live: every variant (and

@@ -63,8 +63,9 @@ def _element_types(structure: onnx.ModelProto) -> dict[str, int]:
 
 def _argument(value: onnx.ValueInfoProto) -> Argument:
     tensor = value.type.tensor_type
-    shape: list[int | str | None] = [dim.dim_value if dim.HasField("dim_value") else dim.dim_param or None
-                                     for dim in tensor.shape.dim]  # fmt: skip
+    shape: list[int | str | None] = [
+        dim.dim_value if dim.HasField("dim_value") else dim.dim_param or None for dim in tensor.shape.dim
+    ]
     # ONNX Runtime's type names are ONNX's, in lower case: tensor(float), tensor(int64), tensor(float16)
     element = onnx.TensorProto.DataType.Name(tensor.elem_type or onnx.TensorProto.FLOAT).lower()
     return Argument(value.name, shape, f"tensor({element})")
@@ -133,13 +134,23 @@ class LayerwiseSession:
         present = [output.name for output in structure.graph.output]
         self._outputs = [*present, *(name for name in extra_outputs if name not in present)]
         self.segments = segments(structure, min_bytes, self._outputs)
-        logger.info("%s runs a layer at a time: %d segments, at most %.2f GB of weights each", path.name,
-                    len(self.segments), max((s.weight_bytes for s in self.segments), default=0) / 1e9)  # fmt: skip
+        logger.info(
+            "%s runs a layer at a time: %d segments, at most %.2f GB of weights each",
+            path.name,
+            len(self.segments),
+            max((s.weight_bytes for s in self.segments), default=0) / 1e9,
+        )
         initializers = {tensor.name for tensor in structure.graph.initializer}
         self._inputs = [value for value in structure.graph.input if value.name not in initializers]
         declared = {value.name: value for value in [*structure.graph.output, *structure.graph.value_info]}
-        self._output_args = [_argument(declared.get(name, onnx.helper.make_tensor_value_info(name, self._types.get(
-            name, onnx.TensorProto.FLOAT), None))) for name in self._outputs]  # fmt: skip
+        self._output_args = [
+            _argument(
+                declared.get(
+                    name, onnx.helper.make_tensor_value_info(name, self._types.get(name, onnx.TensorProto.FLOAT), None)
+                )
+            )
+            for name in self._outputs
+        ]
 
     def get_inputs(self) -> list[Argument]:
         return [_argument(value) for value in self._inputs]
@@ -177,16 +188,19 @@ class LayerwiseSession:
             [self._value(name) for name in segment.outputs],
             segment.initializers,
         )
-        model = onnx.helper.make_model(graph, opset_imports=self._structure.opset_import,
-                                       ir_version=self._structure.ir_version)  # fmt: skip
+        model = onnx.helper.make_model(
+            graph, opset_imports=self._structure.opset_import, ir_version=self._structure.ir_version
+        )
         model.functions.extend(self._structure.functions)
         # beside the graph, where its external data's relative locations resolve (ONNX Runtime refuses absolute ones)
-        with tempfile.NamedTemporaryFile(dir=self.path.parent, prefix=f".{self.path.stem}-segment-",
-                                         suffix=".onnx") as written:  # fmt: skip
+        with tempfile.NamedTemporaryFile(
+            dir=self.path.parent, prefix=f".{self.path.stem}-segment-", suffix=".onnx"
+        ) as written:
             written.write(model.SerializeToString())
             written.flush()
-            return onnxruntime.InferenceSession(written.name, self._options, providers=["CPUExecutionProvider"],
-                                                disabled_optimizers=self._disabled)  # fmt: skip
+            return onnxruntime.InferenceSession(
+                written.name, self._options, providers=["CPUExecutionProvider"], disabled_optimizers=self._disabled
+            )
 
     def _value(self, name: str) -> onnx.ValueInfoProto:
         return onnx.helper.make_tensor_value_info(name, self._types.get(name, onnx.TensorProto.FLOAT), None)

@@ -188,8 +188,11 @@ def values_unkept(constant: gs.Constant) -> np.ndarray:
 
 
 def _is_external(values: object) -> bool:
-    return (isinstance(values, LazyValues) and not isinstance(values, MappedValues)
-            and values.tensor.data_location == onnx.TensorProto.EXTERNAL)  # fmt: skip
+    return (
+        isinstance(values, LazyValues)
+        and not isinstance(values, MappedValues)
+        and values.tensor.data_location == onnx.TensorProto.EXTERNAL
+    )
 
 
 def weight_bytes(graph: gs.Graph) -> int:

@@ -37,8 +37,11 @@ def save_mapped(
     """Save `graph` at `path` (weights above EXTERNAL_DATA_ABOVE in all to `<name>.data`, one tensor at a time) and
     return the structure written. With external data, `graph`'s constants read the new file afterwards. Weights read
     from a checkpoint (core/checkpoint_references.py) stay references with `references`, else are written as fp32."""
-    kept = [(constant, constant._values) for constant in constants_of(graph)
-            if references and isinstance(constant._values, ReferencedValues)]  # fmt: skip
+    kept = [
+        (constant, constant._values)
+        for constant in constants_of(graph)
+        if references and isinstance(constant._values, ReferencedValues)
+    ]
     for constant, _ in kept:
         constant._values = np.zeros(0, np.float32)  # a placeholder, replaced by its reference form in the structure
     try:
@@ -146,20 +149,32 @@ def _in_place(constants: list[gs.Constant], sidecar: Path) -> tuple[set[int], di
     """How to save over `sidecar` (core/file_layout.py): the ids of the constants whose bytes are still unread
     there, kept; the offsets of new arrays written into bytes nothing reads any more (the rest is appended). None:
     rewrite it whole."""
-    kept = [constant for constant in constants if sidecar.is_file() and isinstance(constant._values, MappedValues)
-            and ir.same_file(constant._values.file, sidecar)]  # fmt: skip
+    kept = [
+        constant
+        for constant in constants
+        if sidecar.is_file()
+        and isinstance(constant._values, MappedValues)
+        and ir.same_file(constant._values.file, sidecar)
+    ]
     if not kept:
         return None
     ids = {id(constant) for constant in kept}
     others = [constant for constant in constants if id(constant) not in ids]
-    new = [(id(c), int(c._values.nbytes), isinstance(c._values, np.ndarray) and not _packed_array(c._values))
-           for c in others if c._values.nbytes >= INLINE_BELOW]  # fmt: skip
+    new = [
+        (id(c), int(c._values.nbytes), isinstance(c._values, np.ndarray) and not _packed_array(c._values))
+        for c in others
+        if c._values.nbytes >= INLINE_BELOW
+    ]
     if new and sidecar.stat().st_nlink > 1:  # shared with another graph (_share_weights): never written into
         return None
     used = [(c._values.offset, c._values.offset + c._values.length) for c in kept]
     layout = plan_layout(sidecar.stat().st_size, used, _still_read(others, sidecar), new, ir.DEAD_AT_MOST)
-    logger.debug("%s: %d weights kept in place, %s", sidecar.name, len(kept), layout.described if layout else
-                 "too much unread: rewritten whole")  # fmt: skip
+    logger.debug(
+        "%s: %d weights kept in place, %s",
+        sidecar.name,
+        len(kept),
+        layout.described if layout else "too much unread: rewritten whole",
+    )
     return None if layout is None else (ids, layout.placed)
 
 

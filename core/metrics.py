@@ -134,10 +134,14 @@ class RunningAccuracy:
         """What a variant record's accuracy holds: cosine, min-cosine, sqnr-db and max_relative_error, each the
         worst output's."""
         cosines = [self.cosines(index) if self._cosines[index] else np.ones(1) for index in range(len(self._cosines))]
-        sqnr = [np.inf if noise == 0 else 10 * np.log10(signal / noise)
-                for signal, noise in zip(self._signal, self._noise, strict=True)]  # fmt: skip
-        relative = [difference / scale if scale > 0 else difference
-                    for scale, difference in zip(self._scale, self._difference, strict=True)]  # fmt: skip
+        sqnr = [
+            np.inf if noise == 0 else 10 * np.log10(signal / noise)
+            for signal, noise in zip(self._signal, self._noise, strict=True)
+        ]
+        relative = [
+            difference / scale if scale > 0 else difference
+            for scale, difference in zip(self._scale, self._difference, strict=True)
+        ]
         worst_relative = _worst(*relative) if relative else 0.0
         return {
             "cosine": float(np.min([np.mean(c) for c in cosines])),  # np.min: a NaN is the worst, never passed over

@@ -28,13 +28,12 @@ import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import onnx
 
 from tensorsmith.core import twin_nodes
-from tensorsmith.core.mapped_graph import MappedValues
+from tensorsmith.core.external_bytes import copy_bytes, external_bytes, is_external, point_to, write_narrow
 from tensorsmith.core.twin_nodes import cast as _cast
 from tensorsmith.core.twin_nodes import cast_after as _cast_after
 from tensorsmith.runtime.manifest import external_data_path
@@ -46,7 +45,6 @@ TWIN_DISABLED_OPTIMIZERS = ("ConstantFolding", "FuseFp16InitializerToFp32NodeTra
 # bytes (a 0.5B-parameter checkpoint's): below, unprepacked MatMuls and the Casts cost more than the weights save
 # (at the SmolLM-135M shape, INT4's statistics pass took 44 s against 30 and peaked 0.12 GB higher)
 SAVES_AT_LEAST = 1 << 30
-CHUNK = 16 << 20  # float32 values read at a time while a weight is checked and converted
 NARROW: dict[int, str] = {onnx.TensorProto.BFLOAT16: "_bf16", onnx.TensorProto.FLOAT16: "_fp16"}
 
 
@@ -90,9 +88,9 @@ def write_twin(path: Path) -> Path | None:
     inputs = {value.name for value in graph.input}
     # what narrowing every fp32 weight would save, at most: below SAVES_AT_LEAST nothing is read nor written
     most = sum(
-        _external_bytes(tensor, path.parent)[2] // 2
+        external_bytes(tensor, path.parent)[2] // 2
         for tensor in graph.initializer
-        if _is_external(tensor) and tensor.data_type == onnx.TensorProto.FLOAT and tensor.name not in inputs
+        if is_external(tensor) and tensor.data_type == onnx.TensorProto.FLOAT and tensor.name not in inputs
     )
     if most < SAVES_AT_LEAST:
         return None
@@ -106,20 +104,24 @@ def write_twin(path: Path) -> Path | None:
     saved = 0
     with sidecar.open("wb") as stream:
         for tensor in graph.initializer:
-            if not _is_external(tensor):
+            if not is_external(tensor):
                 continue
-            source, offset, length = _external_bytes(tensor, path.parent)
+            source, offset, length = external_bytes(tensor, path.parent)
             written_at = stream.tell()
-            narrowable = (tensor.data_type == onnx.TensorProto.FLOAT and tensor.name not in inputs and length % 4 == 0
-                          and not taken & {tensor.name + suffix for suffix in NARROW.values()})  # fmt: skip
-            kind = _write_narrow(source, offset, length, stream) if narrowable else None
+            narrowable = (
+                tensor.data_type == onnx.TensorProto.FLOAT
+                and tensor.name not in inputs
+                and length % 4 == 0
+                and not taken & {tensor.name + suffix for suffix in NARROW.values()}
+            )
+            kind = write_narrow(source, offset, length, stream) if narrowable else None
             if kind is None:  # as it is: its bytes copied
-                _copy(source, offset, length, stream)
-                _point(tensor, sidecar.name, written_at, length)
+                copy_bytes(source, offset, length, stream)
+                point_to(tensor, sidecar.name, written_at, length)
                 continue
             narrowed[tensor.name] = (tensor.name + NARROW[kind], kind)
             tensor.name, tensor.data_type = narrowed[tensor.name][0], kind
-            _point(tensor, sidecar.name, written_at, length // 2)
+            point_to(tensor, sidecar.name, written_at, length // 2)
             saved += length // 2
     if saved < SAVES_AT_LEAST:
         shutil.rmtree(directory)
@@ -141,8 +143,14 @@ def write_widened_twin(path: Path) -> Path | None:
     weights = {tensor.name: tensor for tensor in graph.initializer if tensor.data_type == onnx.TensorProto.FLOAT16}
     transposed = twin_nodes.transposed_weights(graph, weights)  # a tied projection's table, through a Transpose
     readable = weights.keys() | transposed.keys()
-    widened = [node for node in graph.node if node.op_type == "MatMul" and len(node.input) == 2
-               and node.input[1] in readable and node.input[0] not in weights]  # fmt: skip
+    widened = [
+        node
+        for node in graph.node
+        if node.op_type == "MatMul"
+        and len(node.input) == 2
+        and node.input[1] in readable
+        and node.input[0] not in weights
+    ]
     read = {transposed.get(node.input[1], node.input[1]) for node in widened}
     saved = sum(2 * int(np.prod(weights[name].dims)) for name in read)
     if saved < SAVES_AT_LEAST:
@@ -165,16 +173,20 @@ def write_widened_twin(path: Path) -> Path | None:
         elif weight not in cast_once:
             cast_once[weight] = f"{weight}/widened"
             nodes += _cast_after(weights[weight], cast_once[weight], source)
-        nodes.append(onnx.helper.make_node("MatMul", [cast_once[source], cast_once[weight]], [f"{output}/widened"],
-                                           name=node.name))  # fmt: skip
+        nodes.append(
+            onnx.helper.make_node(
+                "MatMul", [cast_once[source], cast_once[weight]], [f"{output}/widened"], name=node.name
+            )
+        )
         nodes.append(_cast(f"{output}/widened", output, onnx.TensorProto.FLOAT16))
     del graph.node[:]
     graph.node.extend(twin_nodes.unread_dropped(nodes, set(transposed), {output.name for output in graph.output}))
     twin = path.parent / f".{path.stem}.widened-twin{path.suffix}"
     twin.write_bytes(structure.SerializeToString())
     _TWINS[str(path.resolve())] = _Written(twin, _signature(path))
-    logger.debug("widened twin of %s: %d MatMuls in fp32 from 16-bit weights, %.2f GB held once", path,
-                 len(widened), saved / 1e9)  # fmt: skip
+    logger.debug(
+        "widened twin of %s: %d MatMuls in fp32 from 16-bit weights, %.2f GB held once", path, len(widened), saved / 1e9
+    )
     return twin
 
 
@@ -184,65 +196,6 @@ def drop_twin(path: Path) -> None:
     if written is not None and written.twin.parent == path.parent:  # a widened twin, beside the graph
         written.twin.unlink(missing_ok=True)
     shutil.rmtree(twin_directory(path), ignore_errors=True)
-
-
-def _is_external(tensor: onnx.TensorProto) -> bool:
-    return tensor.data_location == onnx.TensorProto.EXTERNAL
-
-
-def _external_bytes(tensor: onnx.TensorProto, directory: Path) -> tuple[Path, int, int]:
-    """The file, offset and length of a weight's stored bytes, as core/mapped_graph reads them."""
-    location = next(entry.value for entry in tensor.external_data if entry.key == "location")
-    stored = MappedValues(tensor, directory / location)
-    return stored.file, stored.offset, stored.length
-
-
-def _chunks(offset: int, length: int) -> list[tuple[int, int]]:
-    """(offset, count) of each CHUNK of 4-byte values in the `length` bytes at `offset`."""
-    count = length // 4
-    return [(offset + start * 4, min(CHUNK, count - start)) for start in range(0, count, CHUNK)]
-
-
-def _write_narrow(source: Path, offset: int, length: int, stream: BinaryIO) -> int | None:
-    """Write the float32 weight's values in 16 bits and return the type: BFLOAT16 where every value's low 16 bits
-    are zero, else FLOAT16 where float16 holds every value exactly (a NaN never compares equal: kept fp32);
-    None, with nothing written, where neither holds them. Read a chunk at a time, never mapped: the pages go to
-    the page cache, not to the process's memory."""
-    start = stream.tell()
-    for kind in (onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16):
-        for at, count in _chunks(offset, length):
-            bits = np.fromfile(source, np.uint32, count, offset=at)
-            if kind == onnx.TensorProto.BFLOAT16:
-                narrow = (bits >> 16).astype(np.uint16)
-                exact = not np.any(bits & 0xFFFF)
-            else:
-                with np.errstate(over="ignore"):
-                    narrow = bits.view(np.float32).astype(np.float16)
-                exact = np.array_equal(narrow.astype(np.float32), bits.view(np.float32))
-            if not exact:
-                stream.seek(start)
-                stream.truncate()
-                break
-            narrow.tofile(stream)
-        else:
-            return kind
-    return None
-
-
-def _copy(source: Path, offset: int, length: int, stream: BinaryIO) -> None:
-    with source.open("rb") as original:
-        original.seek(offset)
-        remaining = length
-        while remaining:
-            block = original.read(min(remaining, CHUNK))
-            stream.write(block)
-            remaining -= len(block)
-
-
-def _point(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
-    del tensor.external_data[:]
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        tensor.external_data.add(key=key, value=value)
 
 
 def _cast_where_read(graph: onnx.GraphProto, narrowed: dict[str, tuple[str, int]]) -> None:
@@ -259,8 +212,13 @@ def _cast_where_read(graph: onnx.GraphProto, narrowed: dict[str, tuple[str, int]
     for node in graph.node:
         weight = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else ""
         dims = tensors[narrowed[weight][0]].dims if weight in narrowed else []
-        if (len(dims) == 2 and weight not in at_start and readers[weight] == 1 and node.input[0] in made
-                and 4 * int(np.prod(dims)) > twin_nodes.SLICE_ABOVE):  # fmt: skip
+        if (
+            len(dims) == 2
+            and weight not in at_start
+            and readers[weight] == 1
+            and node.input[0] in made
+            and 4 * int(np.prod(dims)) > twin_nodes.SLICE_ABOVE
+        ):
             nodes += twin_nodes.sliced_matmul(node, tensors[narrowed[weight][0]])
             cast.add(weight)
             made.update(node.output)

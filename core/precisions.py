@@ -36,8 +36,15 @@ class Element(str, Enum):
         return _ELEMENT_BITS[self]
 
 
-_ELEMENT_BITS = {Element.FP32: 32, Element.FP16: 16, Element.BF16: 16, Element.INT8: 8, Element.FP8_E4M3: 8,
-                 Element.INT4: 4, Element.FP4_E2M1: 4}  # fmt: skip
+_ELEMENT_BITS = {
+    Element.FP32: 32,
+    Element.FP16: 16,
+    Element.BF16: 16,
+    Element.INT8: 8,
+    Element.FP8_E4M3: 8,
+    Element.INT4: 4,
+    Element.FP4_E2M1: 4,
+}
 
 
 class Quantizes(str, Enum):
@@ -111,61 +118,118 @@ class Precision:
 
 
 FP32 = Precision(
-    "fp32", Element.FP32, Quantizes.NOTHING, Family.FLOAT, "the reference: every layer in float32",
+    "fp32",
+    Element.FP32,
+    Quantizes.NOTHING,
+    Family.FLOAT,
+    "the reference: every layer in float32",
     from_capability(80),  # TensorRT for RTX has no fp32 GEMM on Turing (checked)
-    CPU_BACKENDS, overridable=True, preference=1,
-)  # fmt: skip
+    CPU_BACKENDS,
+    overridable=True,
+    preference=1,
+)
 FP16 = Precision(
-    "fp16", Element.FP16, Quantizes.NOTHING, Family.FLOAT,
+    "fp16",
+    Element.FP16,
+    Quantizes.NOTHING,
+    Family.FLOAT,
     "GPU targets compute in float16 (LayerNorm kept float32); the cpu target keeps fp32",
-    from_capability(75), preference=2,
-)  # fmt: skip
+    from_capability(75),
+    preference=2,
+)
 BF16 = Precision(
-    "bf16", Element.BF16, Quantizes.NOTHING, Family.FLOAT,
+    "bf16",
+    Element.BF16,
+    Quantizes.NOTHING,
+    Family.FLOAT,
     "GPU targets compute in bfloat16 (float32's range: no overflow where fp16 would); sm_75 gets fp16",
     from_capability(80),  # tensorrt-rtx 1.7 builds bf16 MatMuls for SM86/89/120, not SM75 (checked)
     preference=3,
-)  # fmt: skip
+)
 INT8 = Precision(
-    "int8", Element.INT8, Quantizes.WEIGHTS_AND_ACTIVATIONS, Family.CALIBRATED,
+    "int8",
+    Element.INT8,
+    Quantizes.WEIGHTS_AND_ACTIVATIONS,
+    Family.CALIBRATED,
     "int8 weights (a scale per output channel) and activations (per tensor, calibrated)",
-    from_capability(75), CPU_BACKENDS, scale="float32, per output channel / per tensor",
-    calibration=Calibration.ACTIVATIONS, overridable=True, decoder_level=True, preference=5,
-)  # fmt: skip
-FP8 = Precision(
-    "fp8", Element.FP8_E4M3, Quantizes.WEIGHTS_AND_ACTIVATIONS, Family.CALIBRATED,
-    "float8 e4m3 weights and activations (scale = amax / 448), Ada and newer",
-    from_capability(89), scale="float32, per output channel / per tensor", calibration=Calibration.ACTIVATIONS,
-    min_opset=19, overridable=True, decoder_level=True, preference=6,
-)  # fmt: skip
-INT8_WEIGHT = Precision(
-    "int8-weight", Element.INT8, Quantizes.WEIGHTS, Family.WEIGHT_ONLY,
-    "int8 weights only (a scale per output channel), dequantized before the MatMul",
-    from_capability(75), CPU_BACKENDS, scale="float32, per output channel", requestable=False, overridable=True,
+    from_capability(75),
+    CPU_BACKENDS,
+    scale="float32, per output channel / per tensor",
+    calibration=Calibration.ACTIVATIONS,
+    overridable=True,
     decoder_level=True,
-)  # fmt: skip
+    preference=5,
+)
+FP8 = Precision(
+    "fp8",
+    Element.FP8_E4M3,
+    Quantizes.WEIGHTS_AND_ACTIVATIONS,
+    Family.CALIBRATED,
+    "float8 e4m3 weights and activations (scale = amax / 448), Ada and newer",
+    from_capability(89),
+    scale="float32, per output channel / per tensor",
+    calibration=Calibration.ACTIVATIONS,
+    min_opset=19,
+    overridable=True,
+    decoder_level=True,
+    preference=6,
+)
+INT8_WEIGHT = Precision(
+    "int8-weight",
+    Element.INT8,
+    Quantizes.WEIGHTS,
+    Family.WEIGHT_ONLY,
+    "int8 weights only (a scale per output channel), dequantized before the MatMul",
+    from_capability(75),
+    CPU_BACKENDS,
+    scale="float32, per output channel",
+    requestable=False,
+    overridable=True,
+    decoder_level=True,
+)
 INT4 = Precision(
-    "int4", Element.INT4, Quantizes.WEIGHTS, Family.WEIGHT_ONLY,
+    "int4",
+    Element.INT4,
+    Quantizes.WEIGHTS,
+    Family.WEIGHT_ONLY,
     "int4 weights only, blockwise DequantizeLinear (AWQ or round-to-nearest); MatMulNBits on ONNX Runtime",
     from_capability(80),  # tensorrt-rtx builds INT4 MatMuls for SM86/89/120, not SM75 (checked)
-    CPU_BACKENDS, block=128, scale="float32 per block of K and output column", calibration=Calibration.OPTIONAL_AWQ,
-    min_opset=21, overridable=True, decoder_level=True, preference=7,
-)  # fmt: skip
+    CPU_BACKENDS,
+    block=128,
+    scale="float32 per block of K and output column",
+    calibration=Calibration.OPTIONAL_AWQ,
+    min_opset=21,
+    overridable=True,
+    decoder_level=True,
+    preference=7,
+)
 NVFP4 = Precision(
-    "nvfp4", Element.FP4_E2M1, Quantizes.WEIGHTS, Family.WEIGHT_ONLY,
+    "nvfp4",
+    Element.FP4_E2M1,
+    Quantizes.WEIGHTS,
+    Family.WEIGHT_ONLY,
     "float4 e2m1 weights only in blocks of 16, float8 e4m3 block scales × a float32 tensor scale (Blackwell)",
     frozenset({100, 120, 121}),  # tensorrt-rtx 1.7 builds it for SM120, refuses SM86/SM89 ("fp4_e2m1", checked)
-    block=16, scale="float8 e4m3 per block of 16 × float32 per tensor (two DequantizeLinear)", min_opset=23,
-    overridable=True, decoder_level=True, preference=8,
-)  # fmt: skip
+    block=16,
+    scale="float8 e4m3 per block of 16 × float32 per tensor (two DequantizeLinear)",
+    min_opset=23,
+    overridable=True,
+    decoder_level=True,
+    preference=8,
+)
 
 FP8_WEIGHT = Precision(
-    "fp8-weight", Element.FP8_E4M3, Quantizes.WEIGHTS, Family.FP8_WEIGHTS,
+    "fp8-weight",
+    Element.FP8_E4M3,
+    Quantizes.WEIGHTS,
+    Family.FP8_WEIGHTS,
     "float8 e4m3 weights only, a float32 scale per block of K and output column (an FP8 checkpoint's codes as "
     "stored, or rounded to nearest), dequantized before the MatMul; Ada and newer",
     from_capability(89),  # tensorrt-rtx 1.7 builds blockwise FLOAT8E4M3FN DequantizeLinear for SM89/SM120, not SM86
-    block=128, scale="float32 per block of K and output column", min_opset=21,
-)  # fmt: skip
+    block=128,
+    scale="float32 per block of K and output column",
+    min_opset=21,
+)
 
 PRECISIONS: dict[str, Precision] = {
     precision.name: precision for precision in (FP32, FP16, BF16, INT8, FP8, INT8_WEIGHT, INT4, NVFP4, FP8_WEIGHT)

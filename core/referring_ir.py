@@ -73,7 +73,8 @@ def lazy_reference(reference: Reference, name: str) -> Any:
     """An onnx-ir fp32 tensor of the referenced weight, read when a stage reads it, carrying its Reference."""
     import onnx_ir as ir
 
-    tensor = ir.LazyTensor(lambda: ir.tensor(reference.values()), dtype=ir.DataType.FLOAT,
-                           shape=ir.Shape(reference.graph_shape), name=name)  # fmt: skip
+    tensor = ir.LazyTensor(
+        lambda: ir.tensor(reference.values()), dtype=ir.DataType.FLOAT, shape=ir.Shape(reference.graph_shape), name=name
+    )
     tensor.meta[REFERENCE_KEY] = (reference, None)
     return tensor

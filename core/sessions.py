@@ -57,8 +57,10 @@ def owned(outputs: Sequence[Any]) -> list[Any]:
     """`outputs` as arrays that own their bytes. ONNX Runtime's output arrays are views into its session's arena,
     and one kept alive keeps the whole arena: at the 1B shape, verification's 9 MB of outputs held the twin
     session's 1.2 GB arena for the rest of the compile."""
-    return [np.array(output) if isinstance(output, np.ndarray) and not output.flags.owndata else output
-            for output in outputs]  # fmt: skip
+    return [
+        np.array(output) if isinstance(output, np.ndarray) and not output.flags.owndata else output
+        for output in outputs
+    ]
 
 
 def _joined_rows(session: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -87,8 +89,9 @@ def open_session(path: Path | onnx.ModelProto) -> Any:
     opened, disabled = measured_file(path)
     if (segment_bytes := layerwise_segments(opened)) is not None:
         return LayerwiseSession(opened, segment_bytes, disabled_optimizers=disabled, options=options)
-    return onnxruntime.InferenceSession(str(opened), options, providers=["CPUExecutionProvider"],
-                                        disabled_optimizers=disabled)  # fmt: skip
+    return onnxruntime.InferenceSession(
+        str(opened), options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled
+    )
 
 
 def measured_file(path: Path) -> tuple[Path, list[str]]:
@@ -149,8 +152,15 @@ def run_in_rows(
     while start < rows:
         part = slice(start, min(rows, start + (1 if row_bytes is None else max(1, RUN_BYTES // max(1, row_bytes)))))
         try:
-            outputs = list(session.run(None, {name: array[part] if array.ndim and len(array) == rows else array
-                                              for name, array in feeds.items()}))  # fmt: skip
+            outputs = list(
+                session.run(
+                    None,
+                    {
+                        name: array[part] if array.ndim and len(array) == rows else array
+                        for name, array in feeds.items()
+                    },
+                )
+            )
         except Exception as err:  # ONNX Runtime's: one run of every row says what is wrong, if anything
             raise NotByRow(f"rows {part.start}-{part.stop} did not run alone") from err
         if any(output.ndim == 0 or len(output) != part.stop - part.start for output in outputs):
@@ -176,8 +186,9 @@ def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutio
         return onnxruntime.InferenceSession(str(path), options, providers=list(providers))
 
 
-def session_with_outputs(path: Path, outputs: Sequence[str], providers: Sequence[str] = ("CPUExecutionProvider",)
-                         ) -> Any:  # fmt: skip
+def session_with_outputs(
+    path: Path, outputs: Sequence[str], providers: Sequence[str] = ("CPUExecutionProvider",)
+) -> Any:
     """A quiet ONNX Runtime session over the graph saved at `path` that also returns `outputs` (tensors inside
     it). Its structure, with the outputs added, is written beside it for the session to open and then removed:
     the weights are read from the graph's own file, never copied into a protobuf. ONNX Runtime's errors propagate."""
@@ -196,8 +207,9 @@ def session_with_outputs(path: Path, outputs: Sequence[str], providers: Sequence
     with tempfile.NamedTemporaryFile(dir=opened.parent, prefix=f".{opened.stem}-observed-", suffix=".onnx") as written:
         written.write(structure.SerializeToString())
         written.flush()
-        session = onnxruntime.InferenceSession(written.name, options, providers=list(providers),
-                                               disabled_optimizers=disabled)  # fmt: skip
+        session = onnxruntime.InferenceSession(
+            written.name, options, providers=list(providers), disabled_optimizers=disabled
+        )
     _SESSIONS_OVER[str(path.resolve())] = session
     return session
 

@@ -42,11 +42,19 @@ class TensorRange:
 def float_node_outputs(graph: onnx.GraphProto) -> list[str]:
     """The node outputs of `graph` typed fp32 (value_info or graph outputs), in node order. Untyped ones are left out:
     a reduction of a bool or string tensor would not run."""
-    floats = {value.name for value in [*graph.value_info, *graph.output]
-              if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}  # fmt: skip
+    floats = {
+        value.name
+        for value in [*graph.value_info, *graph.output]
+        if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    }
     # a weight read from its checkpoint (core/checkpoint_references.py) is no activation
-    return [name for node in graph.node if not node.name.startswith(f"{REFERENCE_NODE}/") for name in node.output
-            if name in floats]  # fmt: skip
+    return [
+        name
+        for node in graph.node
+        if not node.name.startswith(f"{REFERENCE_NODE}/")
+        for name in node.output
+        if name in floats
+    ]
 
 
 def outputs_and_ranges(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], list[TensorRange]]:

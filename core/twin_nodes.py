@@ -78,8 +78,10 @@ def widened_transpose(table: onnx.TensorProto, output: str, after: str) -> list[
     """The 16-bit `table` cast to float just before the value `after` is read (cast_after), then transposed as
     `output`: ONNX Runtime fuses that Transpose into the MatMul reading it (FusedMatMul, transB), holding no copy."""
     widened = f"{table.name}/widened"
-    return [*cast_after(table, widened, after),
-            onnx.helper.make_node("Transpose", [widened], [output], name=output, perm=[1, 0])]  # fmt: skip
+    return [
+        *cast_after(table, widened, after),
+        onnx.helper.make_node("Transpose", [widened], [output], name=output, perm=[1, 0]),
+    ]
 
 
 def unread_dropped(nodes: list[onnx.NodeProto], droppable: set[str], outputs: set[str]) -> list[onnx.NodeProto]:

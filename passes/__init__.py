@@ -33,9 +33,10 @@ def default_passes(attention_skipped: str | None = None) -> list[GraphPass]:
     folded into the Q projection first costs nothing at run time, and a scale left over becomes the node's.
     `attention_skipped`: why not to fuse attention at all (a target that could not build it)."""
     attention: GraphPass = (
-        Fuse((ATTENTION,), name="fuse_attention") if attention_skipped is None
+        Fuse((ATTENTION,), name="fuse_attention")
+        if attention_skipped is None
         else Skipped("fuse_attention", attention_skipped)
-    )  # fmt: skip
+    )
     return [Fuse(FUSION_RULES, name="fuse"), Fuse((ATTENTION_SCALE,), name="fold_attention_scale"), attention]
 
 

@@ -108,13 +108,21 @@ def match_attention(walk: Walk) -> Rewrite:
         raise Miss(f"heads: q {query_heads}, k {key_heads}, v {_static_heads(value, 'v')}")
     head_dim = query.shape[3]
     if not isinstance(head_dim, int) or head_dim % HEAD_DIM_MULTIPLE:
-        raise Miss(f"head_dim {head_dim}: TensorRT for RTX has Attention kernels for multiples of "
-                   f"{HEAD_DIM_MULTIPLE} only (measured: 8 fails, 16, 32 and 64 build)")  # fmt: skip
+        raise Miss(
+            f"head_dim {head_dim}: TensorRT for RTX has Attention kernels for multiples of "
+            f"{HEAD_DIM_MULTIPLE} only (measured: 8 fails, 16, 32 and 64 build)"
+        )
     dtype = query.dtype
     inputs: list[gs.Tensor | None] = [query, key, value] + ([mask] if mask is not None else [])
     attrs = {"q_num_heads": query_heads, "kv_num_heads": key_heads, "scale": float(scale)}
     return replace(walk, weighted.outputs[0], [NodeSpec("Attention", inputs, attrs, dtype=dtype)])
 
 
-ATTENTION = Rule(name="attention", anchor="Softmax", sketch=__doc__ or "", min_opset=23, match=match_attention,
-                 fused_form=op_is("Attention"))  # fmt: skip
+ATTENTION = Rule(
+    name="attention",
+    anchor="Softmax",
+    sketch=__doc__ or "",
+    min_opset=23,
+    match=match_attention,
+    fused_form=op_is("Attention"),
+)

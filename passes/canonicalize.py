@@ -49,20 +49,27 @@ def upgrade_opset(model: ir.Model, opset: int) -> None:
     current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
     if current >= opset:
         return
-    unknown = sorted({node.op_type for node in model.graph if node.domain in ("", "ai.onnx")
-                      and not onnx.defs.has(node.op_type)})  # fmt: skip
+    unknown = sorted(
+        {node.op_type for node in model.graph if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type)}
+    )
     if unknown:  # onnxscript's converter passes them over; onnx's refused them
-        raise PassError(f"cannot convert the model from opset {current} to {opset}: ai.onnx has no op "
-                        f"{', '.join(unknown)}", hint=f"compile with --opset {current} to keep its opset")  # fmt: skip
+        raise PassError(
+            f"cannot convert the model from opset {current} to {opset}: ai.onnx has no op {', '.join(unknown)}",
+            hint=f"compile with --opset {current} to keep its opset",
+        )
     try:
         convert_version(model, opset, fallback=True)
     except Exception as err:  # the converters raise RuntimeError, their C++ exceptions or their own
-        raise PassError(f"cannot convert the model from opset {current} to {opset}: {first_line(err)}",
-                        hint=f"compile with --opset {current} to keep its opset") from err  # fmt: skip
+        raise PassError(
+            f"cannot convert the model from opset {current} to {opset}: {first_line(err)}",
+            hint=f"compile with --opset {current} to keep its opset",
+        ) from err
     reached = model.opset_imports.get("", model.opset_imports.get("ai.onnx", current))
     if reached < opset:  # onnxscript's fallback logs a failed conversion and leaves the model as it was
-        raise PassError(f"cannot convert the model from opset {current} to {opset}: the converter stopped at "
-                        f"{reached}", hint=f"compile with --opset {current} to keep its opset")  # fmt: skip
+        raise PassError(
+            f"cannot convert the model from opset {current} to {opset}: the converter stopped at {reached}",
+            hint=f"compile with --opset {current} to keep its opset",
+        )
 
 
 def _has_subgraphs(model: onnx.ModelProto) -> bool:
@@ -83,8 +90,12 @@ def fold_with_onnxscript(model: ir.Model) -> ir.Model:
     # no size limits: a tied output projection's Transpose of the embedding table folds into a weight, as
     # Polygraphy's loop folds it (onnxscript's defaults leave inputs over 8192 elements unfolded)
     fold_constants(model, input_size_limit=FOLD_ANY_SIZE, output_size_limit=FOLD_ANY_SIZE)
-    for step in (LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0), RemoveUnusedNodesPass(),
-                 TopologicalSortPass(), ShapeInferencePass()):  # fmt: skip
+    for step in (
+        LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        RemoveUnusedNodesPass(),
+        TopologicalSortPass(),
+        ShapeInferencePass(),
+    ):
         step(model)
     return model
 

@@ -65,9 +65,12 @@ class QuantizeEmbeddings:
                 saved += codes.nbytes - stored  # (the int8 figures are subtracted below)
                 for projection in tied_projections(graph, values) if self.tie else []:  # one table, as the model ties
                     (transposed,) = graph.layer(
-                        op="Transpose", name=f"{projection.name}/tied", attrs={"perm": [1, 0]},
-                        inputs=[dequantized], outputs=[f"{projection.name}/tied_weight"],
-                    )  # fmt: skip
+                        op="Transpose",
+                        name=f"{projection.name}/tied",
+                        attrs={"perm": [1, 0]},
+                        inputs=[dequantized],
+                        outputs=[f"{projection.name}/tied_weight"],
+                    )
                     transposed.dtype = values.dtype
                     saved += values.nbytes
                     projection.inputs[1] = transposed
@@ -125,10 +128,13 @@ def _int4_table(graph: gs.Graph, name: str, values: np.ndarray, block: int) -> t
         op="DequantizeLinear",
         name=f"{prefix}/DequantizeLinear",
         attrs={"axis": 1, "block_size": block},
-        inputs=[int4_constant(f"{prefix}/quantized", q.T), gs.Constant(f"{prefix}/scale", scale.T.astype(values.dtype)),
-                int4_constant(f"{prefix}/zero_point", np.zeros(scale.T.shape, np.int8))],
+        inputs=[
+            int4_constant(f"{prefix}/quantized", q.T),
+            gs.Constant(f"{prefix}/scale", scale.T.astype(values.dtype)),
+            int4_constant(f"{prefix}/zero_point", np.zeros(scale.T.shape, np.int8)),
+        ],
         outputs=[f"{prefix}/dequantized"],
-    )  # fmt: skip
+    )
     return outputs, q.size // 2 + scale.nbytes
 
 
@@ -137,15 +143,21 @@ def _scale_after_gather(graph: gs.Graph, reader: gs.Node, table: gs.Constant, sc
     ids, (output,) = reader.inputs[1], reader.outputs
     name = f"{reader.name}/int8"
     dtype = scale_vector.values.dtype
-    (gathered,) = graph.layer(op="Gather", name=f"{name}/codes", attrs={"axis": 0}, inputs=[table, ids],
-                              outputs=[f"{name}/codes"])  # fmt: skip
-    (row_scales,) = graph.layer(op="Gather", name=f"{name}/scales", attrs={"axis": 0}, inputs=[scale_vector, ids],
-                                outputs=[f"{name}/scales"])  # fmt: skip
-    (widened,) = graph.layer(op="Cast", name=f"{name}/cast", attrs={"to": onnx_type(dtype)},
-                             inputs=[gathered], outputs=[f"{name}/float"])  # fmt: skip
-    (column,) = graph.layer(op="Unsqueeze", name=f"{name}/unsqueeze",
-                            inputs=[row_scales, gs.Constant(f"{name}/last_axis", np.array([-1], np.int64))],
-                            outputs=[f"{name}/column"])  # fmt: skip
+    (gathered,) = graph.layer(
+        op="Gather", name=f"{name}/codes", attrs={"axis": 0}, inputs=[table, ids], outputs=[f"{name}/codes"]
+    )
+    (row_scales,) = graph.layer(
+        op="Gather", name=f"{name}/scales", attrs={"axis": 0}, inputs=[scale_vector, ids], outputs=[f"{name}/scales"]
+    )
+    (widened,) = graph.layer(
+        op="Cast", name=f"{name}/cast", attrs={"to": onnx_type(dtype)}, inputs=[gathered], outputs=[f"{name}/float"]
+    )
+    (column,) = graph.layer(
+        op="Unsqueeze",
+        name=f"{name}/unsqueeze",
+        inputs=[row_scales, gs.Constant(f"{name}/last_axis", np.array([-1], np.int64))],
+        outputs=[f"{name}/column"],
+    )
     gathered.dtype, row_scales.dtype, widened.dtype, column.dtype = np.int8, dtype, dtype, dtype
     reader.outputs.clear()
     graph.layer(op="Mul", name=f"{name}/scale", inputs=[widened, column], outputs=[output])

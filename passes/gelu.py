@@ -119,7 +119,9 @@ def _gelu(approximate: str) -> Callable[[gs.Node], bool]:
     return lambda node: node.op == "Gelu" and node.attrs.get("approximate", "none") == approximate
 
 
-GELU_ERF = Rule(name="gelu_erf", anchor="Erf", sketch=__doc__ or "", min_opset=20, match=match_gelu_erf,
-                fused_form=_gelu("none"))  # fmt: skip
-GELU_TANH = Rule(name="gelu_tanh", anchor="Tanh", sketch=__doc__ or "", min_opset=20, match=match_gelu_tanh,
-                 fused_form=_gelu("tanh"))  # fmt: skip
+GELU_ERF = Rule(
+    name="gelu_erf", anchor="Erf", sketch=__doc__ or "", min_opset=20, match=match_gelu_erf, fused_form=_gelu("none")
+)
+GELU_TANH = Rule(
+    name="gelu_tanh", anchor="Tanh", sketch=__doc__ or "", min_opset=20, match=match_gelu_tanh, fused_form=_gelu("tanh")
+)

@@ -31,8 +31,25 @@ logger = logging.getLogger(__name__)
 KEEP_FP32 = ("LayerNormalization", "Scan")
 # Ops whose outputs hold their input's values, moved: an out-of-range weight read through one (an embedding table's
 # Gather) is out of range at the op's readers too
-MOVES_VALUES = frozenset({"Gather", "GatherElements", "GatherND", "Transpose", "Reshape", "Squeeze", "Unsqueeze",
-                          "Flatten", "Slice", "Concat", "Split", "Expand", "Tile", "Identity", "Pad"})  # fmt: skip
+MOVES_VALUES = frozenset(
+    {
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Transpose",
+        "Reshape",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Slice",
+        "Concat",
+        "Split",
+        "Expand",
+        "Tile",
+        "Identity",
+        "Pad",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -56,8 +73,9 @@ def _computes_a_scale(node: gs.Node) -> bool:
     if node.op != "DequantizeLinear" or len(node.outputs) != 1 or not node.outputs[0].outputs:
         return False
     scale = node.outputs[0]
-    return all(user.op == "DequantizeLinear" and len(user.inputs) > 1 and user.inputs[1] is scale
-               for user in scale.outputs)  # fmt: skip
+    return all(
+        user.op == "DequantizeLinear" and len(user.inputs) > 1 and user.inputs[1] is scale for user in scale.outputs
+    )
 
 
 def _dequantizes_fp8_weights(node: gs.Node) -> bool:
@@ -152,8 +170,12 @@ def half_regions(
     _own_body_constants(kept)
     _own_fp32_constants(kept, kept_ids)
     outputs = {id(tensor) for tensor in graph.outputs}
-    stay_fp32 = [tensor for node in kept for tensor in node.outputs
-                 if id(tensor) in outputs or all(id(user) in kept_ids for user in tensor.outputs)]  # fmt: skip
+    stay_fp32 = [
+        tensor
+        for node in kept
+        for tensor in node.outputs
+        if id(tensor) in outputs or all(id(user) in kept_ids for user in tensor.outputs)
+    ]
     # a graph input only kept ops read (a recurrent state) is not narrowed on its way in
     read_kept = [t for t in graph.inputs if t.outputs and all(id(user) in kept_ids for user in t.outputs)]
     staying = {id(tensor) for tensor in [*stay_fp32, *read_kept]}
@@ -172,8 +194,9 @@ def half_regions(
             constant_nodes.append(node)
         elif node.op == "Cast" and node.attrs.get("to") == FLOAT:
             float_casts.append(node)
-    variables = [t for t in graph.tensors().values()
-                 if isinstance(t, gs.Variable) and is_fp32(t) and id(t) not in staying]  # fmt: skip
+    variables = [
+        t for t in graph.tensors().values() if isinstance(t, gs.Variable) and is_fp32(t) and id(t) not in staying
+    ]
     labels = {node.name or node.outputs[0].name: record for node, record in for_range.values()}
     return HalfRegions(kept, stay_fp32, constants, constant_nodes, float_casts, variables, labels)
 

@@ -21,7 +21,7 @@ import onnx_graphsurgeon as gs
 from tensorsmith.core.formats import absolute_max
 from tensorsmith.core.grouped_int4 import GroupedInt4
 from tensorsmith.core.mapped_graph import reads_rows
-from tensorsmith.core.precisions import INT4, INT8
+from tensorsmith.core.precisions import INT4
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.int4_codes import Int4Codes, codes
 from tensorsmith.passes.matching import constant_value
@@ -133,12 +133,19 @@ class WeightOnlyInt4:
                 packed = int4_constant(f"{name}/weight_int4", q)
             del weight
             dequantized = gs.Variable(f"{name}/int4_weight", dtype=np.float32, shape=list(packed.shape))
-            graph.nodes.append(gs.Node(
-                "DequantizeLinear", name=f"{name}/DequantizeLinear", attrs={"axis": 0, "block_size": block},
-                inputs=[packed, gs.Constant(f"{name}/weight_scale", scale),
-                        int4_constant(f"{name}/weight_zero_point", np.zeros(scale.shape, np.int8))],
-                outputs=[dequantized],
-            ))  # fmt: skip
+            graph.nodes.append(
+                gs.Node(
+                    "DequantizeLinear",
+                    name=f"{name}/DequantizeLinear",
+                    attrs={"axis": 0, "block_size": block},
+                    inputs=[
+                        packed,
+                        gs.Constant(f"{name}/weight_scale", scale),
+                        int4_constant(f"{name}/weight_zero_point", np.zeros(scale.shape, np.int8)),
+                    ],
+                    outputs=[dequantized],
+                )
+            )
             node.inputs[1] = dequantized
             quantized += 1
             weight_bytes += int(np.prod(packed.shape)) // 2 + scale.nbytes
@@ -168,9 +175,12 @@ class WeightOnlyInt4:
                     if value is not None:
                         producer.inputs[index] = gs.Constant(f"{producer.name}/awq_{index}", value * inverse)
                 continue
-            (divided,) = graph.layer(op="Mul", name=f"{tensor.name}/AwqScale",
-                                     inputs=[tensor, gs.Constant(f"{tensor.name}/awq_inverse_scale", inverse)],
-                                     outputs=[f"{tensor.name}/awq_scaled"])  # fmt: skip
+            (divided,) = graph.layer(
+                op="Mul",
+                name=f"{tensor.name}/AwqScale",
+                inputs=[tensor, gs.Constant(f"{tensor.name}/awq_inverse_scale", inverse)],
+                outputs=[f"{tensor.name}/awq_scaled"],
+            )
             divided.dtype = np.float32
             for node in readers:
                 node.inputs[0] = divided
@@ -191,8 +201,9 @@ def _read_input_in_order(graph: gs.Graph, node: gs.Node, rows: np.ndarray) -> No
     node.inputs[0] = gathered
 
 
-def _subtract_zero_offsets(graph: gs.Graph, node: gs.Node, block: int, offsets: np.ndarray,
-                           indicators: dict[tuple[int, int], gs.Constant]) -> None:  # fmt: skip
+def _subtract_zero_offsets(
+    graph: gs.Graph, node: gs.Node, block: int, offsets: np.ndarray, indicators: dict[tuple[int, int], gs.Constant]
+) -> None:
     """An asymmetric checkpoint's y = x·((q - z)·s) as x·(q·s) - (x summed per group)·(z·s): TensorRT takes INT4
     DequantizeLinear with zero points of 0 only ("Non-zero zero point is not supported", checked with tensorrt-rtx
     1.7), so the codes stay symmetric and the zero points become one small product (K/G rows) per layer. The sum
@@ -205,46 +216,20 @@ def _subtract_zero_offsets(graph: gs.Graph, node: gs.Node, block: int, offsets: 
     (output,) = node.outputs
     raw = gs.Variable(f"{node.name}/before_zero_points", dtype=output.dtype, shape=output.shape)
     node.outputs = [raw]
-    (sums,) = graph.layer(op="MatMul", name=f"{node.name}/GroupSum", inputs=[node.inputs[0], indicator],
-                          outputs=[f"{node.name}/group_sums"])  # fmt: skip
-    (correction,) = graph.layer(op="MatMul", name=f"{node.name}/ZeroPoints",
-                                inputs=[sums, gs.Constant(f"{node.name}/zero_offsets", offsets)],
-                                outputs=[f"{node.name}/zero_correction"])  # fmt: skip
+    (sums,) = graph.layer(
+        op="MatMul",
+        name=f"{node.name}/GroupSum",
+        inputs=[node.inputs[0], indicator],
+        outputs=[f"{node.name}/group_sums"],
+    )
+    (correction,) = graph.layer(
+        op="MatMul",
+        name=f"{node.name}/ZeroPoints",
+        inputs=[sums, gs.Constant(f"{node.name}/zero_offsets", offsets)],
+        outputs=[f"{node.name}/zero_correction"],
+    )
     sums.dtype = correction.dtype = np.float32
     graph.layer(op="Sub", name=f"{node.name}/SubtractZeroPoints", inputs=[raw, correction], outputs=[output])
-
-
-def int8_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 weight-only, a scale per output column of `weight` [K, N]: (codes [K, N], scales [N])."""
-    from tensorsmith.passes.quantize import quantize_weights
-
-    return quantize_weights(weight.astype(np.float32), 1, INT8.name)
-
-
-@dataclass
-class WeightOnlyInt8:
-    """The MatMuls in `nodes` read an int8 weight (a scale per output column) through DequantizeLinear: the middle
-    step between INT4 and float for a layer INT4 costs too much accuracy."""
-
-    nodes: frozenset[str]
-    name: str = "weight_only_int8"
-
-    def __call__(self, graph: gs.Graph) -> PassReport:
-        quantized = 0
-        for node in [node for node in graph.nodes if node.name in self.nodes]:
-            weight = constant_value(node.inputs[1])
-            if weight is None or weight.ndim != 2:
-                continue
-            codes, scales = int8_weight(weight)
-            prefix = f"{node.name}/weight_int8"
-            inputs = [gs.Constant(prefix, codes), gs.Constant(f"{prefix}_scale", scales.astype(np.float32)),
-                      gs.Constant(f"{prefix}_zero", np.zeros_like(codes[0]))]  # fmt: skip
-            (dequantized,) = graph.layer(op="DequantizeLinear", name=f"{prefix}/DequantizeLinear", attrs={"axis": 1},
-                                         inputs=inputs, outputs=[f"{prefix}_dequantized"])  # fmt: skip
-            dequantized.dtype = np.float32
-            node.inputs[1] = dequantized
-            quantized += 1
-        return PassReport(self.name, changed=quantized > 0, counts={"matmuls_quantized": quantized})
 
 
 @dataclass
@@ -268,8 +253,9 @@ class GemmAsMatMul:
             product = output if len(node.inputs) < 3 else f"{node.name}/product"
             node.outputs = []
             constant = gs.Constant(f"{node.name}/weight", np.ascontiguousarray(weight))
-            (result,) = graph.layer(op="MatMul", name=f"{node.name}/MatMul", inputs=[node.inputs[0], constant],
-                                    outputs=[product])  # fmt: skip
+            (result,) = graph.layer(
+                op="MatMul", name=f"{node.name}/MatMul", inputs=[node.inputs[0], constant], outputs=[product]
+            )
             if len(node.inputs) == 3:
                 result.dtype = output.dtype
                 graph.layer(op="Add", name=f"{node.name}/Add", inputs=[result, node.inputs[2]], outputs=[output])

@@ -58,9 +58,17 @@ class QuantizedCache:
                 self._quantize(graph, present, scale)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
         values = list(self.scales.values())
-        return PassReport(self.name, changed=True, counts={"caches": len(values)},
-                          details={"simulated": self.simulate, "scale_min": min(values), "scale_max": max(values),
-                                   "cache_dtype": "float8e4m3fn" if not self.simulate else "unchanged"})  # fmt: skip
+        return PassReport(
+            self.name,
+            changed=True,
+            counts={"caches": len(values)},
+            details={
+                "simulated": self.simulate,
+                "scale_min": min(values),
+                "scale_max": max(values),
+                "cache_dtype": "float8e4m3fn" if not self.simulate else "unchanged",
+            },
+        )
 
     def _quantize(self, graph: gs.Graph, present: gs.Variable, scale: float) -> None:
         scatter = present.inputs[0] if present.inputs else None
@@ -70,13 +78,17 @@ class QuantizedCache:
         readers = list(present.outputs)
         scale_tensor, zero = _scale(present.name, scale, new.dtype), _zero(present.name)
         quantized = gs.Variable(f"{present.name}/fp8_new", FP8, new.shape)
-        graph.nodes.append(gs.Node("QuantizeLinear", f"{present.name}/QuantizeLinear", {},
-                                   [new, scale_tensor, zero], [quantized]))  # fmt: skip
+        graph.nodes.append(
+            gs.Node("QuantizeLinear", f"{present.name}/QuantizeLinear", {}, [new, scale_tensor, zero], [quantized])
+        )
         scatter.inputs[1] = quantized
         past.dtype = present.dtype = FP8
         dequantized = gs.Variable(f"{present.name}/dequantized", new.dtype, present.shape)
-        graph.nodes.append(gs.Node("DequantizeLinear", f"{present.name}/DequantizeLinear", {},
-                                   [present, scale_tensor, zero], [dequantized]))  # fmt: skip
+        graph.nodes.append(
+            gs.Node(
+                "DequantizeLinear", f"{present.name}/DequantizeLinear", {}, [present, scale_tensor, zero], [dequantized]
+            )
+        )
         for node in readers:
             for index, tensor in enumerate(node.inputs):
                 if tensor is present:
@@ -92,10 +104,14 @@ class QuantizedCache:
         scale_tensor, zero = _scale(present.name, scale, new.dtype), _zero(present.name)
         quantized = gs.Variable(f"{present.name}/fp8_new", FP8, new.shape)
         rounded = gs.Variable(f"{present.name}/fp8_rounded", new.dtype, new.shape)
-        graph.nodes.append(gs.Node("QuantizeLinear", f"{present.name}/QuantizeLinear", {},
-                                   [new, scale_tensor, zero], [quantized]))  # fmt: skip
-        graph.nodes.append(gs.Node("DequantizeLinear", f"{present.name}/DequantizeLinear", {},
-                                   [quantized, scale_tensor, zero], [rounded]))  # fmt: skip
+        graph.nodes.append(
+            gs.Node("QuantizeLinear", f"{present.name}/QuantizeLinear", {}, [new, scale_tensor, zero], [quantized])
+        )
+        graph.nodes.append(
+            gs.Node(
+                "DequantizeLinear", f"{present.name}/DequantizeLinear", {}, [quantized, scale_tensor, zero], [rounded]
+            )
+        )
         concat.inputs[1] = rounded
 
 

@@ -46,8 +46,10 @@ class LastPositionLogits:
         projection = tensor.inputs[0] if tensor.inputs else None
         if projection is None or projection.op not in PROJECTIONS:
             found = projection.op if projection is not None else "a graph input"
-            raise PassError(f"'{self.output}' does not come from a vocabulary projection (found {found})",
-                            hint="compile without last-position logits")  # fmt: skip
+            raise PassError(
+                f"'{self.output}' does not come from a vocabulary projection (found {found})",
+                hint="compile without last-position logits",
+            )
         hidden = projection.inputs[0]
         tensor.shape = None
         last = gs.Variable(f"{hidden.name}/last_position", hidden.dtype, None)
@@ -56,5 +58,9 @@ class LastPositionLogits:
         projection.inputs[0] = last
         for output in outputs:
             output.shape = None
-        return PassReport(self.name, changed=True, counts={"projections_sliced": 1},
-                          details={"projection": projection.name, "walked": walked})  # fmt: skip
+        return PassReport(
+            self.name,
+            changed=True,
+            counts={"projections_sliced": 1},
+            details={"projection": projection.name, "walked": walked},
+        )

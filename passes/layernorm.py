@@ -163,5 +163,11 @@ def match_layernorm(walk: Walk) -> Rewrite:
     return replace(walk, output, specs)
 
 
-LAYERNORM = Rule(name="layernorm", anchor="Sqrt", sketch=__doc__ or "", min_opset=17, match=match_layernorm,
-                 fused_form=op_is("LayerNormalization"))  # fmt: skip
+LAYERNORM = Rule(
+    name="layernorm",
+    anchor="Sqrt",
+    sketch=__doc__ or "",
+    min_opset=17,
+    match=match_layernorm,
+    fused_form=op_is("LayerNormalization"),
+)

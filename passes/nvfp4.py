@@ -206,14 +206,23 @@ class WeightOnlyNvfp4:
             codes, block_scales, tensor_scale = nvfp4_constants(f"{node.name}/weight", q)
             scales = gs.Variable(f"{node.name}/weight_block_scale", dtype=np.float32, shape=list(q.block_scales.shape))
             dequantized = gs.Variable(f"{node.name}/nvfp4_weight", dtype=np.float32, shape=list(q.codes.shape))
-            graph.nodes.append(gs.Node(
-                "DequantizeLinear", name=f"{node.name}/DequantizeLinear_scale", inputs=[block_scales, tensor_scale],
-                outputs=[scales],
-            ))  # fmt: skip
-            graph.nodes.append(gs.Node(
-                "DequantizeLinear", name=f"{node.name}/DequantizeLinear", attrs={"axis": 0, "block_size": self.block},
-                inputs=[codes, scales], outputs=[dequantized],
-            ))  # fmt: skip
+            graph.nodes.append(
+                gs.Node(
+                    "DequantizeLinear",
+                    name=f"{node.name}/DequantizeLinear_scale",
+                    inputs=[block_scales, tensor_scale],
+                    outputs=[scales],
+                )
+            )
+            graph.nodes.append(
+                gs.Node(
+                    "DequantizeLinear",
+                    name=f"{node.name}/DequantizeLinear",
+                    attrs={"axis": 0, "block_size": self.block},
+                    inputs=[codes, scales],
+                    outputs=[dequantized],
+                )
+            )
             node.inputs[1] = dequantized
             weight_bytes += q.codes.size // 2 + q.block_scales.size + 4
         return _report(self.name, self.block, targets, nvfp4_weight_bytes=weight_bytes)

@@ -133,8 +133,9 @@ class SplitOutlierNeurons:
             return gs.Constant(f"{prefix}/{name}", np.ascontiguousarray(value))
 
         def layer(op: str, name: str, inputs: list[gs.Tensor], **attrs: object) -> gs.Tensor:
-            (output,) = graph.layer(op=op, name=f"{prefix}/{name}", inputs=inputs, outputs=[f"{prefix}/{name}"],
-                                    attrs=attrs)  # fmt: skip
+            (output,) = graph.layer(
+                op=op, name=f"{prefix}/{name}", inputs=inputs, outputs=[f"{prefix}/{name}"], attrs=attrs
+            )
             return output
 
         # Zeroed rather than removed: the hidden size stays (a size like 1535 slows int8 GEMMs, which pack K in

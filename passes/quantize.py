@@ -92,10 +92,18 @@ def quantize_activation(
     name = name or tensor.name
     scale_constant = gs.Constant(f"{name}/scale", np.array(scale, np.float32))
     zero = gs.Constant(f"{name}/zero_point", _zero(precision))
-    (quantized,) = graph.layer(op="QuantizeLinear", name=f"{name}/QuantizeLinear",
-                               inputs=[tensor, scale_constant, zero], outputs=[f"{name}/quantized"])  # fmt: skip
-    (dequantized,) = graph.layer(op="DequantizeLinear", name=f"{name}/DequantizeLinear",
-                                 inputs=[quantized, scale_constant, zero], outputs=[f"{name}/dequantized"])  # fmt: skip
+    (quantized,) = graph.layer(
+        op="QuantizeLinear",
+        name=f"{name}/QuantizeLinear",
+        inputs=[tensor, scale_constant, zero],
+        outputs=[f"{name}/quantized"],
+    )
+    (dequantized,) = graph.layer(
+        op="DequantizeLinear",
+        name=f"{name}/DequantizeLinear",
+        inputs=[quantized, scale_constant, zero],
+        outputs=[f"{name}/dequantized"],
+    )
     dequantized.dtype = np.float32
     return dequantized
 
@@ -148,8 +156,9 @@ class InsertQDQ:
                 scale, named = self.activation_scales[tensor.name], tensor.name + self.suffix
                 if switch is not None:  # this node's own Q/DQ, run only where its switch is on
                     own = f"{named}/{node.name}"
-                    quantize = functools.partial(quantize_activation, tensor=tensor, scale=scale,
-                                                 precision=self.precision, name=own)  # fmt: skip
+                    quantize = functools.partial(
+                        quantize_activation, tensor=tensor, scale=scale, precision=self.precision, name=own
+                    )
                     replacement = switched(graph, tensor, switch, own, quantize)
                 else:  # one Q/DQ per activation, shared by the nodes that read it
                     if tensor.name not in dequantized:
@@ -227,9 +236,15 @@ def switched(
     (same,) = keeping.layer(op="Identity", name=f"{name}/float", inputs=[original], outputs=[f"{name}/float"])
     same.dtype = value.dtype
     keeping.outputs = [same]
-    (on,) = graph.layer(op="Cast", name=f"{name}/on", inputs=[switch], outputs=[f"{name}/on"],
-                        attrs={"to": onnx.TensorProto.BOOL})  # fmt: skip
-    (chosen,) = graph.layer(op="If", name=f"{name}/switched", inputs=[on], outputs=[f"{name}/switched"],
-                            attrs={"then_branch": quantizing, "else_branch": keeping})  # fmt: skip
+    (on,) = graph.layer(
+        op="Cast", name=f"{name}/on", inputs=[switch], outputs=[f"{name}/on"], attrs={"to": onnx.TensorProto.BOOL}
+    )
+    (chosen,) = graph.layer(
+        op="If",
+        name=f"{name}/switched",
+        inputs=[on],
+        outputs=[f"{name}/switched"],
+        attrs={"then_branch": quantizing, "else_branch": keeping},
+    )
     chosen.dtype = value.dtype
     return chosen

@@ -61,5 +61,11 @@ def match_rmsnorm(walk: Walk) -> Rewrite:
     return replace(walk, output, specs)
 
 
-RMSNORM = Rule(name="rmsnorm", anchor="Sqrt", sketch=__doc__ or "", min_opset=23, match=match_rmsnorm,
-               fused_form=op_is("RMSNormalization"))  # fmt: skip
+RMSNORM = Rule(
+    name="rmsnorm",
+    anchor="Sqrt",
+    sketch=__doc__ or "",
+    min_opset=23,
+    match=match_rmsnorm,
+    fused_form=op_is("RMSNormalization"),
+)

@@ -43,18 +43,23 @@ class FloorSoftmaxLogits:
                 inputs.append(gs.Constant(f"{prefix}/axes", np.array([axis], np.int64)))
             else:
                 attrs["axes"] = [axis]
-            (row_max,) = graph.layer(op="ReduceMax", name=f"{prefix}/max", inputs=inputs, outputs=[f"{prefix}/max"],
-                                     attrs=attrs)  # fmt: skip
+            (row_max,) = graph.layer(
+                op="ReduceMax", name=f"{prefix}/max", inputs=inputs, outputs=[f"{prefix}/max"], attrs=attrs
+            )
             margin = gs.Constant(f"{prefix}/margin", np.array(self.margin, dtype=logits.dtype))
-            (floor,) = graph.layer(op="Sub", name=f"{prefix}/floor", inputs=[row_max, margin],
-                                   outputs=[f"{prefix}/floor"])  # fmt: skip
-            (raised,) = graph.layer(op="Max", name=f"{prefix}/raise", inputs=[logits, floor],
-                                    outputs=[f"{prefix}/logits"])  # fmt: skip
+            (floor,) = graph.layer(
+                op="Sub", name=f"{prefix}/floor", inputs=[row_max, margin], outputs=[f"{prefix}/floor"]
+            )
+            (raised,) = graph.layer(
+                op="Max", name=f"{prefix}/raise", inputs=[logits, floor], outputs=[f"{prefix}/logits"]
+            )
             for tensor in (row_max, floor, raised):
                 tensor.dtype = logits.dtype
             softmax.inputs[0] = raised
             floored += 1
         return PassReport(
-            self.name, changed=floored > 0, counts={"softmax_floored": floored, "skipped": skipped},
+            self.name,
+            changed=floored > 0,
+            counts={"softmax_floored": floored, "skipped": skipped},
             details={"margin": self.margin},
-        )  # fmt: skip
+        )

@@ -76,9 +76,11 @@ class StaticCache:
         attentions = [node for node in graph.nodes if node.op == "Attention"]
         explicit = [] if attentions else masked_scores(graph, old_mask, inputs["input_ids"])
         if not attentions and (not explicit or len(set(windows)) > 1):
-            raise PassError("the graph's attention is neither ONNX Attention nodes nor a Softmax over masked scores "
-                            "(with one window for every layer)",
-                            hint="the attention pass did not match (see the manifest's passes)")  # fmt: skip
+            raise PassError(
+                "the graph's attention is neither ONNX Attention nodes nor a Softmax over masked scores "
+                "(with one window for every layer)",
+                hint="the attention pass did not match (see the manifest's passes)",
+            )
         for layer in layers:
             for kind in ("key", "value"):
                 self._scatter(graph, inputs, outputs, layer, kind, write_indices)
@@ -97,8 +99,10 @@ class StaticCache:
         for layer, window in zip(layers if attentions else [], windows, strict=False):
             attention = keys_of.get(id(outputs[_present_name(layer, "key")]))
             if attention is None or attention.inputs[2] is not outputs[_present_name(layer, "value")]:
-                raise PassError(f"layer {layer}'s Attention does not read present.{layer}.key/value",
-                                hint="the cache must feed Attention directly")  # fmt: skip
+                raise PassError(
+                    f"layer {layer}'s Attention does not read present.{layer}.key/value",
+                    hint="the cache must feed Attention directly",
+                )
             if window not in visible:
                 visible[window] = self._visible(graph, slots, window)
             old = attention.inputs[3] if len(attention.inputs) > 3 else None
@@ -110,14 +114,22 @@ class StaticCache:
         graph.cleanup(remove_unused_graph_inputs=False)
         if old_mask.outputs:  # read by more than the masks replaced (BLOOM's ALiBi counts positions from it)
             readers = sorted({node.op for node in old_mask.outputs})
-            raise PassError(f"{MASK} is read by {readers} besides the attention masks",
-                            hint="the graph derives more than its masks from the padding")  # fmt: skip
+            raise PassError(
+                f"{MASK} is read by {readers} besides the attention masks",
+                hint="the graph derives more than its masks from the padding",
+            )
         self._check_pasts_read_once(graph, layers)
         cache_dtype = dtype_name(inputs[past_name(layers[0], "key")].dtype)
-        return PassReport(self.name, changed=True, counts={"layers": len(layers), "masks": len(visible),
-                                                            "state_layers": len(self.windows) - len(layers)},
-                          details={"windows": sorted({w for w in self.windows if w is not None}),
-                                   "cache_dtype": cache_dtype, "capacity": self.capacity or CACHE_DIM})  # fmt: skip
+        return PassReport(
+            self.name,
+            changed=True,
+            counts={"layers": len(layers), "masks": len(visible), "state_layers": len(self.windows) - len(layers)},
+            details={
+                "windows": sorted({w for w in self.windows if w is not None}),
+                "cache_dtype": cache_dtype,
+                "capacity": self.capacity or CACHE_DIM,
+            },
+        )
 
     def _attention_layers(self, inputs: dict[str, gs.Tensor]) -> list[int]:
         """The layers with keys and values; the others (linear attention's) must have their fixed-size states,
@@ -125,48 +137,70 @@ class StaticCache:
         layers = [layer for layer in range(len(self.windows)) if past_name(layer, "key") in inputs]
         for layer in sorted(set(range(len(self.windows))) - set(layers)):
             if not any(name.startswith(past_name(layer, "")) for name in inputs):
-                raise PassError(f"the graph has no {past_name(layer, 'key')} input nor a state of layer {layer}",
-                                hint="config.json's layer count and the graph's cache disagree")  # fmt: skip
+                raise PassError(
+                    f"the graph has no {past_name(layer, 'key')} input nor a state of layer {layer}",
+                    hint="config.json's layer count and the graph's cache disagree",
+                )
         if not layers:
             raise PassError("the graph has no attention layer with keys and values", hint="a decoder with attention")
         return layers
 
-    def _scatter(self, graph: gs.Graph, inputs: dict[str, gs.Tensor], outputs: dict[str, gs.Tensor], layer: int,
-                 kind: str, write_indices: gs.Variable) -> None:  # fmt: skip
+    def _scatter(
+        self,
+        graph: gs.Graph,
+        inputs: dict[str, gs.Tensor],
+        outputs: dict[str, gs.Tensor],
+        layer: int,
+        kind: str,
+        write_indices: gs.Variable,
+    ) -> None:
         """present = TensorScatter(past, new, write_indices) in place of Concat(past, new)."""
         past, present = inputs.get(past_name(layer, kind)), outputs.get(_present_name(layer, kind))
         if past is None or present is None:
-            raise PassError(f"the graph has no {past_name(layer, kind)} input or {_present_name(layer, kind)} output",
-                            hint="config.json's layer count and the graph's cache disagree")  # fmt: skip
+            raise PassError(
+                f"the graph has no {past_name(layer, kind)} input or {_present_name(layer, kind)} output",
+                hint="config.json's layer count and the graph's cache disagree",
+            )
         cache_in_compute_dtype(past, present)
         concat = present.inputs[0] if present.inputs else None
         if concat is None or concat.op != "Concat" or concat.inputs[0] is not past or len(concat.inputs) != 2:
             found = concat.op if concat is not None else "a graph input"
-            raise PassError(f"{present.name} is not Concat({past.name}, new) (found {found})",
-                            hint="a dynamic KV cache as the decoder export writes it")  # fmt: skip
+            raise PassError(
+                f"{present.name} is not Concat({past.name}, new) (found {found})",
+                hint="a dynamic KV cache as the decoder export writes it",
+            )
         if int(concat.attrs.get("axis", 0)) not in (2, -2):
             raise PassError(f"{present.name}'s Concat is on axis {concat.attrs.get('axis')}, not the sequence's")
         new = concat.inputs[1]
         concat.outputs.clear()
         batch, heads, _, head_dim = past.shape
         past.shape = present.shape = [batch, heads, self.capacity or CACHE_DIM, head_dim]
-        graph.nodes.append(gs.Node("TensorScatter", f"{present.name}/TensorScatter", {"axis": -2, "mode": "linear"},
-                                   [past, new, write_indices], [present]))  # fmt: skip
+        scatter = gs.Node("TensorScatter", f"{present.name}/TensorScatter", {"axis": -2, "mode": "linear"})
+        scatter.inputs, scatter.outputs = [past, new, write_indices], [present]
+        graph.nodes.append(scatter)
 
     def _constant(self, name: str, value: np.ndarray) -> gs.Constant:
         if name not in self._constants:
             self._constants[name] = gs.Constant(f"static_cache/{name}", value)
         return self._constants[name]
 
-    def _node(self, graph: gs.Graph, op: str, inputs: list[gs.Tensor], dtype: Any, name: str,
-              attrs: dict[str, object] | None = None) -> gs.Variable:  # fmt: skip
-        output = gs.Variable(name if name.startswith("static_cache/") else f"static_cache/{name}",
-                             dtype if isinstance(dtype, int) else np.dtype(dtype))  # fmt: skip
+    def _node(
+        self,
+        graph: gs.Graph,
+        op: str,
+        inputs: list[gs.Tensor],
+        dtype: Any,
+        name: str,
+        attrs: dict[str, object] | None = None,
+    ) -> gs.Variable:
+        full_name = name if name.startswith("static_cache/") else f"static_cache/{name}"
+        output = gs.Variable(full_name, dtype if isinstance(dtype, int) else np.dtype(dtype))
         graph.nodes.append(gs.Node(op, f"static_cache/{name}/{op}", attrs or {}, inputs, [output]))
         return output
 
-    def _slots(self, graph: gs.Graph, old_mask: gs.Variable, input_ids: gs.Tensor, write_indices: gs.Variable
-               ) -> _Slots:  # fmt: skip
+    def _slots(
+        self, graph: gs.Graph, old_mask: gs.Variable, input_ids: gs.Tensor, write_indices: gs.Variable
+    ) -> _Slots:
         """Slot numbers [1, 1, cache], each query's slot [B, seq, 1] and the padding mask [B, 1, cache]."""
         mask = gs.Variable(MASK, np.dtype(np.int64), ["batch", self.capacity or CACHE_DIM])
         old_mask.name = f"{MASK}/dynamic"
@@ -179,14 +213,15 @@ class StaticCache:
         query_range = self._node(graph, "Range", [zero, new_scalar, one], np.int64, "query_range")
         axes01 = self._constant("axes01", np.array([0, 1], np.int64))
         key_slots = self._node(graph, "Unsqueeze", [slot_range, axes01], np.int64, "key_slots")  # [1, 1, C]
-        starts = self._node(graph, "Unsqueeze", [write_indices, self._constant("axes1", np.array([1], np.int64))],
-                            np.int64, "starts")  # fmt: skip  # [B, 1]
+        axis1, axis2 = (
+            self._constant("axes1", np.array([1], np.int64)),
+            self._constant("axes2", np.array([2], np.int64)),
+        )
+        starts = self._node(graph, "Unsqueeze", [write_indices, axis1], np.int64, "starts")  # [B, 1]
         queries = self._node(graph, "Add", [starts, query_range], np.int64, "queries")  # [B, S]
-        query_slots = self._node(graph, "Unsqueeze", [queries, self._constant("axes2", np.array([2], np.int64))],
-                                 np.int64, "query_slots")  # fmt: skip  # [B, S, 1]
+        query_slots = self._node(graph, "Unsqueeze", [queries, axis2], np.int64, "query_slots")  # [B, S, 1]
         real = self._node(graph, "Cast", [mask], np.bool_, "real", {"to": 9})
-        real_keys = self._node(graph, "Unsqueeze", [real, self._constant("axes1", np.array([1], np.int64))],
-                               np.bool_, "real_keys")  # fmt: skip  # [B, 1, C]
+        real_keys = self._node(graph, "Unsqueeze", [real, axis1], np.bool_, "real_keys")  # [B, 1, C]
         return _Slots(mask, key_slots, query_slots, real_keys, queries)
 
     def _visible(self, graph: gs.Graph, slots: _Slots, window: int | None) -> gs.Variable:
@@ -194,15 +229,21 @@ class StaticCache:
         tag = f"window{window}" if window else "full"
         earlier = self._node(graph, "LessOrEqual", [slots.keys, slots.queries], np.bool_, f"{tag}/causal")
         if window:
-            lowest = self._node(graph, "Sub", [slots.queries, self._constant(f"w{window}", np.array(window, np.int64))],
-                                np.int64, f"{tag}/lowest")  # fmt: skip
+            lowest = self._node(
+                graph,
+                "Sub",
+                [slots.queries, self._constant(f"w{window}", np.array(window, np.int64))],
+                np.int64,
+                f"{tag}/lowest",
+            )
             inside = self._node(graph, "Greater", [slots.keys, lowest], np.bool_, f"{tag}/inside")
             earlier = self._node(graph, "And", [earlier, inside], np.bool_, f"{tag}/windowed")
         real = self._node(graph, "And", [earlier, slots.real], np.bool_, f"{tag}/real")
         own = self._node(graph, "Equal", [slots.keys, slots.queries], np.bool_, f"{tag}/own")
         either = self._node(graph, "Or", [real, own], np.bool_, f"{tag}/visible3")
-        return self._node(graph, "Unsqueeze", [either, self._constant("axes1", np.array([1], np.int64))],
-                          np.bool_, f"{tag}/visible")  # fmt: skip
+        return self._node(
+            graph, "Unsqueeze", [either, self._constant("axes1", np.array([1], np.int64))], np.bool_, f"{tag}/visible"
+        )
 
     def _mask_like(self, graph: gs.Graph, reader: str, old: gs.Tensor | None, visible: gs.Variable) -> gs.Tensor:
         """`visible` as the mask `reader` had: boolean as it is, additive as Where(visible, 0, fill) with the old
@@ -215,17 +256,23 @@ class StaticCache:
         tag = dtype_name(old.dtype)
         key = (visible.name, tag)
         if key not in self._additive:
-            if producer is not None and producer.op == "Where" and all(isinstance(t, gs.Constant)
-                                                                        for t in producer.inputs[1:]):  # fmt: skip
+            if (
+                producer is not None
+                and producer.op == "Where"
+                and all(isinstance(t, gs.Constant) for t in producer.inputs[1:])
+            ):
                 branches = list(producer.inputs[1:])  # the exporter's own 0 and fill, in the mask's dtype
             elif isinstance(old.dtype, int):
                 raise PassError(f"{reader}'s mask is ONNX type {old.dtype} and not a Where of constants")
             else:
                 dtype = np.dtype(old.dtype)
-                branches = [self._constant(f"zero_{tag}", np.array(0, dtype)),
-                            self._constant(f"fill_{tag}", np.array(-10000, dtype))]  # fmt: skip
-            self._additive[key] = self._node(graph, "Where", [visible, *branches], old.dtype,
-                                             f"{visible.name}/additive_{tag}")  # fmt: skip
+                branches = [
+                    self._constant(f"zero_{tag}", np.array(0, dtype)),
+                    self._constant(f"fill_{tag}", np.array(-10000, dtype)),
+                ]
+            self._additive[key] = self._node(
+                graph, "Where", [visible, *branches], old.dtype, f"{visible.name}/additive_{tag}"
+            )
         return self._additive[key]
 
     def _check_pasts_read_once(self, graph: gs.Graph, layers: list[int]) -> None:
@@ -235,9 +282,10 @@ class StaticCache:
                 past = next(t for t in graph.inputs if t.name == past_name(layer, kind))
                 others = [node for node in past.outputs if node.op != "TensorScatter" and not reads_no_length(node)]
                 if others:
-                    raise PassError(f"{past.name} is read by {[node.op for node in others]}, not only by its "
-                                    "TensorScatter", hint="the graph uses the cache's length; compile with "
-                                    "--kv-cache dynamic")  # fmt: skip
+                    raise PassError(
+                        f"{past.name} is read by {[node.op for node in others]}, not only by its TensorScatter",
+                        hint="the graph uses the cache's length; compile with --kv-cache dynamic",
+                    )
 
 
 @dataclass(frozen=True)

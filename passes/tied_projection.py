@@ -46,8 +46,7 @@ class TiedProjection:
                 transposed[table.name] = output
             node.inputs[1] = transposed[table.name]
             tied[weight.name] = table.name
-        return PassReport(self.name, changed=bool(tied), counts={"projections_tied": len(tied)},
-                          details={"tied": tied})  # fmt: skip
+        return PassReport(self.name, changed=bool(tied), counts={"projections_tied": len(tied)}, details={"tied": tied})
 
 
 def _table_gather(node: gs.Node) -> bool:

@@ -102,8 +102,11 @@ def _from_cuda_python() -> tuple[str, str] | None:
 
 
 # (what is asked, the module it needs or None, the probe)
-PROBES = (("cuda-driver", None, _from_cuda_driver), ("pynvml", "pynvml", _from_nvml),
-          ("cuda-python", "cuda", _from_cuda_python))  # fmt: skip
+PROBES = (
+    ("cuda-driver", None, _from_cuda_driver),
+    ("pynvml", "pynvml", _from_nvml),
+    ("cuda-python", "cuda", _from_cuda_python),
+)
 
 
 def module_installed(name: str) -> bool:

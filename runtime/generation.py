@@ -63,9 +63,18 @@ class Generator:
     def __init__(self, open_cache: Callable[[int, int], CacheSession]) -> None:
         self._open_cache = open_cache
 
-    def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray | None, max_new_tokens: int,
-                 sampling: Sampling, num_beams: int, eos_token_id: list[int], pad_token_id: int,
-                 seed: int | None, streamer: Any) -> np.ndarray:  # fmt: skip
+    def generate(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray | None,
+        max_new_tokens: int,
+        sampling: Sampling,
+        num_beams: int,
+        eos_token_id: list[int],
+        pad_token_id: int,
+        seed: int | None,
+        streamer: Any,
+    ) -> np.ndarray:
         """Run a request as given: `Model.generate` checks it first (generation_request.check_request)."""
         prompt = np.asarray(input_ids, dtype=np.int64)
         if prompt.ndim == 1:
@@ -75,8 +84,17 @@ class Generator:
             return self._beam_search(prompt, mask, max_new_tokens, num_beams)
         return self._sample(prompt, mask, max_new_tokens, sampling, eos_token_id, pad_token_id, seed, streamer)
 
-    def _sample(self, prompt: np.ndarray, mask: np.ndarray, max_new_tokens: int, sampling: Sampling,
-                eos: list[int], pad: int, seed: int | None, streamer: Any) -> np.ndarray:  # fmt: skip
+    def _sample(
+        self,
+        prompt: np.ndarray,
+        mask: np.ndarray,
+        max_new_tokens: int,
+        sampling: Sampling,
+        eos: list[int],
+        pad: int,
+        seed: int | None,
+        streamer: Any,
+    ) -> np.ndarray:
         rng = np.random.default_rng(seed)
         rows, length = prompt.shape
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)

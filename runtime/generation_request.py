@@ -54,8 +54,10 @@ def check_request(
     or an InputError naming the first argument that is wrong."""
     layout = manifest.generation
     if layout is None:
-        raise InputError(f"{origin} is not a decoder artifact (its manifest has no generation record)",
-                         hint="generate() is for a compiled *ForCausalLM checkpoint; use run() for others")  # fmt: skip
+        raise InputError(
+            f"{origin} is not a decoder artifact (its manifest has no generation record)",
+            hint="generate() is for a compiled *ForCausalLM checkpoint; use run() for others",
+        )
     sampling = sampling or Sampling()
     _check_settings(max_new_tokens, sampling, num_beams, seed)
     if eos_token_id is None:
@@ -90,25 +92,37 @@ def _is_number(value: object) -> bool:  # numpy's scalars too (np.float32 is no 
 def _check_settings(max_new_tokens: int, sampling: Sampling, num_beams: int, seed: int | None) -> None:
     """Each setting in its range, in any mode: a value out of range is a mistake even where the mode ignores it."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise InputError(f"max_new_tokens is {max_new_tokens!r}, and must be an integer of at least 1",
-                         hint="ask for 1 new token or more")  # fmt: skip
+        raise InputError(
+            f"max_new_tokens is {max_new_tokens!r}, and must be an integer of at least 1",
+            hint="ask for 1 new token or more",
+        )
     if not _is_int(num_beams) or num_beams < 1:
-        raise InputError(f"num_beams is {num_beams!r}, and must be an integer of at least 1",
-                         hint="1 decodes greedily or samples; more searches beams")  # fmt: skip
+        raise InputError(
+            f"num_beams is {num_beams!r}, and must be an integer of at least 1",
+            hint="1 decodes greedily or samples; more searches beams",
+        )
     if sampling.do_sample and num_beams > 1:  # the beam search here does not sample: it would be ignored
-        raise InputError(f"do_sample with num_beams {num_beams}: beam sampling is not supported",
-                         hint="sample with num_beams 1, or search beams without do_sample")  # fmt: skip
+        raise InputError(
+            f"do_sample with num_beams {num_beams}: beam sampling is not supported",
+            hint="sample with num_beams 1, or search beams without do_sample",
+        )
     temperature = sampling.temperature
     if not _is_number(temperature) or not math.isfinite(temperature) or temperature <= 0:
-        raise InputError(f"temperature is {temperature!r}, and must be a number above 0",
-                         hint="sampling divides the logits by it: try 0.7")  # fmt: skip
+        raise InputError(
+            f"temperature is {temperature!r}, and must be a number above 0",
+            hint="sampling divides the logits by it: try 0.7",
+        )
     if not _is_int(sampling.top_k) or sampling.top_k < 0:
-        raise InputError(f"top_k is {sampling.top_k!r}, and must be an integer of at least 0",
-                         hint="0 keeps every token, k the k likeliest")  # fmt: skip
+        raise InputError(
+            f"top_k is {sampling.top_k!r}, and must be an integer of at least 0",
+            hint="0 keeps every token, k the k likeliest",
+        )
     top_p = sampling.top_p
     if not _is_number(top_p) or not 0 < top_p <= 1:
-        raise InputError(f"top_p is {top_p!r}, and must lie in (0, 1]",
-                         hint="1 keeps every token, 0.9 the likeliest worth 90% of the probability")  # fmt: skip
+        raise InputError(
+            f"top_p is {top_p!r}, and must lie in (0, 1]",
+            hint="1 keeps every token, 0.9 the likeliest worth 90% of the probability",
+        )
     if seed is not None and (not _is_int(seed) or seed < 0):
         raise InputError(f"seed is {seed!r}, and must be an integer of at least 0", hint="any integer from 0 up")
 
@@ -120,12 +134,16 @@ def _rows(input_ids: Any, attention_mask: Any) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(f"input_ids are {ids.dtype}, not token ids", hint="pass integer token ids (np.int64)")
     prompt = (ids[None, :] if ids.ndim == 1 else ids).astype(np.int64)
     if prompt.ndim != 2 or prompt.shape[0] < 1 or prompt.shape[1] < 1:
-        raise InputError(f"input_ids have shape {ids.shape}, not [rows, length] with a token or more",
-                         hint="pass one prompt [length] or a batch [rows, length]")  # fmt: skip
+        raise InputError(
+            f"input_ids have shape {ids.shape}, not [rows, length] with a token or more",
+            hint="pass one prompt [length] or a batch [rows, length]",
+        )
     mask = np.ones_like(prompt) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
     if mask.shape != prompt.shape:
-        raise InputError(f"attention_mask has shape {mask.shape}, input_ids {prompt.shape}: they must match",
-                         hint="one mask value per token: 1 for a token, 0 for left padding")  # fmt: skip
+        raise InputError(
+            f"attention_mask has shape {mask.shape}, input_ids {prompt.shape}: they must match",
+            hint="one mask value per token: 1 for a token, 0 for left padding",
+        )
     return prompt, mask
 
 
@@ -135,9 +153,13 @@ def _check_ids(prompt: np.ndarray, pad: int, vocabulary: int) -> None:
     outside = np.argwhere((prompt < 0) | (prompt >= vocabulary))
     if len(outside):
         row, position = (int(index) for index in outside[0])
-        raise InputError(f"input_ids[{row}, {position}] is {int(prompt[row, position])}, outside the vocabulary of "
-                         f"{vocabulary} (ids 0..{vocabulary - 1})",
-                         hint="token ids come from the artifact's tokenizer, tokenizer/tokenizer.json")  # fmt: skip
+        raise InputError(
+            f"input_ids[{row}, {position}] is {int(prompt[row, position])}, outside the vocabulary of "
+            f"{vocabulary} (ids 0..{vocabulary - 1})",
+            hint="token ids come from the artifact's tokenizer, tokenizer/tokenizer.json",
+        )
     if not _is_int(pad) or not 0 <= pad < vocabulary:
-        raise InputError(f"pad_token_id {pad!r} is outside the vocabulary of {vocabulary} (ids 0..{vocabulary - 1})",
-                         hint="pass a pad_token_id the tokenizer has (its pad or eos id)")  # fmt: skip
+        raise InputError(
+            f"pad_token_id {pad!r} is outside the vocabulary of {vocabulary} (ids 0..{vocabulary - 1})",
+            hint="pass a pad_token_id the tokenizer has (its pad or eos id)",
+        )

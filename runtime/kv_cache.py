@@ -135,8 +135,9 @@ class DynamicCacheSession(CacheSession):
 
     def step(self, feeds: StepFeeds) -> np.ndarray:
         self.mask = np.concatenate([self.mask, feeds.new_mask.astype(np.int64)], axis=1)
-        outputs = self._run({**feeds.token_feeds(self.shape.layout.position_ids), "attention_mask": self.mask,
-                             **self.cache})  # fmt: skip
+        outputs = self._run(
+            {**feeds.token_feeds(self.shape.layout.position_ids), "attention_mask": self.mask, **self.cache}
+        )
         self.cache = {name: outputs[present_of(name)] for name in self.cache}
         return _last_logits(outputs["logits"])
 
@@ -160,8 +161,9 @@ class StaticCacheSession(CacheSession):
         """The step's own inputs; the mask's new columns are written first."""
         end = feeds.write_index + feeds.new_tokens
         if end > self.shape.capacity:
-            raise ValueError(f"step writes slots {feeds.write_index}..{end - 1}, past the cache's "
-                             f"{self.shape.capacity}")  # fmt: skip
+            raise ValueError(
+                f"step writes slots {feeds.write_index}..{end - 1}, past the cache's {self.shape.capacity}"
+            )
         self.mask[:, feeds.write_index : end] = feeds.new_mask
         write_indices = np.full(self.shape.rows, feeds.write_index, np.int64)
         return {**feeds.token_feeds(self.shape.layout.position_ids), WRITE_INDICES: write_indices}

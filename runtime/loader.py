@@ -89,9 +89,18 @@ class Model:
         from tensorsmith.runtime.generation_request import check_request
 
         # every setting and token id checked before anything runs (InputError, a ValueError, naming it)
-        request = check_request(self.manifest, str(self.directory), input_ids, attention_mask, max_new_tokens,
-                                Sampling(do_sample, temperature, top_k, top_p), num_beams, eos_token_id,
-                                pad_token_id, seed)  # fmt: skip
+        request = check_request(
+            self.manifest,
+            str(self.directory),
+            input_ids,
+            attention_mask,
+            max_new_tokens,
+            Sampling(do_sample, temperature, top_k, top_p),
+            num_beams,
+            eos_token_id,
+            pad_token_id,
+            seed,
+        )
         if streamer is not None and request.num_beams > 1:  # transformers raises too: beams are reordered
             raise InputError(
                 "a streamer cannot follow beam search (the beams change until the end)",
@@ -106,8 +115,17 @@ class Model:
             return self._backend.open_cache(CacheShape(request.layout, rows, capacity, dtype), static)
 
         generator = Generator(open_cache)
-        return generator.generate(request.prompt, request.mask, request.max_new_tokens, request.sampling,
-                                  request.num_beams, request.eos, request.pad, request.seed, streamer)  # fmt: skip
+        return generator.generate(
+            request.prompt,
+            request.mask,
+            request.max_new_tokens,
+            request.sampling,
+            request.num_beams,
+            request.eos,
+            request.pad,
+            request.seed,
+            streamer,
+        )
 
     def engine(
         self, slots: int = 8, max_sequence_length: int | None = None, max_queue: int = 256, prefill_chunk: int = 256
@@ -175,9 +193,11 @@ def _cpu_variant(directory: Path, manifest: Manifest) -> tuple[Path, VariantReco
             variant = manifest.variant(target.variant)
             return verified_file(directory, variant.path, variant.sha256), variant
     if manifest.model is None:
-        raise ArtifactError(f"{directory} has neither a cpu target nor the fp32 reference graph to run without its "
-                            "targets' GPUs (a large decoder's reference is left out)",
-                            hint="compile it again with --target cpu")  # fmt: skip
+        raise ArtifactError(
+            f"{directory} has neither a cpu target nor the fp32 reference graph to run without its "
+            "targets' GPUs (a large decoder's reference is left out)",
+            hint="compile it again with --target cpu",
+        )
     return verified_file(directory, manifest.model.path, manifest.model.sha256), None
 
 
@@ -214,8 +234,9 @@ def _cpu_backend(
         logger.info("%s", reason)
     disabled = variant.onnxruntime_disabled_optimizers if variant is not None and cpu else []
     config = variant.onnxruntime_session_config if variant is not None and cpu else {}
-    chosen = OnnxRuntimeBackend(path, inputs, outputs, providers, limits=manifest.dims,
-                                disabled_optimizers=disabled, session_config=config)  # fmt: skip
+    chosen = OnnxRuntimeBackend(
+        path, inputs, outputs, providers, limits=manifest.dims, disabled_optimizers=disabled, session_config=config
+    )
     return chosen, reason
 
 

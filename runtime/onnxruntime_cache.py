@@ -27,8 +27,9 @@ def run_bound(session: Any, binding: Any, what: str) -> None:
 
 
 class OnnxRuntimeStaticCache(StaticCacheSession):
-    def __init__(self, session: Any, shape: CacheShape, vocabulary: int, logits_dtype: np.dtype, device: str = "cpu"
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self, session: Any, shape: CacheShape, vocabulary: int, logits_dtype: np.dtype, device: str = "cpu"
+    ) -> None:
         super().__init__(self._unused_run, shape)
         import onnxruntime
 

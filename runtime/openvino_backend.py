@@ -59,8 +59,11 @@ class OpenVinoBackend(Backend):
             import openvino
         except ImportError as err:
             raise RuntimeLoadError("openvino is not installed", hint=INSTALL_HINT) from err
-        properties: dict[str, object] = {"PERFORMANCE_HINT": performance_hint,
-                                         "INFERENCE_PRECISION_HINT": inference_precision, **SAFE_CONFIG}  # fmt: skip
+        properties: dict[str, object] = {
+            "PERFORMANCE_HINT": performance_hint,
+            "INFERENCE_PRECISION_HINT": inference_precision,
+            **SAFE_CONFIG,
+        }
         if threads is not None:
             properties["INFERENCE_NUM_THREADS"] = threads
         properties.update(config or {})

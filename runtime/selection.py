@@ -25,8 +25,11 @@ def select_engine(manifest: Manifest, device: Device, directory: Path) -> Select
         return Selection(None, device.reason or NO_DEVICE)
     generation = manifest.generation
     if generation is not None and generation.state_layers:  # engines build (checked with tensorrt-rtx); not run
-        return Selection(None, f"layers {generation.state_layers} keep linear-attention states, which the TensorRT "
-                               "runtime does not carry between steps yet")  # fmt: skip
+        return Selection(
+            None,
+            f"layers {generation.state_layers} keep linear-attention states, which the TensorRT "
+            "runtime does not carry between steps yet",
+        )
     built = [t for t in manifest.targets if t.status == "built" and t.engine is not None]
     matching = [t for t in built if t.name == device.compute_capability]
     if not matching:

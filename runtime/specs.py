@@ -87,8 +87,9 @@ def check_feeds(
     return arrays
 
 
-def _check_limit(name: str, axis: int, size: int, dim: str, limit: Mapping[str, int | None] | None,
-                 spec: TensorSpec) -> None:  # fmt: skip
+def _check_limit(
+    name: str, axis: int, size: int, dim: str, limit: Mapping[str, int | None] | None, spec: TensorSpec
+) -> None:
     if limit is None:
         return
     minimum = limit.get("min")

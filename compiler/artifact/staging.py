@@ -204,9 +204,10 @@ def _disk_full(err: OSError, out: Path, staging: Path) -> ConfigError:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     free = shutil.disk_usage(existing).free / 1e9
-    error = ConfigError(f"writing {shown} failed: {err.strerror or 'no space left'}; nothing was written to {out}",
-                        hint=f"{free:.1f} GB are free there now: free some, or write the artifact to another disk "
-                        "with -o")  # fmt: skip
+    error = ConfigError(
+        f"writing {shown} failed: {err.strerror or 'no space left'}; nothing was written to {out}",
+        hint=f"{free:.1f} GB are free there now: free some, or write the artifact to another disk with -o",
+    )
     return error
 
 

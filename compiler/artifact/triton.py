@@ -35,10 +35,17 @@ CONFIG_NAME = "config.pbtxt"
 DEFAULT_QUEUE_DELAY_US = 15000
 # numpy dtype names → model_config.proto DataType
 TRITON_TYPES = {
-    "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "int8": "TYPE_INT8",  # dtypes, not precisions
-    "int16": "TYPE_INT16", "int32": "TYPE_INT32", "int64": "TYPE_INT64", "float16": "TYPE_FP16",
-    "float32": "TYPE_FP32", "float64": "TYPE_FP64", "bfloat16": "TYPE_BF16",
-}  # fmt: skip
+    "bool": "TYPE_BOOL",
+    "uint8": "TYPE_UINT8",
+    "int8": "TYPE_INT8",  # dtypes, not precisions
+    "int16": "TYPE_INT16",
+    "int32": "TYPE_INT32",
+    "int64": "TYPE_INT64",
+    "float16": "TYPE_FP16",
+    "float32": "TYPE_FP32",
+    "float64": "TYPE_FP64",
+    "bfloat16": "TYPE_BF16",
+}
 
 
 @dataclass

@@ -32,8 +32,11 @@ def cache_key(
 ) -> str:
     settings = options.cache_settings()
     # one unnamed profile keeps the key engines were cached under before profiles had names
-    shapes = profiles[0].as_record() if len(profiles) == 1 and not profiles[0].name else [
-        {"name": p.name, "shapes": p.as_record()} for p in profiles]  # fmt: skip
+    shapes = (
+        profiles[0].as_record()
+        if len(profiles) == 1 and not profiles[0].name
+        else [{"name": p.name, "shapes": p.as_record()} for p in profiles]
+    )
     described = json.dumps([onnx_sha256, target, builder, version, shapes, settings], sort_keys=True, default=str)
     return hashlib.sha256(described.encode()).hexdigest()
 

@@ -95,8 +95,9 @@ def _external_weights(structure: onnx.ModelProto, directory: Path) -> dict[str, 
 
 
 @contextlib.contextmanager
-def parsed_network(trt: Any, builder: Any, trt_logger: Any, onnx_path: Path, flags: int
-                   ) -> Iterator[tuple[Any, MappedWeights]]:  # fmt: skip
+def parsed_network(
+    trt: Any, builder: Any, trt_logger: Any, onnx_path: Path, flags: int
+) -> Iterator[tuple[Any, MappedWeights]]:
     """A network parsed from `onnx_path`, and the maps its weights point into (kept, with the parser, for the
     block: build inside it, under `weights.shedding()`, and let go of the network before the block ends)."""
     network = builder.create_network(flags)

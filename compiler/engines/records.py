@@ -102,8 +102,9 @@ def build_engines(
         target, variant = get_target(name), variants[name]
         if not target.builders:
             reason = f"runs on {BACKEND_NAMES[variant.backend]}"
-            records[name] = TargetRecord(name=name, variant=variant.name, builder="none", status="not-needed",
-                                         reason=reason)  # fmt: skip
+            records[name] = TargetRecord(
+                name=name, variant=variant.name, builder="none", status="not-needed", reason=reason
+            )
             continue
         try:
             builds[name] = choose_builder(name, config.requested_builder)
@@ -111,25 +112,33 @@ def build_engines(
             reason = (
                 f"{err.message}: on a {target.gpus} machine with TensorRT, run `tensorsmith build OUT --target {name}`"
             )
-            records[name] = TargetRecord(name=name, variant=variant.name, builder=target.on_device_builder,
-                                         status="pending", reason=reason)  # fmt: skip
+            records[name] = TargetRecord(
+                name=name, variant=variant.name, builder=target.on_device_builder, status="pending", reason=reason
+            )
 
     def build(name: str) -> TargetRecord:
         try:
-            return build_engine_record(name, variants[name], inputs, dims, directory, builds[name], config, decoder,
-                                       early)  # fmt: skip
+            return build_engine_record(
+                name, variants[name], inputs, dims, directory, builds[name], config, decoder, early
+            )
         except BuildError as err:
             logger.info("the %s engine failed: %s", name, err)  # in its record; the compile's error names it
-            return TargetRecord(name=name, variant=variants[name].name, builder=builds[name], status="failed",
-                                reason=str(err))  # fmt: skip
+            return TargetRecord(
+                name=name, variant=variants[name].name, builder=builds[name], status="failed", reason=str(err)
+            )
 
-    workers = parallel_builds(len(builds), max((graph_bytes(directory / variants[n].path) for n in builds), default=0),
-                              memory_factor(builds.values()))  # fmt: skip
+    workers = parallel_builds(
+        len(builds),
+        max((graph_bytes(directory / variants[n].path) for n in builds), default=0),
+        memory_factor(builds.values()),
+    )
     if builds:
         names = ", ".join(builds)
         side_by_side = f", {workers} at a time" if workers > 1 else ""
-        reporter.stage(f"building the {names} engine{'s' if len(builds) > 1 else ''} with "
-                       f"{'/'.join(sorted(set(builds.values())))}{side_by_side}")  # fmt: skip
+        reporter.stage(
+            f"building the {names} engine{'s' if len(builds) > 1 else ''} with "
+            f"{'/'.join(sorted(set(builds.values())))}{side_by_side}"
+        )
     # each build runs in its own process (isolated.py): threads here only wait for them
     with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
         records.update(zip(builds, pool.map(build, builds), strict=True))

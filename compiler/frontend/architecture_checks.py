@@ -8,20 +8,43 @@ from typing import Any
 
 from tensorsmith.core.errors import ConfigError
 
-SUPPORTED = ("tensorsmith compiles transformer families' decoders (*ForCausalLM, *LMHeadModel), encoders (*Model) "
-             "and heads (*For…)")  # fmt: skip
+SUPPORTED = (
+    "tensorsmith compiles transformer families' decoders (*ForCausalLM, *LMHeadModel), encoders (*Model) "
+    "and heads (*For…)"
+)
 # model types whose layers keep a state that is no attention's KV cache (state-space, recurrent, hybrids of them)
-RECURRENT_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "zamba",
-                             "zamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h"})  # fmt: skip
+RECURRENT_TYPES = frozenset(
+    {
+        "mamba",
+        "mamba2",
+        "falcon_mamba",
+        "rwkv",
+        "xlstm",
+        "recurrent_gemma",
+        "jamba",
+        "zamba",
+        "zamba2",
+        "bamba",
+        "falcon_h1",
+        "granitemoehybrid",
+        "nemotron_h",
+    }
+)
 # families whose stateful layers the export writes, by the kind config.json's layer_types gives them: Gated DeltaNet
 # as Qwen writes it (compiler/frontend/linear_attention.py), LFM2's short convolutions (short_convolution.py)
-STATE_LAYER_KINDS = {"qwen3_5_text": "linear_attention", "qwen3_5_moe_text": "linear_attention",
-                     "qwen3_next": "linear_attention", "lfm2": "conv", "lfm2_moe": "conv"}  # fmt: skip
+STATE_LAYER_KINDS = {
+    "qwen3_5_text": "linear_attention",
+    "qwen3_5_moe_text": "linear_attention",
+    "qwen3_next": "linear_attention",
+    "lfm2": "conv",
+    "lfm2_moe": "conv",
+}
 
 
 # layer kinds whose only state is a KV cache (or none): an MoE or MLP block, attention in full, a window or chunks
-KV_CACHE_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention", "mlp",
-                                  "moe"})  # fmt: skip
+KV_CACHE_LAYER_KINDS = frozenset(
+    {"full_attention", "sliding_attention", "chunked_attention", "attention", "mlp", "moe"}
+)
 
 
 def check_architecture(directory: Path, architecture: str, config: dict[str, Any]) -> None:
@@ -34,8 +57,10 @@ def check_architecture(directory: Path, architecture: str, config: dict[str, Any
     elif model_type in RECURRENT_TYPES or _stateful_layer_kinds(config):
         kinds = ", ".join(_stateful_layer_kinds(config)) or "state-space or recurrent"
         kind = f"a model with {kinds} layers (model_type {model_type!r})"
-        hint = ("their state is not a KV cache: tensorsmith's decoders cache attention layers' keys and values; "
-                "compile an ONNX export of the model")  # fmt: skip
+        hint = (
+            "their state is not a KV cache: tensorsmith's decoders cache attention layers' keys and values; "
+            "compile an ONNX export of the model"
+        )
     elif config.get("num_kv_shared_layers"):  # Gemma 3n's and 4's small models: later layers read earlier caches
         kind = f"a model whose last {config['num_kv_shared_layers']} layers share earlier layers' keys and values"
         hint = "caches shared between layers are not supported yet; compile an ONNX export of the model"

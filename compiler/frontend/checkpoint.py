@@ -23,10 +23,23 @@ SAVE_TENSORS = "save a state_dict, torch.save(model.state_dict(), path), or use 
 # integer and bool buffers some models save (positions, masks). Anything else (8-bit and smaller: int8, uint8,
 # float8, float4, ...) is a quantized checkpoint, refused by name before the export.
 FLOAT_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
-BUFFER_DTYPES = {"BOOL": "bool", "I16": "int16", "I32": "int32", "I64": "int64", "U16": "uint16", "U32": "uint32",
-                 "U64": "uint64"}  # fmt: skip
-QUANTIZED_DTYPES = {"I8": "int8", "U8": "uint8", "F8_E4M3": "float8_e4m3fn",  # dtypes, not precisions
-                    "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu", "F4": "float4_e2m1fn_x2"}  # fmt: skip
+BUFFER_DTYPES = {
+    "BOOL": "bool",
+    "I16": "int16",
+    "I32": "int32",
+    "I64": "int64",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+}
+QUANTIZED_DTYPES = {
+    "I8": "int8",
+    "U8": "uint8",
+    "F8_E4M3": "float8_e4m3fn",  # dtypes, not precisions
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F4": "float4_e2m1fn_x2",
+}
 FLOAT_WEIGHTS = "tensorsmith reads float32, float16 and bfloat16 weights"
 SAVE_FLOAT = "save the weights unquantized, e.g. after model.to(torch.bfloat16); --precision quantizes them"
 
@@ -137,11 +150,15 @@ def load_checkpoint(module: torch.nn.Module, path: Path) -> None:
             hint="check that the factory builds the same architecture the checkpoint was saved from",
         )
     floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-    quantized = [f"{key} as {str(state[key].dtype).removeprefix('torch.')}" for key in sorted(state)
-                 if expected[key].is_floating_point() and state[key].dtype not in floats]  # fmt: skip
+    quantized = [
+        f"{key} as {str(state[key].dtype).removeprefix('torch.')}"
+        for key in sorted(state)
+        if expected[key].is_floating_point() and state[key].dtype not in floats
+    ]
     if quantized:
-        raise ExportError(f"checkpoint {path} holds float weights quantized ({_names(quantized)}); {FLOAT_WEIGHTS}",
-                          hint=SAVE_FLOAT)  # fmt: skip
+        raise ExportError(
+            f"checkpoint {path} holds float weights quantized ({_names(quantized)}); {FLOAT_WEIGHTS}", hint=SAVE_FLOAT
+        )
     module.load_state_dict(state, strict=True)
     logger.info("loaded %d tensors from %s", len(state), path)
 
@@ -163,20 +180,27 @@ def check_shards(directory: Path) -> None:
         for tensor, file in owner.items():
             expected.setdefault(str(file), set()).add(str(tensor))
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-        raise ConfigError(f"{index} is not a safetensors index ({first_line(err)})",
-                          hint="re-save the model with save_pretrained") from err  # fmt: skip
+        raise ConfigError(
+            f"{index} is not a safetensors index ({first_line(err)})", hint="re-save the model with save_pretrained"
+        ) from err
     for file, tensors in sorted(expected.items()):
         path = directory / file
         if not path.is_file():
-            raise ConfigError(f"{index} names {file} for {len(tensors)} tensors, and {path} does not exist",
-                              hint="copy every shard of the checkpoint (the index lists them)")  # fmt: skip
+            raise ConfigError(
+                f"{index} names {file} for {len(tensors)} tensors, and {path} does not exist",
+                hint="copy every shard of the checkpoint (the index lists them)",
+            )
         try:
             with safe_open(str(path), framework="numpy") as opened:
                 missing = sorted(tensors - set(opened.keys()))
         except (SafetensorError, OSError) as err:
-            raise ConfigError(f"checkpoint shard {path} is truncated or damaged ({first_line(err)})",
-                              hint="copy the shard again: its size must match its header") from err  # fmt: skip
+            raise ConfigError(
+                f"checkpoint shard {path} is truncated or damaged ({first_line(err)})",
+                hint="copy the shard again: its size must match its header",
+            ) from err
         if missing:
-            raise ConfigError(f"{index} places {missing[0]} in {file}, which does not hold it"
-                              + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""),
-                              hint="the index and the shards come from different saves: copy them again")  # fmt: skip
+            raise ConfigError(
+                f"{index} places {missing[0]} in {file}, which does not hold it"
+                + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                hint="the index and the shards come from different saves: copy them again",
+            )

@@ -90,8 +90,14 @@ def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
     if config.get("multi_query") and not config.get("new_decoder_architecture"):
         kv_heads = 1
     head_dim = int(config.get("head_dim") or hidden // heads)
-    return KVLayout(int(layers), int(kv_heads), head_dim, head_dim, states=layer_states(config),
-                    layer_head_dims=_layer_head_dims(config))  # fmt: skip
+    return KVLayout(
+        int(layers),
+        int(kv_heads),
+        head_dim,
+        head_dim,
+        states=layer_states(config),
+        layer_head_dims=_layer_head_dims(config),
+    )
 
 
 def _layer_head_dims(config: dict[str, Any]) -> dict[int, int]:
@@ -133,8 +139,9 @@ def layer_windows(model: HuggingFaceModel) -> list[int | None]:
     return [window] * layers
 
 
-def static_cache_io(inputs: list[TensorRecord], outputs: list[TensorRecord]
-                    ) -> tuple[list[TensorRecord], list[TensorRecord]]:  # fmt: skip
+def static_cache_io(
+    inputs: list[TensorRecord], outputs: list[TensorRecord]
+) -> tuple[list[TensorRecord], list[TensorRecord]]:
     """The static-cache graph's inputs and outputs (passes/static_cache.py) from the dynamic one's: the mask
     over the cache's slots, the caches `cache` long, write_indices [batch] after the other inputs, and logits
     of the last position."""
@@ -172,12 +179,21 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
     # default the config's positions, capped
     declared_total = config.dims.get("total")
     longest = config.generation.max_sequence_length or (
-        declared_total.max if declared_total and declared_total.max else model.max_sequence)  # fmt: skip
+        declared_total.max if declared_total and declared_total.max else model.max_sequence
+    )
     batch = config.generation.max_batch or (config.dims["batch"].max if "batch" in config.dims else None)
-    dims = {**config.dims, "batch": DimRange(max=batch or MAX_BATCH), "sequence": DimRange(max=longest),
-            "past": DimRange(min=0, max=longest - 1), "total": DimRange(max=longest)}  # fmt: skip
-    update: dict[str, object] = {"inputs": config.inputs or inputs, "dims": dims,
-                                 "outputs": config.outputs or ["logits", *present_names(layout)]}  # fmt: skip
+    dims = {
+        **config.dims,
+        "batch": DimRange(max=batch or MAX_BATCH),
+        "sequence": DimRange(max=longest),
+        "past": DimRange(min=0, max=longest - 1),
+        "total": DimRange(max=longest),
+    }
+    update: dict[str, object] = {
+        "inputs": config.inputs or inputs,
+        "dims": dims,
+        "outputs": config.outputs or ["logits", *present_names(layout)],
+    }
     if "opset" not in config.model_fields_set:
         update["opset"] = DECODER_OPSET  # RMSNormalization: ONNX Runtime and TensorRT for RTX take it (measured)
     if "precision" not in config.model_fields_set and any(get_target(t).runs(FP16.name) for t in config.targets):
@@ -186,8 +202,9 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
     return config.model_copy(update=update)
 
 
-def generation_record(model: HuggingFaceModel, config: CompileConfig, kv_cache: str = "dynamic", reason: str = "",
-                      positions: bool = True) -> GenerationRecord:  # fmt: skip
+def generation_record(
+    model: HuggingFaceModel, config: CompileConfig, kv_cache: str = "dynamic", reason: str = "", positions: bool = True
+) -> GenerationRecord:
     layout = kv_layout(model.config, config.mla_cache)
     eos = model.generation_config().get("eos_token_id", model.config.get("eos_token_id"))
     return GenerationRecord(
@@ -264,8 +281,14 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
             cache = DynamicCache()
             cache.layers.extend(cache_layers(past))
             with token_masks_while_tracing(self.model), real_rotation_while_tracing(self.model):
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                 cache=cache, use_cache=True, return_dict=True)  # fmt: skip
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    cache=cache,
+                    use_cache=True,
+                    return_dict=True,
+                )
             presents: list[torch.Tensor] = []
             for layer in out.cache.layers:
                 presents += layer_outputs(layer)

@@ -32,8 +32,9 @@ CHUNK = 64
 POWERS = 6  # (I + L)⁻¹ as the product of (I - L) and (I + L^(2^i)) for i < POWERS: exact for chunks up to 2^6
 
 
-def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule over [b, s, heads, d] inputs (keys' heads repeated to the values'; q and k normalised here, q
     scaled by 1/sqrt(key_dim)), in float32 as transformers computes it: (outputs [b, s, value_heads, dv], the
     final state [b, value_heads, dk, dv])."""
@@ -55,8 +56,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return outputs[:, :length], final
 
 
-def _chunk_step(key_dim: int, value_dim: int, state: torch.Tensor, chunk: list[torch.Tensor]
-                ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _chunk_step(
+    key_dim: int, value_dim: int, state: torch.Tensor, chunk: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk: state [b, h, dk, dv]; the chunk's q, k [b, h, C, dk], v [b, h, C, dv], g, β [b, h, C, 1]
     packed in one tensor (one scanned input: TensorRT for RTX's Myelin mis-shapes a model's several). Its masks
     are made here, from the chunk's length: the body reads nothing from the graph outside it, which the fp16

@@ -55,9 +55,13 @@ def declare_dims(config: CompileConfig) -> DeclaredDims:
     defaults = [identifier for identifier in names.values() if identifier not in dims]
     if defaults:
         batch = f" ('{BATCH_DIM}': the target's max batch)" if BATCH_DIM in defaults else ""
-        logger.warning("no range declared for dynamic dim(s) %s: engines use %s%s; to choose, pass --dim "
-                       "NAME=MIN:OPT:MAX (or set [dims.NAME] min/opt/max in tensorsmith.toml)", ", ".join(defaults),
-                       DEFAULT_RANGE, batch)  # fmt: skip
+        logger.warning(
+            "no range declared for dynamic dim(s) %s: engines use %s%s; to choose, pass --dim "
+            "NAME=MIN:OPT:MAX (or set [dims.NAME] min/opt/max in tensorsmith.toml)",
+            ", ".join(defaults),
+            DEFAULT_RANGE,
+            batch,
+        )
     renamed = {identifier: written for written, identifier in names.items() if identifier != written}
     return DeclaredDims(config.model_copy(update={"inputs": inputs, "dims": dims}), renamed, defaults)
 

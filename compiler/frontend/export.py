@@ -94,8 +94,10 @@ def _export_torch(
         else:
             dynamo = failed.get("dynamo")
             if dynamo is not None:
-                logger.warning("the dynamo exporter failed (%s); exported with the TorchScript exporter instead",
-                               exporter_cause(dynamo))  # fmt: skip
+                logger.warning(
+                    "the dynamo exporter failed (%s); exported with the TorchScript exporter instead",
+                    exporter_cause(dynamo),
+                )
                 logger.debug("the dynamo exporter's traceback", exc_info=dynamo)
             fallback = None if dynamo is None else f"dynamo: {exporter_cause(dynamo)}"
             return ExportedModel(model, "torchscript", fallback, reference, warned)
@@ -159,8 +161,11 @@ def export_source(
             if streamed is not None:
                 return streamed
         module = build_module(source.huggingface, [decl.name for decl in config.inputs], config.mla_cache)
-        stamped = (export_stamped(module, source.huggingface, config, feeds, scratch, module_tensors(module))
-                   if source.is_decoder else None)  # fmt: skip
+        stamped = (
+            export_stamped(module, source.huggingface, config, feeds, scratch, module_tensors(module))
+            if source.is_decoder
+            else None
+        )
         return stamped or _export_torch(module, config, feeds, export_hint(source.huggingface), scratch)
     if config.source_kind == "exported_program":
         program = _load_exported_program(config)

@@ -48,12 +48,31 @@ logger = logging.getLogger(__name__)
 
 ENV_VARIABLE = "TENSORSMITH_EXPORT_CACHE"
 # read by the variants and engines only: a compile that differs in these alone gets the same fused graph
-BACK_END_FIELDS = frozenset({
-    "precision", "budget", "overrides", "sensitivity_samples", "smoothing", "smoothing_alpha", "calibrator",
-    "percentile", "int4_algorithm", "int4_block_size", "calibration", "calibration_samples", "calibration_stats",
-    "calibration_batch_size", "evaluation", "tensorrt_cache_version", "targets", "build", "export_cache_dir",
-    "check_resources", "layerwise",
-})  # fmt: skip
+BACK_END_FIELDS = frozenset(
+    {
+        "precision",
+        "budget",
+        "overrides",
+        "sensitivity_samples",
+        "smoothing",
+        "smoothing_alpha",
+        "calibrator",
+        "percentile",
+        "int4_algorithm",
+        "int4_block_size",
+        "calibration",
+        "calibration_samples",
+        "calibration_stats",
+        "calibration_batch_size",
+        "evaluation",
+        "tensorrt_cache_version",
+        "targets",
+        "build",
+        "export_cache_dir",
+        "check_resources",
+        "layerwise",
+    }
+)
 # the packages whose code exports, rewrites or runs the graph: a new version is a new key
 PACKAGES = ("torch", "transformers", "onnx", "onnxscript", "onnx-ir", "onnx-graphsurgeon", "onnxruntime", "numpy")
 TENSORSMITH_PACKAGES = ("core", "compiler", "passes", "calibration", "runtime", "cli", "samples")

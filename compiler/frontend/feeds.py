@@ -93,12 +93,19 @@ def onnx_source_outputs(config: CompileConfig, model: onnx.ModelProto) -> tuple[
             continue
         if errors:
             # Only verification falls back: the engines' profiles and the cpu timing keep the tuned sizes.
-            logger.warning("%s fails at the sizes its engines are tuned for (%s): %s; verified at %s instead. The "
-                           "engines' profiles and the cpu timing hold sizes it cannot run: declare the sizes it takes "
-                           "with --dim NAME=MIN:OPT:MAX", origin, _shapes(candidates[0]), errors[0].message,
-                           _shapes(feeds))  # fmt: skip
+            logger.warning(
+                "%s fails at the sizes its engines are tuned for (%s): %s; verified at %s instead. The "
+                "engines' profiles and the cpu timing hold sizes it cannot run: declare the sizes it takes "
+                "with --dim NAME=MIN:OPT:MAX",
+                origin,
+                _shapes(candidates[0]),
+                errors[0].message,
+                _shapes(feeds),
+            )
         return feeds, outputs, not errors
     shapes = " and ".join(_shapes(feeds) for feeds in candidates)
-    hint = (f"it ran on example inputs {shapes}; pass sizes the model accepts with --dim NAME=MIN:OPT:MAX "
-            "([dims.NAME] opt), or [[inputs]] value_range for its values")  # fmt: skip
+    hint = (
+        f"it ran on example inputs {shapes}; pass sizes the model accepts with --dim NAME=MIN:OPT:MAX "
+        "([dims.NAME] opt), or [[inputs]] value_range for its values"
+    )
     raise ExportError(errors[0].message, hint=hint) from errors[0]

@@ -165,14 +165,27 @@ def _from_cache(config: CompileConfig, cached: CachedFusedGraph, model_path: Pat
     inputs, outputs = io_records(onnx.load(str(model_path), load_external_data=False))
     if config.source_kind == "factory":  # the same module may come from a checkpoint elsewhere
         checkpoint = config.resolve(config.checkpoint) if config.checkpoint else None
-        named = {"path": config.source, "checkpoint": str(checkpoint) if checkpoint else None,
-                 "sha256": sha256_of(checkpoint) if checkpoint else None}  # fmt: skip
+        named = {
+            "path": config.source,
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "sha256": sha256_of(checkpoint) if checkpoint else None,
+        }
     else:
         named = {"path": str(config.resolve(config.source))}
     source = cached.source.model_copy(update=named)
     record = FileRecord(path=MODEL_NAME, sha256=cached.sha256)
-    return FusedGraph(model_path, record, inputs, outputs, source, cached.reports, cached.accuracy, cached.tuned,
-                      cached.verified, cached.ranges)  # fmt: skip
+    return FusedGraph(
+        model_path,
+        record,
+        inputs,
+        outputs,
+        source,
+        cached.reports,
+        cached.accuracy,
+        cached.tuned,
+        cached.verified,
+        cached.ranges,
+    )
 
 
 def _measured_form(path: Path) -> None:

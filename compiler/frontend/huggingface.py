@@ -13,7 +13,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,6 @@ from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoi
 from tensorsmith.compiler.frontend.routed_experts import register_routed_experts
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line
-from tensorsmith.runtime.manifest import FileRecord, sha256_of
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +35,6 @@ logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
-TOKENIZER_DIRECTORY = "tokenizer"
 MAX_SEQUENCE = 2048  # the default max of the sequence dim: the config's positions, capped here
 # the sizes compiler/frontend/decoder.py reads, under the names transformers' config classes all answer to
 STANDARD_SIZES = ("num_hidden_layers", "num_attention_heads", "hidden_size", "num_key_value_heads")
@@ -59,8 +56,10 @@ class HuggingFaceModel:
 
     @property
     def max_sequence(self) -> int:
-        positions = next((self.config[key] for key in ("max_position_embeddings", "n_positions", "n_ctx")
-                          if self.config.get(key)), MAX_SEQUENCE)  # fmt: skip
+        positions = next(
+            (self.config[key] for key in ("max_position_embeddings", "n_positions", "n_ctx") if self.config.get(key)),
+            MAX_SEQUENCE,
+        )
         return min(int(positions), MAX_SEQUENCE)
 
     @property
@@ -131,8 +130,10 @@ def _with_standard_sizes(config: dict[str, Any]) -> dict[str, Any]:
 def export_hint(model: HuggingFaceModel) -> str:
     """The hint of a directory's failed export: its inputs are tensorsmith's, not the user's to check."""
     version = _transformers().__version__
-    return (f"run with -v for the exporters' tracebacks; tensorsmith declares a {model.architecture}'s inputs "
-            f"itself: please report this with the tracebacks; transformers is {version}")  # fmt: skip
+    return (
+        f"run with -v for the exporters' tracebacks; tensorsmith declares a {model.architecture}'s inputs "
+        f"itself: please report this with the tracebacks; transformers is {version}"
+    )
 
 
 def _check_dtypes(model: HuggingFaceModel) -> None:
@@ -141,8 +142,9 @@ def _check_dtypes(model: HuggingFaceModel) -> None:
     for key in ("dtype", "torch_dtype"):
         declared = model.config.get(key)
         if declared is not None and declared not in CONFIG_DTYPES:
-            raise ConfigError(f"{model.directory / CONFIG_FILE} gives {key} {declared!r}; {FLOAT_WEIGHTS}",
-                              hint=SAVE_FLOAT)  # fmt: skip
+            raise ConfigError(
+                f"{model.directory / CONFIG_FILE} gives {key} {declared!r}; {FLOAT_WEIGHTS}", hint=SAVE_FLOAT
+            )
     quantized = model.quantized
     stored = {name for module in quantized.modules for name in quantized.stored_names(module)} if quantized else set()
     for path in model.weights():
@@ -156,8 +158,10 @@ def declare_model_inputs(config: CompileConfig, model: HuggingFaceModel) -> Comp
     update: dict[str, object] = {}
     if not config.inputs:
         vocabulary = int(model.config.get("vocab_size") or 2)
-        inputs = [InputDecl(name="input_ids", dtype="int64", dims=["batch", "sequence"], value_range=(0, vocabulary)),
-                  InputDecl(name="attention_mask", dtype="int64", dims=["batch", "sequence"])]  # fmt: skip
+        inputs = [
+            InputDecl(name="input_ids", dtype="int64", dims=["batch", "sequence"], value_range=(0, vocabulary)),
+            InputDecl(name="attention_mask", dtype="int64", dims=["batch", "sequence"]),
+        ]
         if "token_type_ids" in _forward_parameters(model):
             inputs.append(InputDecl(name="token_type_ids", dtype="int64", dims=["batch", "sequence"]))
         update["inputs"] = inputs
@@ -220,8 +224,11 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
     slices: dict[str, Any] = {}
     for path in model.weights():
         opened = safe_open(str(path), framework="pt", device="cpu", backend="pread")
-        slices.update((name, opened.get_slice(name)) for name in opened.keys()  # noqa: SIM118 (not iterable)
-                      if owner is None or owner.get(name) == path.name)  # fmt: skip
+        slices.update(
+            (name, opened.get_slice(name))
+            for name in opened.keys()  # noqa: SIM118 (not iterable)
+            if owner is None or owner.get(name) == path.name
+        )
     if model.quantized is not None:  # each quantized weight as the float weight the format's dequantization gives
         for module in model.quantized.modules:
             for name in model.quantized.stored_names(module):
@@ -244,8 +251,12 @@ def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "l
     output tensor. A decoder's latent attention caches as `mla_cache` says (compiler/frontend/latent_attention.py)."""
     import torch
 
-    options = {_dtype_argument(_transformers()): torch.float32, "attn_implementation": "eager",
-               **experts_option(), **_no_hub_kernels(_transformers())}  # fmt: skip
+    options = {
+        _dtype_argument(_transformers()): torch.float32,
+        "attn_implementation": "eager",
+        **experts_option(),
+        **_no_hub_kernels(_transformers()),
+    }
     cls = model_class(model)
     try:
         try:
@@ -279,17 +290,3 @@ def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "l
             return self.model(**{name: given[name] for name in inputs}, return_dict=True)[model.output]
 
     return TaskOutput().eval()
-
-
-def copy_tokenizer(model: HuggingFaceModel, directory: Path) -> list[FileRecord]:
-    """Copy the tokenizer files into the artifact being written, for the runtime (and `generate`) to use."""
-    files = model.tokenizer_files()
-    if not files:
-        return []
-    (directory / TOKENIZER_DIRECTORY).mkdir()
-    records = []
-    for file in files:
-        target = directory / TOKENIZER_DIRECTORY / file.name
-        shutil.copyfile(file, target)
-        records.append(FileRecord(path=f"{TOKENIZER_DIRECTORY}/{file.name}", sha256=sha256_of(target)))
-    return records

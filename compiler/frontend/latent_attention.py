@@ -30,8 +30,9 @@ from tensorsmith.compiler.frontend.complex_rotary import PairAngles, rewrite_com
 from tensorsmith.core.errors import ExportError
 
 # the parts of an MLA module the forwards below compute; a module with others is refused
-KNOWN_PARTS = frozenset({"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
-                         "kv_b_proj", "o_proj"})  # fmt: skip
+KNOWN_PARTS = frozenset(
+    {"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
+)
 
 
 def is_latent_attention(module: torch.nn.Module) -> bool:
@@ -44,8 +45,11 @@ def rewrite_latent_attention(model: torch.nn.Module, mla_cache: str = "latent") 
     for module in latent:
         unknown = sorted(name for name, _ in module.named_children() if name not in KNOWN_PARTS)
         if unknown:  # DeepSeek-V3.2's indexer (its sparse attention's token choice) would be dropped silently
-            raise ExportError(f"{type(module).__name__} holds {', '.join(unknown)}, which the latent attention's "
-                              "export does not compute", hint="this attention is not supported yet")  # fmt: skip
+            raise ExportError(
+                f"{type(module).__name__} holds {', '.join(unknown)}, which the latent attention's "
+                "export does not compute",
+                hint="this attention is not supported yet",
+            )
     forward = _absorbed_forward if mla_cache == "latent" else _full_forward
     for module in latent:
         module.forward = types.MethodType(forward, module)
@@ -54,8 +58,9 @@ def rewrite_latent_attention(model: torch.nn.Module, mla_cache: str = "latent") 
     return len(latent)
 
 
-def _rotate(self: Any, q_rot: torch.Tensor, k_rot: torch.Tensor, position_embeddings: Any
-            ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _rotate(
+    self: Any, q_rot: torch.Tensor, k_rot: torch.Tensor, position_embeddings: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The family's own rotation of the query's and key's rotary parts."""
     if isinstance(position_embeddings, PairAngles):  # adjacent pairs as complex numbers (DeepSeek-V2)
         return rotate_pairs(q_rot, position_embeddings, 1), rotate_pairs(k_rot, position_embeddings, 1)
@@ -69,8 +74,9 @@ def _rotate(self: Any, q_rot: torch.Tensor, k_rot: torch.Tensor, position_embedd
     return rotated
 
 
-def _projections(self: Any, hidden_states: torch.Tensor, position_embeddings: Any
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def _projections(
+    self: Any, hidden_states: torch.Tensor, position_embeddings: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The query's two parts [batch, heads, sequence, qk_nope | qk_rope] and the new tokens' latent
     [batch, 1, sequence, kv_lora_rank] and rotary key [batch, 1, sequence, qk_rope], rotated."""
     batch, sequence = hidden_states.shape[:-1]
@@ -80,8 +86,9 @@ def _projections(self: Any, hidden_states: torch.Tensor, position_embeddings: An
         query = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
     query = query.view(batch, sequence, -1, self.qk_head_dim).transpose(1, 2)
     q_nope, q_rot = torch.split(query, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-    latent, k_rot = torch.split(self.kv_a_proj_with_mqa(hidden_states), [self.kv_lora_rank, self.qk_rope_head_dim],
-                                dim=-1)  # fmt: skip
+    latent, k_rot = torch.split(
+        self.kv_a_proj_with_mqa(hidden_states), [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1
+    )
     latent = self.kv_a_layernorm(latent).view(batch, 1, sequence, self.kv_lora_rank)
     k_rot = k_rot.view(batch, 1, sequence, self.qk_rope_head_dim)
     # LongCat-Flash scales the query and the latent by the LoRA ranks' ratios to the hidden size (the rotary key not)
@@ -98,9 +105,14 @@ def _masked_softmax(scores: torch.Tensor, attention_mask: torch.Tensor | None) -
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
 
 
-def _absorbed_forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Any = None,
-                      attention_mask: torch.Tensor | None = None, cache: Any = None, **kwargs: Any
-                      ) -> tuple[torch.Tensor, None]:  # fmt: skip
+def _absorbed_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     batch, sequence = hidden_states.shape[:-1]
     q_nope, q_rot, latent, k_rot = _projections(self, hidden_states, position_embeddings)
     if cache is not None:
@@ -115,9 +127,14 @@ def _absorbed_forward(self: Any, hidden_states: torch.Tensor, position_embedding
     return self.o_proj(out.transpose(1, 2).reshape(batch, sequence, -1)), None
 
 
-def _full_forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Any = None,
-                  attention_mask: torch.Tensor | None = None, cache: Any = None, **kwargs: Any
-                  ) -> tuple[torch.Tensor, None]:  # fmt: skip
+def _full_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     batch, sequence = hidden_states.shape[:-1]
     q_nope, q_rot, latent, k_rot = _projections(self, hidden_states, position_embeddings)
     decompressed = self.kv_b_proj(latent[:, 0]).view(batch, sequence, self.num_heads, -1).transpose(1, 2)

@@ -38,9 +38,17 @@ TRACED_LAYERS = 2  # layer 0 (it may differ: it reads the embeddings) and layer 
 MIN_LAYERS = 4  # below this the trace of the whole stack costs little
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # the dynamo exporter's module path of each node
 # config.json keys that make some layers differ from others (MoE every k layers, dense first layers, …)
-PER_LAYER_KEYS = ("mlp_only_layers", "first_k_dense_replace", "decoder_sparse_step", "moe_layer_freq",
-                  "interleave_moe_layer_step", "no_rope_layers", "sliding_window_pattern",
-                  "cross_attention_layers", "full_attn_idxs")  # fmt: skip
+PER_LAYER_KEYS = (
+    "mlp_only_layers",
+    "first_k_dense_replace",
+    "decoder_sparse_step",
+    "moe_layer_freq",
+    "interleave_moe_layer_step",
+    "no_rope_layers",
+    "sliding_window_pattern",
+    "cross_attention_layers",
+    "full_attn_idxs",
+)
 
 
 class StampingRefused(Exception):
@@ -135,8 +143,11 @@ def _depending_on(nodes: list[ir.Node], weight_prefix: str) -> set[int]:
     """ids of the values `nodes` (in order) compute from a weight named with `weight_prefix`."""
     found: set[int] = set()
     for node in nodes:
-        if any(value is not None and (id(value) in found or (value.is_graph_input() and
-               str(value.name).startswith(weight_prefix))) for value in node.inputs):  # fmt: skip
+        if any(
+            value is not None
+            and (id(value) in found or (value.is_graph_input() and str(value.name).startswith(weight_prefix)))
+            for value in node.inputs
+        ):
             found.update(id(output) for output in node.outputs)
     return found
 
@@ -167,8 +178,11 @@ def weights_as_inputs(model: ir.Model, stack: LayerStack) -> Iterator[dict[str, 
     fold the output projection's Transpose into a new float32 tensor (2.1 GB written at 8B)."""
     graph = model.graph
     lifted: dict[str, ir.TensorProtocol] = {}
-    referred = {name for name, value in graph.initializers.items()
-                if value.const_value is not None and REFERENCE_KEY in value.const_value.meta}  # fmt: skip
+    referred = {
+        name
+        for name, value in graph.initializers.items()
+        if value.const_value is not None and REFERENCE_KEY in value.const_value.meta
+    }
     for name in [name for name in graph.initializers if name.startswith(f"{stack.path}.") or name in referred]:
         value = graph.initializers.pop(name)
         assert value.const_value is not None
@@ -216,9 +230,14 @@ def stamp_layers(
             elif id(value) in from_first_weights:
                 carried_in.append(value)  # layer 0's activation (the optimizer shares layer 0's shape arithmetic)
     from_template_weights = _depending_on(template, weight_prefix)
-    carried_out = [value for node in template for value in node.outputs if not value.is_graph_output()
-                   and id(value) in from_template_weights
-                   and any(id(user) not in inside for user, _ in value.uses())]  # fmt: skip
+    carried_out = [
+        value
+        for node in template
+        for value in node.outputs
+        if not value.is_graph_output()
+        and id(value) in from_template_weights
+        and any(id(user) not in inside for user, _ in value.uses())
+    ]
     if len(carried_in) != 1 or len(carried_out) != 1:
         counts = f"{len(carried_in)} and hands on {len(carried_out)}"
         raise StampingRefused(f"layer 1 takes {counts} activations, not one")
@@ -251,8 +270,9 @@ def stamp_layers(
             for output in node.outputs:
                 output.name = f"{output.name}{suffix}"
 
-        cloner = Cloner(attr_map={}, value_map=value_map, metadata_props={}, post_process=rename,
-                        allow_outer_scope_values=True)  # fmt: skip
+        cloner = Cloner(
+            attr_map={}, value_map=value_map, metadata_props={}, post_process=rename, allow_outer_scope_values=True
+        )
         clones = [cloner.clone_node(node) for node in template]
         graph.insert_after(anchor, clones)
         for old, name in zip(present, present_names[2 * layer : 2 * layer + 2], strict=True):

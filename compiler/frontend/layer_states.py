@@ -29,8 +29,10 @@ def layer_states(config: dict[str, Any]) -> LayerStates | None:
         key_dim, value_dim = int(config["linear_key_head_dim"]), int(config["linear_value_head_dim"])
         conv_dim = 2 * key_heads * key_dim + value_heads * value_dim
         kernel = int(config.get("linear_conv_kernel_dim", 4))
-        kind, shapes = "linear_attention", {"conv": (conv_dim, kernel - 1), "recurrent": (value_heads, key_dim,
-                                                                                          value_dim)}  # fmt: skip
+        kind, shapes = (
+            "linear_attention",
+            {"conv": (conv_dim, kernel - 1), "recurrent": (value_heads, key_dim, value_dim)},
+        )
     elif config.get("conv_L_cache"):
         kind, shapes = "conv", {"conv": (int(config["hidden_size"]), int(config["conv_L_cache"]) - 1)}
     else:

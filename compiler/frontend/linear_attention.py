@@ -101,8 +101,9 @@ class StateLayer(LinearAttentionCacheLayerMixin):
         raise _not_rewritten()
 
 
-def layer_and_inputs(module: Any, cache: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
-                     ) -> tuple[StateLayer, torch.Tensor]:  # fmt: skip
+def layer_and_inputs(
+    module: Any, cache: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
+) -> tuple[StateLayer, torch.Tensor]:
     """A stateful layer's states in the traced cache, and its inputs with the padding positions zeroed (as
     transformers zeroes them: they leave the states as they are, zero before the prompt)."""
     layer = cache.layers[module.layer_idx] if cache is not None else None
@@ -114,8 +115,10 @@ def layer_and_inputs(module: Any, cache: Any, hidden_states: torch.Tensor, atten
 
 
 def _not_rewritten() -> ExportError:
-    return ExportError("a linear-attention layer's states were set through transformers' cache",
-                       hint="its forward was not rewritten (compiler/frontend/linear_attention.py)")  # fmt: skip
+    return ExportError(
+        "a linear-attention layer's states were set through transformers' cache",
+        hint="its forward was not rewritten (compiler/frontend/linear_attention.py)",
+    )
 
 
 def _projections(self: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -129,8 +132,9 @@ def _projections(self: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return mixed, z, b, a
 
 
-def causal_convolution(conv: torch.nn.Conv1d, inputs: torch.Tensor, state: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def causal_convolution(
+    conv: torch.nn.Conv1d, inputs: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A causal depthwise convolution over [state | inputs] (channels first, without padding: the state is the
     left context, zeros before a prompt): (its output at the new positions, the next state, the last
     kernel - 1 columns)."""
@@ -139,8 +143,9 @@ def causal_convolution(conv: torch.nn.Conv1d, inputs: torch.Tensor, state: torch
     return out.to(inputs.dtype), full[:, :, full.shape[-1] - state.shape[-1] :]
 
 
-def _forward(self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
-             ) -> torch.Tensor:  # fmt: skip
+def _forward(
+    self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
+) -> torch.Tensor:
     layer, hidden_states = layer_and_inputs(self, cache, hidden_states, attention_mask)
     batch, length, _ = hidden_states.shape
     mixed, z, b, a = _projections(self, hidden_states)

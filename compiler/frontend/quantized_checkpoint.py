@@ -157,8 +157,11 @@ def _check_tensors(weights: CheckpointWeights, module: str, layout: Layout) -> N
             )
     scales, (columns, rows) = f"{module}.{layout.scales}", layout.weight_shape(weights, module)
     if not layout.fits((columns, rows), weights.shape(scales)):
-        raise ConfigError(f"{weights.directory}: {scales} {list(weights.shape(scales))} does not split {module}'s "
-                          f"weight [{columns}, {rows}] into its groups or blocks", hint=HINT)  # fmt: skip
+        raise ConfigError(
+            f"{weights.directory}: {scales} {list(weights.shape(scales))} does not split {module}'s "
+            f"weight [{columns}, {rows}] into its groups or blocks",
+            hint=HINT,
+        )
     if f"{module}.g_idx" in weights:  # GPTQ: each row's group (out of row order in act-order: G rows each still)
         groups = weights.shape(scales)[0]
         g_idx = np.asarray(weights.array(f"{module}.g_idx")).astype(np.int64)
@@ -215,8 +218,11 @@ def source_checkpoint(config: CompileConfig) -> QuantizedCheckpoint:
     directory = config.resolve(config.source)
     found = quantized_checkpoint_of(directory)
     if found is None:
-        raise ConfigError(f"--int4-algorithm checkpoint: {config.source} is not a pre-quantized checkpoint (its "
-                          f"config.json has no {FIELD})", hint="use --int4-algorithm awq or rtn")  # fmt: skip
+        raise ConfigError(
+            f"--int4-algorithm checkpoint: {config.source} is not a pre-quantized checkpoint (its "
+            f"config.json has no {FIELD})",
+            hint="use --int4-algorithm awq or rtn",
+        )
     if found.element is not Element.INT4:
         raise ConfigError(
             f"--int4-algorithm checkpoint: {config.source} stores {found.described}, not INT4 codes",

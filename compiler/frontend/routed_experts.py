@@ -27,8 +27,9 @@ EXPERTS_IMPLEMENTATION = "tensorsmith_routed"
 GATHERED_PAIRS = 64  # (token, expert) pairs up to which the chosen experts' weights are gathered per pair
 
 
-def routed_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                           top_k_weights: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def routed_experts_forward(
+    self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     from transformers.integrations.moe import batched_mm_experts_forward
 
     def gathered(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -40,12 +41,14 @@ def routed_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: 
     if not torch.compiler.is_exporting():  # eager runs (the reference): the branch the graph would take
         chosen = gathered if top_k_index.numel() <= GATHERED_PAIRS else every_expert
         return chosen(hidden_states, top_k_index, top_k_weights)
-    return torch.cond(top_k_index.numel() <= GATHERED_PAIRS, gathered, every_expert,
-                      (hidden_states, top_k_index, top_k_weights))  # fmt: skip
+    return torch.cond(
+        top_k_index.numel() <= GATHERED_PAIRS, gathered, every_expert, (hidden_states, top_k_index, top_k_weights)
+    )
 
 
-def _every_expert(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
-                  ) -> torch.Tensor:  # fmt: skip
+def _every_expert(
+    self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """Every expert over every token as one batched product per projection, each output weighted by the router
     (0 where the token did not choose the expert) and summed: weights read once, no shape depends on the routing."""
     experts = torch.arange(self.num_experts, device=hidden_states.device)

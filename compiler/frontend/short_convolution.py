@@ -40,8 +40,9 @@ def rewrite_short_convolution(model: torch.nn.Module) -> int:
     return len(layers)
 
 
-def _forward(self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
-             ) -> torch.Tensor:  # fmt: skip
+def _forward(
+    self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
+) -> torch.Tensor:
     layer, hidden_states = layer_and_inputs(self, cache, hidden_states, attention_mask)
     gate_in, gate_out, x = self.in_proj(hidden_states).transpose(-1, -2).chunk(3, dim=-2)
     convolved, layer.states["conv"] = causal_convolution(self.conv, gate_in * x, layer.states["conv"])

@@ -48,8 +48,10 @@ def open_source(config: CompileConfig) -> Source:
         config = config.model_copy(update={"opset": floor})
     if config.generation.model_fields_set and not (directory and directory.is_decoder):
         what = f"a {directory.architecture}" if directory else f"a {config.source_kind} source"
-        raise ConfigError(f"[generation] is for decoders (a *ForCausalLM checkpoint directory); {config.source} is "
-                          f"{what}", hint="remove [generation]; set the dims' ranges with [dims.NAME]")  # fmt: skip
+        raise ConfigError(
+            f"[generation] is for decoders (a *ForCausalLM checkpoint directory); {config.source} is {what}",
+            hint="remove [generation]; set the dims' ranges with [dims.NAME]",
+        )
     _check_data_kinds(config, decoder)
     if directory is not None:
         declared = declare_dims(declare_model_inputs(config, directory))
@@ -115,8 +117,11 @@ def _check_data_kinds(config: CompileConfig, decoder: bool) -> None:
 def _file_decl(record: TensorRecord, shaped: bool, origin: str) -> InputDecl:
     """An input as the file declares it (a shape of no dims is a scalar; no shape at all is unknown rank)."""
     if record.dtype not in get_args(DType):
-        hint = "declare it with --input NAME:DTYPE:DIMS" if record.dtype == "unknown" else (
-            f"tensorsmith compiles inputs of {', '.join(get_args(DType))}; cast it in the model")  # fmt: skip
+        hint = (
+            "declare it with --input NAME:DTYPE:DIMS"
+            if record.dtype == "unknown"
+            else (f"tensorsmith compiles inputs of {', '.join(get_args(DType))}; cast it in the model")
+        )
         raise ConfigError(f"input '{record.name}' of {origin} has dtype {record.dtype}", hint=hint)
     if not shaped:
         raise ConfigError(

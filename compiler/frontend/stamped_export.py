@@ -12,16 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.compiler.frontend.checkpoint_weights import (
-    CheckpointWeights,
-    checkpoint_names,
-    converts_keys,
-    empty_parameters,
-    load_buffers,
-    parameters_on_meta,
-    release_parameters,
-    weights_while_running,
-)
+from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.compiler.frontend.decoder import kv_cache_module, kv_layout, past_names, present_names
 from tensorsmith.compiler.frontend.exported import ExportedModel, torch_reference
 from tensorsmith.compiler.frontend.exporters import EXPORTED_NAME, dynamo_program, exporter_cause, released_proto
@@ -37,6 +28,15 @@ from tensorsmith.compiler.frontend.layer_stamping import (
     truncated,
     weights_as_inputs,
 )
+from tensorsmith.compiler.frontend.module_weights import (
+    checkpoint_names,
+    converts_keys,
+    empty_parameters,
+    load_buffers,
+    parameters_on_meta,
+    release_parameters,
+    weights_while_running,
+)
 from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_weights
 from tensorsmith.core.checkpoint_references import can_link
 from tensorsmith.core.errors import ExportError
@@ -50,8 +50,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tensorsmith.compiler.frontend.export")  # one logger for the export, as before
 
 
-def build_empty_decoder(model: HuggingFaceModel, weights: CheckpointWeights, mla_cache: str = "latent"
-                        ) -> tuple[torch.nn.Module, dict[str, str]]:  # fmt: skip
+def build_empty_decoder(
+    model: HuggingFaceModel, weights: CheckpointWeights, mla_cache: str = "latent"
+) -> tuple[torch.nn.Module, dict[str, str]]:
     """The decoder's module with no weight loaded (checkpoint_weights.py): its parameters are float32 tensors
     never written, the checkpoint's persistent buffers loaded; with each tensor's name in the checkpoint by its
     name in the module. An ExportError where some parameter has no name in the checkpoint (transformers renames
@@ -64,14 +65,15 @@ def build_empty_decoder(model: HuggingFaceModel, weights: CheckpointWeights, mla
         if model.quantized is not None:  # its weights are read dequantized (quantized_checkpoint.DequantizedWeights)
             del config.quantization_config
         with parameters_on_meta():
-            loaded = cls._from_config(config, dtype=torch.float32, attn_implementation="eager",
-                                      **experts_option())  # fmt: skip
+            loaded = cls._from_config(config, dtype=torch.float32, attn_implementation="eager", **experts_option())
     except Exception as err:  # transformers raises many types for a config it cannot build
         raise ExportError(f"transformers could not build {model.directory}: {first_line(err)}") from err
     names = checkpoint_names(loaded, weights)
     if names is None or converts_keys(loaded):
-        raise ExportError(f"{model.directory}: transformers renames or converts some of {model.architecture}'s "
-                          "tensors as it loads them")  # fmt: skip
+        raise ExportError(
+            f"{model.directory}: transformers renames or converts some of {model.architecture}'s "
+            "tensors as it loads them"
+        )
     try:
         empty_parameters(loaded)  # address space only, but a strict overcommit policy may refuse it
         load_buffers(loaded, weights, names)
@@ -92,8 +94,9 @@ def module_tensors(module: torch.nn.Module) -> WeightTensor:
     return lambda name: ir.Tensor(tensors[name].detach().numpy(), name=name)
 
 
-def _checkpoint_tensors(module: torch.nn.Module, weights: CheckpointWeights, names: dict[str, str],
-                        referable: bool) -> WeightTensor:  # fmt: skip
+def _checkpoint_tensors(
+    module: torch.nn.Module, weights: CheckpointWeights, names: dict[str, str], referable: bool
+) -> WeightTensor:
     """The stamped layers' weights read from the checkpoint when written (a non-persistent buffer, which the
     checkpoint does not hold, from the module); `referable`: stored as references to the checkpoint's bytes."""
     own = module_tensors(module)
@@ -139,11 +142,17 @@ def export_stamped(
         logger.info("tracing every layer: %s", reason or "no module list of the layers")
         return None
     pasts, presents = past_names(layout), present_names(layout)
-    trimmed = config.model_copy(update={
-        "inputs": [decl for decl in config.inputs if decl.name not in pasts[2 * TRACED_LAYERS :]],
-        "outputs": [name for name in config.outputs if name not in presents[2 * TRACED_LAYERS :]]})  # fmt: skip
-    configs = list({id(m.config): m.config for m in module.modules()
-                    if hasattr(getattr(m, "config", None), "num_hidden_layers")}.values())  # fmt: skip
+    trimmed = config.model_copy(
+        update={
+            "inputs": [decl for decl in config.inputs if decl.name not in pasts[2 * TRACED_LAYERS :]],
+            "outputs": [name for name in config.outputs if name not in presents[2 * TRACED_LAYERS :]],
+        }
+    )
+    configs = list(
+        {
+            id(m.config): m.config for m in module.modules() if hasattr(getattr(m, "config", None), "num_hidden_layers")
+        }.values()
+    )
     tensors = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers())}
     warned: list[str] = []
     try:
@@ -156,8 +165,14 @@ def export_stamped(
         with weights_as_inputs(program.model, stack) as lifted:
             program.optimize()  # as the exporter optimizes a whole trace: the fusions match what its rewrites make
             known = set(tensors)
-            stamp_layers(program.model, stack, lambda name: weight_tensor(name) if name in known else None, lifted,
-                         pasts, presents)  # fmt: skip
+            stamp_layers(
+                program.model,
+                stack,
+                lambda name: weight_tensor(name) if name in known else None,
+                lifted,
+                pasts,
+                presents,
+            )
     except StampingRefused as err:
         logger.info("tracing every layer: %s", err)
         return None

@@ -50,8 +50,9 @@ def _lazy_transpose(tensor: Any, perm: list[int], name: str) -> Any:
                 file.write(part.view(np.uint8).data)  # any dtype (bfloat16 too), any file object
 
     shape = ir.Shape([tensor.shape[axis] for axis in perm])
-    transposed = TransposedWeight(functools.partial(_transposed, tensor, perm), dtype=tensor.dtype, shape=shape,
-                                  name=name)  # fmt: skip
+    transposed = TransposedWeight(
+        functools.partial(_transposed, tensor, perm), dtype=tensor.dtype, shape=shape, name=name
+    )
     if (referred := tensor.meta.get(REFERENCE_KEY)) is not None:  # still the checkpoint's bytes, read transposed
         reference, check = referred
         transposed.meta[REFERENCE_KEY] = (reference.transposed(perm), check)

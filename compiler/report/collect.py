@@ -44,14 +44,16 @@ def _fusion(manifest: Manifest) -> list[dict[str, Any]]:
             if not key.endswith(".matched"):
                 continue
             rule = key.removesuffix(".matched")
-            rows.append({
-                "pass": record.name,
-                "rule": rule,
-                "matched": matched,
-                "missed": record.counts.get(f"{rule}.missed", 0),
-                "already_fused": record.counts.get(f"{rule}.already_fused", 0),  # the exporter wrote them
-                "misses": misses.get(rule, []),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "pass": record.name,
+                    "rule": rule,
+                    "matched": matched,
+                    "missed": record.counts.get(f"{rule}.missed", 0),
+                    "already_fused": record.counts.get(f"{rule}.already_fused", 0),  # the exporter wrote them
+                    "misses": misses.get(rule, []),
+                }
+            )
     return rows
 
 
@@ -98,15 +100,17 @@ def _histograms(directory: Path, calibration: dict[str, Any] | None, tensors: li
     rows = []
     for name in chosen[:MOST_SENSITIVE]:
         entry = calibration["tensors"][name]
-        rows.append({
-            "tensor": name,
-            "amax": entry["amax"],
-            "range": statistics[name].histogram_range,  # what the bins cover: [0, 2^e) ⊇ [0, amax]
-            "threshold": entry["threshold"],
-            "method": entry["method"],
-            "quantized": entry["quantize"],
-            "counts": statistics[name].histogram.reshape(PLOTTED_BINS, -1).sum(axis=1).tolist(),
-        })  # fmt: skip
+        rows.append(
+            {
+                "tensor": name,
+                "amax": entry["amax"],
+                "range": statistics[name].histogram_range,  # what the bins cover: [0, 2^e) ⊇ [0, amax]
+                "threshold": entry["threshold"],
+                "method": entry["method"],
+                "quantized": entry["quantize"],
+                "counts": statistics[name].histogram.reshape(PLOTTED_BINS, -1).sum(axis=1).tolist(),
+            }
+        )
     return rows
 
 
@@ -156,13 +160,15 @@ def _variants(directory: Path, manifest: Manifest) -> list[dict[str, Any]]:
     rows = []
     for variant in manifest.variants:
         path = resolve_inside(directory, variant.path)
-        rows.append({
-            "name": variant.name,
-            "precisions": variant.precisions,
-            "accuracy": variant.accuracy,
-            "evaluated_on": variant.evaluated_on,
-            "bytes": path.stat().st_size if path.is_file() else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": variant.name,
+                "precisions": variant.precisions,
+                "accuracy": variant.accuracy,
+                "evaluated_on": variant.evaluated_on,
+                "bytes": path.stat().st_size if path.is_file() else None,
+            }
+        )
     return rows
 
 

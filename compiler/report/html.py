@@ -47,13 +47,18 @@ def _plot(svg: str, caption: str) -> str:
 
 def _steps(report: dict[str, Any]) -> str:
     rows = [(step["name"], step["seconds"]) for step in report["steps"]]
-    passes = [(f"pass {p['name']}" + (f", for variant {p['variant']}" if p.get("variant") else ""), p["seconds"])
-              for p in report["passes"]]  # fmt: skip
+    passes = [
+        (f"pass {p['name']}" + (f", for variant {p['variant']}" if p.get("variant") else ""), p["seconds"])
+        for p in report["passes"]
+    ]
     chart = _plot(report_plots.steps_chart(rows), "seconds per step") if rows else ""
     peaks = [f"{step['peak_rss_bytes'] / 2**30:.2f}" if step.get("peak_rss_bytes") else "" for step in report["steps"]]
     table = [(name, seconds, peak) for (name, seconds), peak in zip(rows, peaks, strict=True)]
-    return "<h2>Pipeline</h2>" + chart + _table(("step", "seconds", "peak resident GB"),
-                                                table + [(name, seconds, "") for name, seconds in passes])  # fmt: skip
+    return (
+        "<h2>Pipeline</h2>"
+        + chart
+        + _table(("step", "seconds", "peak resident GB"), table + [(name, seconds, "") for name, seconds in passes])
+    )
 
 
 def _fusion(report: dict[str, Any]) -> str:
@@ -71,8 +76,9 @@ def _accuracy(report: dict[str, Any]) -> str:
     rows = []
     for variant in report["variants"]:
         accuracy = ", ".join(f"{key} {value:.6g}" for key, value in variant["accuracy"].items())
-        rows.append((variant["name"], " + ".join(variant["precisions"]), variant["bytes"], accuracy,
-                     variant["evaluated_on"]))  # fmt: skip
+        rows.append(
+            (variant["name"], " + ".join(variant["precisions"]), variant["bytes"], accuracy, variant["evaluated_on"])
+        )
     metric = _charted_metric(report)
     chart = report_plots.accuracy_chart(report["variants"], metric)
     axis = report_plots.ACCURACY_AXES.get(metric, metric)
@@ -124,8 +130,10 @@ def _plan(report: dict[str, Any]) -> str:
         return ""
     parts = ["<h2>Precision plan</h2>"]
     for recipe, layers in report["plan"].items():
-        rows = [(layer["name"], layer["module"], layer["op"], layer["precision"], layer["sensitivity"],
-                 layer["reason"]) for layer in layers]  # fmt: skip
+        rows = [
+            (layer["name"], layer["module"], layer["op"], layer["precision"], layer["sensitivity"], layer["reason"])
+            for layer in layers
+        ]
         table = _table(("ONNX node", "PyTorch module", "op", "precision", "sensitivity", "reason"), rows)
         parts.append(f"<details open><summary>{escape(recipe)} ({len(rows)} layers)</summary>{table}</details>")
     return "".join(parts)
@@ -143,8 +151,10 @@ def _cpu(report: dict[str, Any]) -> str:
         latency: dict[str, float] = cpu["latency_ms_batch8"]
         metrics: dict[str, dict[str, float]] = cpu.get("metric", {})  # the figure that chose between them, if any
         columns = ("candidate", "ms, batch 8, ONNX Runtime defaults", *metrics)
-        rows = [(name, latency[name], *(by_candidate.get(name) for by_candidate in metrics.values()))
-                for name in sorted(latency, key=latency.__getitem__)]  # fmt: skip
+        rows = [
+            (name, latency[name], *(by_candidate.get(name) for by_candidate in metrics.values()))
+            for name in sorted(latency, key=latency.__getitem__)
+        ]
         parts.append(_table(columns, rows))
     preparation = cpu.get("dynamic_preparation", {})
     split = preparation.get("split_outlier_neurons", {})
@@ -156,9 +166,12 @@ def _cpu(report: dict[str, Any]) -> str:
             f"{preparation.get('floor_softmax_logits', {}).get('softmax_floored', 0)} Softmax inputs floored at "
             "their row's max − 80 (for ONNX Runtime's fast exp path).</p>"
         )
-        parts.append(_table(("MLP output MatMul", "units kept in float"), [
-            (node, ", ".join(str(unit) for unit in units)) for node, units in split["units"].items()
-        ]))  # fmt: skip
+        parts.append(
+            _table(
+                ("MLP output MatMul", "units kept in float"),
+                [(node, ", ".join(str(unit) for unit in units)) for node, units in split["units"].items()],
+            )
+        )
     session = cpu.get("onnxruntime_session")
     if session:
         chosen = ", ".join(session["disabled_optimizers"]) or "none"
@@ -170,9 +183,19 @@ def _cpu(report: dict[str, Any]) -> str:
 def _engines(report: dict[str, Any]) -> str:
     rows, classes = [], []
     for engine in report["engines"]:
-        rows.append((engine["target"], engine["variant"], engine["status"], engine["builder"],
-                     engine.get("builder_version"), engine.get("bytes"), engine.get("build_seconds"),
-                     engine.get("cache"), engine["reason"]))  # fmt: skip
+        rows.append(
+            (
+                engine["target"],
+                engine["variant"],
+                engine["status"],
+                engine["builder"],
+                engine.get("builder_version"),
+                engine.get("bytes"),
+                engine.get("build_seconds"),
+                engine.get("cache"),
+                engine["reason"],
+            )
+        )
         classes.append(f"status-{engine['status']}")
     columns = ("target", "variant", "status", "builder", "version", "bytes", "build s", "engine cache", "reason")
     return "<h2>Engines</h2>" + _table(columns, rows, classes)

@@ -39,8 +39,10 @@ def _number(value: float) -> str:
 
 
 def _svg(width: int, height: int, body: list[str]) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" {FONT}>' + "".join(body) + "</svg>")  # fmt: skip
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" {FONT}>' + "".join(body) + "</svg>"
+    )
 
 
 def _text(x: float, y: float, text: str, anchor: str = "start") -> str:
@@ -53,8 +55,14 @@ def _ticks(low: float, high: float, log: bool) -> list[float]:
     return [low + (high - low) * index / 4 for index in range(5)]
 
 
-def bar_chart(labels: Sequence[str], values: Sequence[float], xlabel: str, log: bool = False,
-              low: float | None = None, high: float | None = None) -> str:  # fmt: skip
+def bar_chart(
+    labels: Sequence[str],
+    values: Sequence[float],
+    xlabel: str,
+    log: bool = False,
+    low: float | None = None,
+    high: float | None = None,
+) -> str:
     """One horizontal bar per label, the first on top, over a linear or log axis from `low` to `high`."""
     if log:
         positive = [max(value, 1e-12) for value in values] or [1.0]
@@ -79,8 +87,10 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], xlabel: str, log: 
     body = []
     for index, (label, value) in enumerate(zip(shown, values, strict=True)):
         y = top + index * ROW
-        body.append(f'<rect x="{left}" y="{y + 2}" width="{max(place(value), 1):.1f}" height="{ROW - 4}" '
-                    f'fill="{BAR_COLOUR}" shape-rendering="crispEdges"/>')  # fmt: skip
+        body.append(
+            f'<rect x="{left}" y="{y + 2}" width="{max(place(value), 1):.1f}" height="{ROW - 4}" '
+            f'fill="{BAR_COLOUR}" shape-rendering="crispEdges"/>'
+        )
         body.append(_text(left - 6, y + ROW - 5, label, "end"))
     body.append(f'<line x1="{left}" y1="{bottom}" x2="{left + PLOT}" y2="{bottom}" stroke="{AXIS_COLOUR}"/>')
     for tick in _ticks(lo, hi, log):
@@ -124,9 +134,13 @@ def histogram_chart(entry: dict[str, Any]) -> str:
         'shape-rendering="crispEdges"/>',
         _text(left, top + height + 14, "0"),
         _text(left + width, top + height + 14, _number(covered), "end"),
-        _text(left + width / 2, top + height + 30,
-              f"|x| (threshold {_number(entry['threshold'])}, amax {_number(entry['amax'])}; log counts)", "middle"),
-    ]  # fmt: skip
+        _text(
+            left + width / 2,
+            top + height + 30,
+            f"|x| (threshold {_number(entry['threshold'])}, amax {_number(entry['amax'])}; log counts)",
+            "middle",
+        ),
+    ]
     return _svg(width + 2 * left, top + height + 38, body)
 
 

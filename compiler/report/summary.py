@@ -8,8 +8,12 @@ from tensorsmith.compiler.variants.precision_plan import SEARCHED, LayerChoice, 
 from tensorsmith.core.precisions import Quantizes, precision
 from tensorsmith.runtime.manifest import Manifest, PassRecord, SourceRecord, TargetRecord, VariantRecord
 
-SOURCE_KINDS = {"onnx": "an ONNX file", "huggingface": "a Hugging Face directory", "factory": "a PyTorch module",
-                "exported_program": "a torch.export program"}  # fmt: skip
+SOURCE_KINDS = {
+    "onnx": "an ONNX file",
+    "huggingface": "a Hugging Face directory",
+    "factory": "a PyTorch module",
+    "exported_program": "a torch.export program",
+}
 EXPORTERS = {"dynamo": "torch.onnx's dynamo exporter", "torchscript": "torch.onnx's TorchScript exporter"}
 # a fusion rule → (one, several), as the summary counts them
 RULES = {
@@ -21,9 +25,14 @@ RULES = {
     "attention": ("attention block", "attention blocks"),
 }
 FUSED = {"attention_scale": "folded into the Q projection"}  # what a rule did, where it is not "fused"
-METRICS = {"cosine": "cosine {:.6g}", "min-cosine": "min cosine {:.6g}", "sqnr-db": "SQNR {:.4g} dB",
-           "max_relative_error": "max relative error {:.4g}", "perplexity-ratio": "perplexity ratio {:.4g}",
-           "next-token-agreement": "next-token agreement {:.4g}"}  # fmt: skip
+METRICS = {
+    "cosine": "cosine {:.6g}",
+    "min-cosine": "min cosine {:.6g}",
+    "sqnr-db": "SQNR {:.4g} dB",
+    "max_relative_error": "max relative error {:.4g}",
+    "perplexity-ratio": "perplexity ratio {:.4g}",
+    "next-token-agreement": "next-token agreement {:.4g}",
+}
 NAMED = 3  # float layers named per reason; the rest counted
 
 
@@ -150,8 +159,12 @@ def layer_sentence(recipe: RecipePlan, budget: str | None = None) -> str:
     order = sorted(groups, key=lambda name: (precision(name).is_float, name != requested, -len(groups[name])))
     shares = {name: _percent(sum(layer.flops for layer in groups[name]) / total) for name in order}
     head, *rest = order
-    text = ", ".join([f"{len(groups[head])} of {len(layers)} {noun} in {head} ({shares[head]} of their FLOPs)",
-                      *(f"{len(groups[name])} in {name} ({shares[name]})" for name in rest)])  # fmt: skip
+    text = ", ".join(
+        [
+            f"{len(groups[head])} of {len(layers)} {noun} in {head} ({shares[head]} of their FLOPs)",
+            *(f"{len(groups[name])} in {name} ({shares[name]})" for name in rest),
+        ]
+    )
     text += f": {_why(floats, budget)}" if floats else ""
     return text if requested in groups else f"no layer in {requested}; {text}"
 
@@ -161,8 +174,11 @@ def unquantized_variants(plan: PrecisionPlan | None) -> dict[str, str]:
     the sentence that says why: `compile --json`'s `unquantized_variants`."""
     if plan is None:
         return {}
-    return {name: layer_sentence(recipe, plan.budget) for name, recipe in plan.recipes.items()
-            if recipe.layers and all(precision(layer.precision).is_float for layer in recipe.layers)}  # fmt: skip
+    return {
+        name: layer_sentence(recipe, plan.budget)
+        for name, recipe in plan.recipes.items()
+        if recipe.layers and all(precision(layer.precision).is_float for layer in recipe.layers)
+    }
 
 
 def target_sentence(target: TargetRecord) -> str:

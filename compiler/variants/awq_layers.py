@@ -5,39 +5,42 @@ compile killed in the search resumes at the next activation with the same result
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
 from tensorsmith.calibration import CalibrationData, Observer
 from tensorsmith.calibration.awq import ActivationStatistics, collect_statistics, search_clip, search_scale
 from tensorsmith.compiler.variants.resume import LayerRecords
 from tensorsmith.compiler.variants.text_data import prefills_only
+from tensorsmith.compiler.variants.weight_matmuls import GraphSource
 from tensorsmith.core.mapped_graph import values_unkept
 from tensorsmith.core.progress import Reporter
 
-GraphSource = onnx.ModelProto | Path  # a graph in memory, or saved (its weights then memory-mapped when read)
-
 
 def awq_statistics(
-    source: GraphSource, activations: list[str], data: CalibrationData, reporter: Reporter,
+    source: GraphSource,
+    activations: list[str],
+    data: CalibrationData,
+    reporter: Reporter,
     records: LayerRecords | None,
-) -> dict[str, ActivationStatistics]:  # fmt: skip
+) -> dict[str, ActivationStatistics]:
     """Every activation's statistics: read back where a killed compile kept them all, else one observed pass."""
     kept = {name: records.get(f"statistics/{name}") for name in activations} if records is not None else {}
     if kept and all(arrays is not None for arrays in kept.values()):
-        return {name: ActivationStatistics(arrays["total"], int(arrays["count"]), [arrays["sample"]])
-                for name, arrays in kept.items() if arrays is not None}  # fmt: skip
+        return {
+            name: ActivationStatistics(arrays["total"], int(arrays["count"]), [arrays["sample"]])
+            for name, arrays in kept.items()
+            if arrays is not None
+        }
     observer = Observer(source, activations)
     reporter.stage(f"int4 awq: activation statistics of {len(activations)} inputs (one pass over the prefills)")
     statistics = collect_statistics(observer.run(batch) for batch in prefills_only(data).batches())
     del observer  # its session holds the fp32 weights
     for name, found in statistics.items() if records is not None else ():
         assert records is not None and found.total is not None
-        records.put(f"statistics/{name}", {"total": found.total, "count": np.int64(found.count),
-                                           "sample": found.sample})  # fmt: skip
+        records.put(
+            f"statistics/{name}", {"total": found.total, "count": np.int64(found.count), "sample": found.sample}
+        )
     return statistics
 
 

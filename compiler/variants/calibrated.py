@@ -76,8 +76,7 @@ def calibrate_variants(
 def write_table(statistics: Statistics, config: CompileConfig, directory: Path) -> CalibrationTable:
     """Per-tensor thresholds by `config.calibrator`, written as calibration.json, TensorRT's calibration cache and
     the histograms (the report plots them)."""
-    table = build_table(statistics.tensors, config.calibrator, samples=statistics.samples,
-                        percentile=config.percentile)  # fmt: skip
+    table = build_table(statistics.tensors, config.calibrator, samples=statistics.samples, percentile=config.percentile)
     table.write_json(directory / "calibration.json")
     (directory / "calibration").mkdir(exist_ok=True)
     table.write_tensorrt_cache(directory / "calibration" / "int8.cache", config.tensorrt_cache_version)
@@ -98,8 +97,9 @@ def _statistics_of(model: onnx.ModelProto, statistics: Statistics) -> Statistics
             tensors[name] = statistics.tensors[name]
         elif name in smoothed:
             source, inverse = smoothed[name]
-            tensors[name] = smoothed_statistics(name, statistics.channel_amax[source], inverse,
-                                                statistics.tensors[source])  # fmt: skip
+            tensors[name] = smoothed_statistics(
+                name, statistics.channel_amax[source], inverse, statistics.tensors[source]
+            )
     return Statistics(tensors, statistics.channel_amax, statistics.samples)
 
 

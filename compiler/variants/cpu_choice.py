@@ -43,8 +43,10 @@ def session_label(disabled_optimizers: tuple[str, ...] | list[str]) -> str:
 def tune_session(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[str], dict[str, float]]:
     """The ONNX Runtime optimizers to disable for the variant at `path` (the fastest of SESSION_CANDIDATES, if
     it beats the defaults by MIN_GAIN), with every candidate's latency."""
-    measured = latency_ms_in_turn({session_label(disabled): functools.partial(cpu_session, path, disabled)
-                                   for disabled in SESSION_CANDIDATES}, feeds)  # fmt: skip
+    measured = latency_ms_in_turn(
+        {session_label(disabled): functools.partial(cpu_session, path, disabled) for disabled in SESSION_CANDIDATES},
+        feeds,
+    )
     default = measured[session_label(())]
     best = min(SESSION_CANDIDATES, key=lambda disabled: measured[session_label(disabled)])
     if measured[session_label(best)] > default * (1 - MIN_GAIN):
@@ -62,8 +64,9 @@ def tuned(variant: VariantRecord, directory: Path, feeds: dict[str, np.ndarray])
         logger.info("cpu: ONNX Runtime's defaults kept for %s: too large to open a session per candidate", path.name)
         return variant
     disabled, latency = tune_session(path, feeds)
-    logger.info("cpu: %s ms per run by ONNX Runtime session setting; optimizers switched off: %s",
-                latency, disabled or "none")  # fmt: skip
+    logger.info(
+        "cpu: %s ms per run by ONNX Runtime session setting; optimizers switched off: %s", latency, disabled or "none"
+    )
     return variant.model_copy(update={"onnxruntime_disabled_optimizers": disabled})
 
 
@@ -94,9 +97,13 @@ def choose_cpu_variant(
         path = Path(scratch) / "source.onnx"
         save_onnx(model, path)
         dynamic = build_dynamic_variant(
-            path, [name for name in order if name in weight_matmuls], evaluation.feeds, evaluation.reference, budget,
+            path,
+            [name for name in order if name in weight_matmuls],
+            evaluation.feeds,
+            evaluation.reference,
+            budget,
             directory,
-        )  # fmt: skip
+        )
     timed = evaluation.timing if evaluation.timing is not None else evaluation.feeds
     batch = {name: array[:TIMING_BATCH] for name, array in timed.items()}
     chosen, reason, latency = static, "no layer fits the budget with dynamic quantization", {}
@@ -156,8 +163,10 @@ def choose_accuracy_level(
     path = directory / record.path
     if layerwise_segments(path) is not None:  # measured a layer at a time: a whole session per level would not fit
         level = DEFAULT_ACCURACY_LEVEL
-        reason = (f"accuracy level {level} ({ACCURACY_LEVELS[level]}), ONNX Runtime's default, not timed: "
-                  f"{path.name} is measured a layer at a time (a session per level does not fit here)")  # fmt: skip
+        reason = (
+            f"accuracy level {level} ({ACCURACY_LEVELS[level]}), ONNX Runtime's default, not timed: "
+            f"{path.name} is measured a layer at a time (a session per level does not fit here)"
+        )
         updated = record.model_copy(update={"onnxruntime_session_config": {ACCURACY_LEVEL: level}})
         return updated, CpuChoice(variant=record.name, reason=reason)
     timed = evaluation.timing if evaluation.timing is not None else evaluation.feeds
@@ -182,14 +191,17 @@ def choose_accuracy_level(
     chosen = fast if faster and holds else exact
     reason = f"accuracy level {chosen} ({ACCURACY_LEVELS[chosen]}): " + (
         ("faster within the budget" if evaluation.budget is not None else "faster, the metric within tolerance")
-        if chosen == fast else "the int8-activation kernels " +
-        ("were not faster" if not faster else "moved the metric too far"))  # fmt: skip
-    updated = record.model_copy(update={"onnxruntime_session_config": {ACCURACY_LEVEL: chosen},
-                                        "accuracy": figures[chosen]})  # fmt: skip
+        if chosen == fast
+        else "the int8-activation kernels " + ("were not faster" if not faster else "moved the metric too far")
+    )
+    updated = record.model_copy(
+        update={"onnxruntime_session_config": {ACCURACY_LEVEL: chosen}, "accuracy": figures[chosen]}
+    )
     by_level = {f"accuracy level {level}": value for level, value in latency.items()}
     measured = {f"accuracy level {level}": value for level, value in metric.items()}
-    plan = CpuChoice(variant=record.name, reason=reason, latency_ms_batch8=by_level,
-                     metric={_metric_name(evaluation): measured})  # fmt: skip
+    plan = CpuChoice(
+        variant=record.name, reason=reason, latency_ms_batch8=by_level, metric={_metric_name(evaluation): measured}
+    )
     return updated, plan
 
 

@@ -86,9 +86,13 @@ def _quantize_dynamic(source: Path, output: Path, nodes: list[str]) -> None:
     root.addFilter(_no_preprocessing_advice)
     try:
         quantize_dynamic(
-            str(source), str(output), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-            nodes_to_quantize=nodes, per_channel=True,
-        )  # fmt: skip
+            str(source),
+            str(output),
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul"],
+            nodes_to_quantize=nodes,
+            per_channel=True,
+        )
     finally:
         root.removeFilter(_no_preprocessing_advice)
 

@@ -38,8 +38,9 @@ def split_data(config: CompileConfig, inputs: list[TensorRecord]) -> SplitData:
         feeds = concatenated(CalibrationData(evaluation, specs, batch_size=READ_BATCH))
         data = None
         if config.calibration is not None:
-            data = CalibrationData(config.resolve(config.calibration), specs, config.calibration_batch_size,
-                                   config.calibration_samples)  # fmt: skip
+            data = CalibrationData(
+                config.resolve(config.calibration), specs, config.calibration_batch_size, config.calibration_samples
+            )
         return SplitData(data, feeds, str(evaluation))
     assert config.calibration is not None, "checked with the config: --calibration-stats needs --eval-data"
     source = config.resolve(config.calibration)

@@ -117,11 +117,18 @@ def log_kept_for_range(report: PassReport) -> None:
     kept = report.details.get(RANGE_KEPT)
     if not isinstance(kept, dict) or not kept:
         return
-    named = [f"{why.get('module') or node} ({why['op']}: {why['reason']} {why['tensor']} reaches {why['max_abs']:.3g})"
-             for node, why in list(kept.items())[:NAMED]]  # fmt: skip
+    named = [
+        f"{why.get('module') or node} ({why['op']}: {why['reason']} {why['tensor']} reaches {why['max_abs']:.3g})"
+        for node, why in list(kept.items())[:NAMED]
+    ]
     more = f" and {len(kept) - NAMED} more" if len(kept) > NAMED else ""
-    logger.info("%s: %d nodes kept in fp32 for fp16's range: %s%s",
-                report.variant or report.name, len(kept), "; ".join(named), more)  # fmt: skip
+    logger.info(
+        "%s: %d nodes kept in fp32 for fp16's range: %s%s",
+        report.variant or report.name,
+        len(kept),
+        "; ".join(named),
+        more,
+    )
 
 
 @registered(Family.FLOAT)
@@ -149,13 +156,15 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
             try:
                 told = functools.partial(job.written, recipe.floats.name, list(targets)) if job.written else None
                 engines_only = all(get_target(target).builders for target in targets)
-                built = build_float_variant(fused.path, recipe.floats, reference_outputs, feeds, directory,
-                                            out_of_range, told, engines_only)  # fmt: skip
+                built = build_float_variant(
+                    fused.path, recipe.floats, reference_outputs, feeds, directory, out_of_range, told, engines_only
+                )
                 record = built.record
                 if text is not None and expected is not None:
                     measured_on = built.measured_on if built.measured_on is not None else directory / record.path
-                    record = with_language_metrics(record, text, expected, token_figures(measured_on, text.feeds,
-                                                                                         text.tokens))  # fmt: skip
+                    record = with_language_metrics(
+                        record, text, expected, token_figures(measured_on, text.feeds, text.tokens)
+                    )
             finally:
                 drop_twin(variant_path(directory, recipe.floats.name))
             report = name_modules(built.report, fused.path)

@@ -14,12 +14,12 @@ from typing import cast
 from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
-from tensorsmith.compiler.variants.int4 import WeightMatMuls, weight_matmuls
 from tensorsmith.compiler.variants.measure import measure_variant
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, PrecisionPlan, RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import rewrite_file, variant_path
 from tensorsmith.compiler.variants.stored_codes import stored_checkpoint, stored_weights
+from tensorsmith.compiler.variants.weight_matmuls import WeightMatMuls, weight_matmuls
 from tensorsmith.compiler.variants.weight_only_builder import weight_only_evaluation, without_gemm
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import remove_onnx

@@ -6,15 +6,12 @@ Runtime), each measured against the fp32 graph, as a language model where the mo
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
 from tensorsmith.calibration import CalibrationData
@@ -25,15 +22,14 @@ from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.resume import LayerRecords
 from tensorsmith.compiler.variants.rewrite import rewrite, rewrite_file, rewritten, variant_path
+from tensorsmith.compiler.variants.weight_matmuls import GraphSource, source_graph, weight_array, weight_matmuls
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import load_onnx
-from tensorsmith.core.mapped_graph import load_mapped, values_unkept, weights_released
-from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT, NVFP4, float_precisions
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import GraphPass, PassReport
-from tensorsmith.passes.int4 import SMALLER_BLOCKS, Int4Weight, WeightOnlyInt4, WeightOnlyInt8, layer_block
-from tensorsmith.passes.matching import constant_value
+from tensorsmith.passes.int4 import Int4Weight, WeightOnlyInt4
+from tensorsmith.passes.int8_weights import WeightOnlyInt8
 from tensorsmith.passes.quantize import InsertQDQ
 from tensorsmith.runtime.manifest import VariantRecord
 
@@ -58,68 +54,6 @@ class Int4Plan:
         return self.weights[name].block or self.block
 
 
-@dataclass(frozen=True)
-class WeightMatMuls:
-    chosen: dict[str, tuple[str, gs.Constant]]  # node → (input activation, weight [K, N]: read with weight_array)
-    skipped: dict[str, str]  # node → why it stays in float
-    layers: dict[str, tuple[str, str, int]]  # every weight MatMul → (module, input activation, weight elements)
-    blocks: dict[str, int] = field(default_factory=dict)  # chosen node → its block where smaller than asked
-
-
-GraphSource = onnx.ModelProto | Path  # a graph in memory, or saved (its weights then memory-mapped when read)
-
-
-@contextlib.contextmanager
-def source_graph(source: GraphSource) -> Iterator[tuple[gs.Graph, onnx.ModelProto]]:
-    """onnx-graphsurgeon's graph of `source` and the proto whose node metadata (module paths) it was read from,
-    the values read from it let go after the block (mapped_graph.weights_released)."""
-    graph, structure = load_mapped(source) if isinstance(source, Path) else (gs.import_onnx(source), source)
-    with weights_released(graph):
-        yield graph, structure
-
-
-def weight_array(weight: gs.Constant) -> np.ndarray:
-    """A weight's values in fp32, read for this use only: a memory-mapped weight is not kept loaded by its graph
-    (every weight of a 1B model held at once would be its size again in memory)."""
-    return np.asarray(values_unkept(weight), dtype=np.float32)
-
-
-def weight_matmuls(source: GraphSource, block: int) -> WeightMatMuls:
-    """The MatMuls with a constant 2-D float weight, and which of them INT4 can take (in `block`, or the largest
-    smaller block that divides their K)."""
-    with source_graph(source) as (graph, structure):
-        return _weight_matmuls(graph, module_paths_recorded(structure), block)  # module paths: frontend/fused.py
-
-
-def _weight_matmuls(graph: gs.Graph, modules: dict[str, str], block: int) -> WeightMatMuls:
-    chosen, skipped, layers, blocks = {}, {}, {}, {}
-    for node in graph.nodes:
-        if node.op != "MatMul" or constant_value(node.inputs[0]) is not None:
-            continue
-        weight = node.inputs[1]
-        if not isinstance(weight, gs.Constant) or len(weight.shape) != 2 or not _is_float(weight.dtype):
-            continue
-        rows, columns = (int(dim) for dim in weight.shape)
-        layers[node.name] = (modules.get(node.name, ""), node.inputs[0].name, rows * columns)
-        fits = layer_block(rows, block)
-        if fits is None:
-            smallest = min(block, *SMALLER_BLOCKS)
-            skipped[node.name] = f"input dim {rows} is not a multiple of {smallest} (the smallest block)"
-            continue
-        chosen[node.name] = (node.inputs[0].name, weight)
-        if fits != block:
-            blocks[node.name] = fits
-    return WeightMatMuls(chosen, skipped, layers, blocks)
-
-
-def _is_float(dtype: object) -> bool:
-    """numpy's float kinds; onnx-graphsurgeon gives a type numpy has none of (bf16) as ONNX's enum."""
-    try:
-        return np.dtype(dtype).kind == "f"  # type: ignore[call-overload]
-    except TypeError:
-        return False
-
-
 def plan_int4(
     source: GraphSource,
     algorithm: str,
@@ -134,8 +68,12 @@ def plan_int4(
     found = weight_matmuls(source, block)
     matmuls, skipped, smaller = found.chosen, found.skipped, found.blocks
     if smaller:
-        logger.info("int4: %d of %d weight layers take a smaller block than %d (their K is not a multiple of it)",
-                    len(smaller), len(matmuls), block)  # fmt: skip
+        logger.info(
+            "int4: %d of %d weight layers take a smaller block than %d (their K is not a multiple of it)",
+            len(smaller),
+            len(matmuls),
+            block,
+        )
     for name, reason in skipped.items():  # said on the console: never silently float
         logger.warning("int4: %s stays in float: %s", found.layers[name][0] or name, reason)
     if algorithm == "rtn":
@@ -166,9 +104,15 @@ def tied_projection_names(source: GraphSource) -> set[str]:
     from tensorsmith.passes.embeddings import MIN_ROWS, row_block, tied_projections
 
     with source_graph(source) as (graph, _):
-        tables = [node.inputs[0] for node in graph.nodes if node.op == "Gather" and isinstance(node.inputs[0],
-                  gs.Constant) and len(node.inputs[0].shape) == 2 and node.inputs[0].shape[0] >= MIN_ROWS
-                  and row_block(node.inputs[0].shape[1])]  # fmt: skip
+        tables = [
+            node.inputs[0]
+            for node in graph.nodes
+            if node.op == "Gather"
+            and isinstance(node.inputs[0], gs.Constant)
+            and len(node.inputs[0].shape) == 2
+            and node.inputs[0].shape[0] >= MIN_ROWS
+            and row_block(node.inputs[0].shape[1])
+        ]
         return {node.name for table in tables for node in tied_projections(graph, weight_array(table))}
 
 
@@ -199,14 +143,18 @@ def build_int4_variant(
     # an output projection tied to the table reads the same INT4 table when it is in INT4 itself
     cpu = recipe.on_cpu
     tied = set() if cpu or not tables else {n for n in tied_projection_names(model) if levels.get(n) == INT4.name}
-    weights = {node: weight for node, weight in plan.weights.items()
-               if levels.get(node) == INT4.name and node not in tied}  # fmt: skip
+    weights = {
+        node: weight for node, weight in plan.weights.items() if levels.get(node) == INT4.name and node not in tied
+    }
     int8 = frozenset(node for node, level in levels.items() if level == INT8_WEIGHT.name)
     nvfp4 = frozenset(node for node, level in levels.items() if level == NVFP4.name)
     # the requested precision's pass counts the layers left in float as skipped (each of the others is quantized
     # by one pass): its report then agrees with precision.json
-    floats = {node: plan.skipped.get(node, "kept in float by the plan") for node in plan.layers
-              if levels.get(node) in {None, *(record.name for record in float_precisions())}}  # fmt: skip
+    floats = {
+        node: plan.skipped.get(node, "kept in float by the plan")
+        for node in plan.layers
+        if levels.get(node) in {None, *(record.name for record in float_precisions())}
+    }
     own = recipe.quantized is NVFP4
     passes: list[GraphPass] = [WeightOnlyInt4(weights, plan.block, {} if own else floats), WeightOnlyInt8(int8)]
     if nvfp4 or own:
@@ -272,8 +220,17 @@ def int4_recipe_plan(
         if name in plan.weights and plan.block_of(name) != plan.block:
             reason += f"; block {plan.block_of(name)} (its K is not a multiple of {plan.block})"
         floats = level in (FP16.name, FP32.name)
-        choices.append(LayerChoice(name=name, module=module, op="MatMul", inputs=[activation], flops=elements,
-                                   precision=recipe.floats.name if floats else level, reason=reason))  # fmt: skip
+        choices.append(
+            LayerChoice(
+                name=name,
+                module=module,
+                op="MatMul",
+                inputs=[activation],
+                flops=elements,
+                precision=recipe.floats.name if floats else level,
+                reason=reason,
+            )
+        )
     quantized = {choice.name for choice in choices if choice.precision != recipe.floats.name}
     fraction = quantized_fraction({choice.name: choice.flops for choice in choices}, quantized)
     return RecipePlan(

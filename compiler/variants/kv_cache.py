@@ -66,9 +66,14 @@ def check_static_cache(config: CompileConfig) -> None:
     if _wanted(config) != STATIC:
         return
     gpu = [name for name in config.targets if get_target(name).builders]
-    reason = ("--no-fuse leaves attention decomposed" if not config.fuse else
-              f"fp32 on {', '.join(gpu)} keeps attention decomposed (TensorRT for RTX builds ONNX Attention in fp16 "
-              "or lower only)" if config.precision == FP32.name and gpu else None)  # fmt: skip
+    reason = (
+        "--no-fuse leaves attention decomposed"
+        if not config.fuse
+        else f"fp32 on {', '.join(gpu)} keeps attention decomposed (TensorRT for RTX builds ONNX Attention in fp16 "
+        "or lower only)"
+        if config.precision == FP32.name and gpu
+        else None
+    )
     if reason:
         raise ConfigError(f"no static KV cache: {reason}", hint="compile with --kv-cache dynamic, or fp16 for GPUs")
 
@@ -90,8 +95,9 @@ def static_layout(config: CompileConfig, io: tuple[list[TensorRecord], list[Tens
     )
 
 
-def early_graph(path: Path, targets: list[str], model: HuggingFaceModel, config: CompileConfig, scratch: Path
-                ) -> EarlyGraph | None:  # fmt: skip
+def early_graph(
+    path: Path, targets: list[str], model: HuggingFaceModel, config: CompileConfig, scratch: Path
+) -> EarlyGraph | None:
     """The generation graph of the variant just written at `path` (run by `targets`), written into `scratch` under
     the same name: the very graph `generation_graphs` would write once the variant is measured, so its engines can
     be built meanwhile. None where that graph is not known yet: a variant a cpu target runs too, a dynamic cache,
@@ -150,8 +156,10 @@ def generation_graphs(
         scales, described = cache_scales(config, reference, inputs, verification)
         logger.info("fp8 KV cache: %d scales from %s", len(scales), described)
         evaluation = text_evaluation(config, inputs, reference)
-        records = [with_fp8_perplexity(r, reference, directory, evaluation, scales) if r.name in engines_only else r
-                   for r in records]  # fmt: skip
+        records = [
+            with_fp8_perplexity(r, reference, directory, evaluation, scales) if r.name in engines_only else r
+            for r in records
+        ]
     rewritten: list[VariantRecord] = []
     reports: list[PassReport] = []
     for record in records:
@@ -198,8 +206,9 @@ def _link_over(source: Path, destination: Path) -> None:
     os.replace(partial, destination)
 
 
-def _kept_dynamic(records: list[VariantRecord], dynamic: CacheLayout, reason: str, wanted: str | None
-                  ) -> tuple[list[VariantRecord], CacheLayout]:  # fmt: skip
+def _kept_dynamic(
+    records: list[VariantRecord], dynamic: CacheLayout, reason: str, wanted: str | None
+) -> tuple[list[VariantRecord], CacheLayout]:
     if wanted == STATIC:
         raise ConfigError(f"no static KV cache: {reason}", hint="compile with --kv-cache dynamic")
     logger.info("generation graphs keep the dynamic KV cache: %s", reason)
@@ -212,8 +221,14 @@ def _wanted(config: CompileConfig) -> str | None:
     return config.generation.kv_cache or (STATIC if fp8 else None)
 
 
-def _rewrite(path: Path, windows: list[int | None], capacity: int | None, fp8_scales: dict[str, float],
-             engines_only: bool = False, destination: Path | None = None) -> list[PassReport]:  # fmt: skip
+def _rewrite(
+    path: Path,
+    windows: list[int | None],
+    capacity: int | None,
+    fp8_scales: dict[str, float],
+    engines_only: bool = False,
+    destination: Path | None = None,
+) -> list[PassReport]:
     """The static cache's reports (and the fp8 cache's, given its scales; and, for a graph only engines are built
     from, the tied projection's: ONNX Runtime would fold its Transpose back into a copy). The graph is saved at
     `destination`, by default over itself."""

@@ -56,22 +56,30 @@ def check_cache_precision(config: CompileConfig) -> None:
     reason, hint = (
         ("--kv-cache dynamic keeps the cache in the variant's dtype", "drop --kv-cache dynamic")
         if config.generation.kv_cache == "dynamic"
-        else (f"no GPU target among {', '.join(config.targets)} (the cpu variant's cache is fp32)",
-              "add a GPU target of sm_89 or later")
+        else (
+            f"no GPU target among {', '.join(config.targets)} (the cpu variant's cache is fp32)",
+            "add a GPU target of sm_89 or later",
+        )
         if not gpu
         else (f"{', '.join(slow)} cannot run fp8 (sm_89 and later can)", "drop those targets or the option")
         if slow
-        else (f"TensorRT's KV-cache update takes no fp8 cache (tensorrt-rtx 1.7: \"{TENSORRT_REFUSAL}\")",
-              "drop the option: the cache stays in the engine's dtype (fp16)")
+        else (
+            f'TensorRT\'s KV-cache update takes no fp8 cache (tensorrt-rtx 1.7: "{TENSORRT_REFUSAL}")',
+            "drop the option: the cache stays in the engine's dtype (fp16)",
+        )
         if not ENGINES_TAKE_FP8_CACHE
         else (None, None)
-    )  # fmt: skip
+    )
     if reason:
         raise ConfigError(f"generation.kv_cache_precision = fp8: {reason}", hint=hint)
 
 
-def cache_scales(config: CompileConfig, reference: Path, inputs: list[TensorRecord],
-                 verification: Callable[[], dict[str, np.ndarray]]) -> tuple[dict[str, float], str]:  # fmt: skip
+def cache_scales(
+    config: CompileConfig,
+    reference: Path,
+    inputs: list[TensorRecord],
+    verification: Callable[[], dict[str, np.ndarray]],
+) -> tuple[dict[str, float], str]:
     """Each present's scale (name → amax / 448) on the fp32 graph, and what it was measured on."""
     text = config.calibration if config.calibration is not None else config.evaluation
     if text is not None:
@@ -82,17 +90,22 @@ def cache_scales(config: CompileConfig, reference: Path, inputs: list[TensorReco
         feeds, described = verification(), "the verification feeds"
     names = [output.name for output in onnx.load(str(reference), load_external_data=False).graph.output]
     values = run_onnx(reference, feeds)
-    scales = {name: fp8_scale(float(np.abs(value).max()))
-              for name, value in zip(names, values, strict=True) if name.startswith("present.")}  # fmt: skip
+    scales = {
+        name: fp8_scale(float(np.abs(value).max()))
+        for name, value in zip(names, values, strict=True)
+        if name.startswith("present.")
+    }
     return scales, described
 
 
-def with_fp8_perplexity(record: VariantRecord, reference: Path, directory: Path, evaluation: TextEvaluation | None,
-                        scales: dict[str, float]) -> VariantRecord:  # fmt: skip
+def with_fp8_perplexity(
+    record: VariantRecord, reference: Path, directory: Path, evaluation: TextEvaluation | None, scales: dict[str, float]
+) -> VariantRecord:
     """`record` with the fp8 cache's language-model metrics added (`kv_fp8_…`), simulated on its dynamic graph."""
     if evaluation is None:
-        logger.warning("%s: the fp8 KV cache is not measured: the compile has no evaluation text (--eval-data)",
-                       record.name)  # fmt: skip
+        logger.warning(
+            "%s: the fp8 KV cache is not measured: the compile has no evaluation text (--eval-data)", record.name
+        )
         return record
     graph = gs.import_onnx(load_onnx(directory / record.path))
     run_passes(graph, [QuantizedCache(scales, simulate=True)])
@@ -102,9 +115,14 @@ def with_fp8_perplexity(record: VariantRecord, reference: Path, directory: Path,
         logger.warning("%s: the fp8 KV cache is not measured: %s", record.name, err)
         return record
     expected = run_onnx(reference, evaluation.feeds)[0]
-    measured = {f"{PREFIX}{key}": value
-                for key, value in language_model_metrics(evaluation.tokens, expected, actual).items()}  # fmt: skip
-    logger.info("%s: fp8 KV cache perplexity %.4f (ratio %.4f over fp32; the variant's own cache: %s)", record.name,
-                measured[f"{PREFIX}perplexity"], measured[f"{PREFIX}perplexity-ratio"],
-                record.accuracy.get("perplexity", "not measured"))  # fmt: skip
+    measured = {
+        f"{PREFIX}{key}": value for key, value in language_model_metrics(evaluation.tokens, expected, actual).items()
+    }
+    logger.info(
+        "%s: fp8 KV cache perplexity %.4f (ratio %.4f over fp32; the variant's own cache: %s)",
+        record.name,
+        measured[f"{PREFIX}perplexity"],
+        measured[f"{PREFIX}perplexity-ratio"],
+        record.accuracy.get("perplexity", "not measured"),
+    )
     return record.model_copy(update={"accuracy": {**record.accuracy, **measured}})

@@ -9,9 +9,11 @@ import numpy as np
 import onnx
 
 from tensorsmith.calibration.weight_search import FLOAT, INT4, INT8_WEIGHT, ONE_BYTE, WITH_ACTIVATIONS, LayerOptions
-from tensorsmith.compiler.variants.int4 import Int4Plan, weight_array, weight_matmuls
+from tensorsmith.compiler.variants.int4 import Int4Plan
+from tensorsmith.compiler.variants.weight_matmuls import weight_array, weight_matmuls
 from tensorsmith.core.precisions import INT8, NVFP4
-from tensorsmith.passes.int4 import dequantize_int4, int8_weight, quantize_int4
+from tensorsmith.passes.int4 import dequantize_int4, quantize_int4
+from tensorsmith.passes.int8_weights import int8_weight
 from tensorsmith.passes.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from tensorsmith.passes.quantize import quantize_weights
 
@@ -48,10 +50,18 @@ def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) 
         if NVFP4.name in levels.allowed and NVFP4.block and rows % NVFP4.block == 0:
             weights[NVFP4.name] = dequantize_nvfp4(quantize_nvfp4(weight, NVFP4.block))
         one_byte = rows * columns + 2 * columns
-        stored = {FLOAT: 2 * rows * columns, **dict.fromkeys(ONE_BYTE, one_byte),
-                  INT4: rows * columns // 2 + 2 * (rows // block) * columns,
-                  NVFP4.name: rows * columns // 2 + rows // (NVFP4.block or 1) * columns + 4}  # fmt: skip
+        stored = {
+            FLOAT: 2 * rows * columns,
+            **dict.fromkeys(ONE_BYTE, one_byte),
+            INT4: rows * columns // 2 + 2 * (rows // block) * columns,
+            NVFP4.name: rows * columns // 2 + rows // (NVFP4.block or 1) * columns + 4,
+        }
         pinned = levels.pinned.get(name, (None, ""))[0]
-        options[name] = LayerOptions({level: values.astype(np.float32) for level, values in weights.items()},
-                                     stored, activation, activation_scales, pinned)  # fmt: skip
+        options[name] = LayerOptions(
+            {level: values.astype(np.float32) for level, values in weights.items()},
+            stored,
+            activation,
+            activation_scales,
+            pinned,
+        )
     return options

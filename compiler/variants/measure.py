@@ -59,8 +59,11 @@ def measure_session(session: Any, evaluation: Evaluation) -> Figures:
     reference, budget = evaluation.reference, evaluation.budget
     per_row = row_bytes(reference)
     # a user's metric is a function of whole outputs (and a language metric without text is refused by its own)
-    custom = budget is not None and budget.metric not in METRICS and not (budget.is_language and evaluation.tokens
-                                                                          is not None)  # fmt: skip
+    custom = (
+        budget is not None
+        and budget.metric not in METRICS
+        and not (budget.is_language and evaluation.tokens is not None)
+    )
     if per_row is None or custom:
         return _whole(session, evaluation)
     running = RunningAccuracy(len(reference))

@@ -126,8 +126,14 @@ def build_quantized(
         layers=_layer_choices(layers, quantized, recipe, search, budget),
     )
     logger.info("%s variant: %s, %.0f%% of FLOPs quantized", name, figures, 100 * fraction)
-    record = variant_record(directory, path, name, [precision, recipe.floats.name],
-                            {**figures, "quantized_flops_fraction": fraction}, evaluation.described)  # fmt: skip
+    record = variant_record(
+        directory,
+        path,
+        name,
+        [precision, recipe.floats.name],
+        {**figures, "quantized_flops_fraction": fraction},
+        evaluation.described,
+    )
     return QuantizedVariant(record, report, plan)
 
 

@@ -45,8 +45,9 @@ class Variants:
         """These variants with each record replaced by the one of the same name in `records`."""
         by_name = {record.name: record for record in records}
         records_ = [by_name.get(r.name, r) for r in self.records]
-        return Variants(records_, {t: by_name.get(r.name, r) for t, r in self.by_target.items()}, self.reports,
-                        self.unmet)  # fmt: skip
+        return Variants(
+            records_, {t: by_name.get(r.name, r) for t, r in self.by_target.items()}, self.reports, self.unmet
+        )
 
 
 def build_variants(
@@ -60,8 +61,10 @@ def build_variants(
 ) -> Variants:
     """Write every variant the plan needs into `directory` (variants/, calibration files, precision.json);
     `written` is told of each variant file a builder has finished, before it is measured."""
-    parts = [BUILDERS[family](BuildJob(part, fused, config, directory, reporter, written, records))
-             for family, part in plan.by_family().items()]  # fmt: skip
+    parts = [
+        BUILDERS[family](BuildJob(part, fused, config, directory, reporter, written, records))
+        for family, part in plan.by_family().items()
+    ]
     variants, tuned = _merged(parts), {name for part in parts for name in part.tuned}
     plans = [part.plan for part in parts if part.plan is not None]
     (plans[0] if plans else PrecisionPlan(precision=plan.request)).write(directory)
@@ -70,10 +73,18 @@ def build_variants(
         return variants
     specs = ([record.spec() for record in fused.inputs], [record.spec() for record in fused.outputs])
     # OpenVINO has no TensorScatter (opset 24): a decoder's static KV cache runs on ONNX Runtime
-    static_cache = config.generation.kv_cache != "dynamic" and any(r.name.startswith("past_key_values.")
-                                                                    for r in fused.inputs)  # fmt: skip
-    chosen = choose_cpu_backend(cpu, directory, example_feeds(config, tuned=fused.tuned_sizes), specs, reporter,
-                                cpu.name in tuned, time_openvino=not static_cache)  # fmt: skip
+    static_cache = config.generation.kv_cache != "dynamic" and any(
+        r.name.startswith("past_key_values.") for r in fused.inputs
+    )
+    chosen = choose_cpu_backend(
+        cpu,
+        directory,
+        example_feeds(config, tuned=fused.tuned_sizes),
+        specs,
+        reporter,
+        cpu.name in tuned,
+        time_openvino=not static_cache,
+    )
     return variants.with_records([chosen])
 
 
@@ -82,7 +93,10 @@ def _merged(parts: list[FamilyVariants]) -> Variants:
     recorded it: the last such part's), then each part's records in family order."""
     reference = [part.reference for part in parts if part.reference is not None][-1]
     records = [reference, *(record for part in parts for record in part.records)]
-    by_target = {target: reference if record.name == reference.name else record
-                 for part in parts for target, record in part.by_target.items()}  # fmt: skip
+    by_target = {
+        target: reference if record.name == reference.name else record
+        for part in parts
+        for target, record in part.by_target.items()
+    }
     reports = [report for part in parts for report in part.reports]
     return Variants(records, by_target, reports, [unmet for part in parts for unmet in part.unmet])

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import cast
 
 from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint
-from tensorsmith.compiler.variants.int4 import GraphSource, Int4Plan, WeightMatMuls, weight_array, weight_matmuls
+from tensorsmith.compiler.variants.int4 import Int4Plan
 from tensorsmith.compiler.variants.stored_codes import module_matmuls, stored_weights, with_folded_factor
+from tensorsmith.compiler.variants.weight_matmuls import GraphSource, WeightMatMuls, weight_array, weight_matmuls
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.grouped_int4 import GroupedInt4
 from tensorsmith.passes.int4 import Int4Weight

@@ -55,8 +55,10 @@ def token_windows(config: CompileConfig, path: Path, length: int, limit: int | N
 
         vocabulary = config.resolve(config.source) / "tokenizer.json"
         if not vocabulary.is_file():
-            raise ConfigError(f"{path} is text, and {config.source} has no tokenizer.json to read it with",
-                              hint="pass an .npz of input_ids instead")  # fmt: skip
+            raise ConfigError(
+                f"{path} is text, and {config.source} has no tokenizer.json to read it with",
+                hint="pass an .npz of input_ids instead",
+            )
         if not path.is_file():
             raise ConfigError(f"{path} does not exist", hint="check --calibration and --eval-data")
         tokenizer = Tokenizer.from_file(str(vocabulary))
@@ -93,8 +95,11 @@ def _encode_enough(tokenizer: Any, text: str, needed: int | None) -> list[int]:
 def prefill_feeds(tokens: np.ndarray, inputs: list[TensorRecord]) -> Feeds:
     """The feeds of a prefill of `tokens` [rows, length] with an empty cache."""
     rows, width = tokens.shape
-    feeds = {"input_ids": tokens, "attention_mask": np.ones_like(tokens),
-             "position_ids": np.broadcast_to(np.arange(width), tokens.shape).copy()}  # fmt: skip
+    feeds = {
+        "input_ids": tokens,
+        "attention_mask": np.ones_like(tokens),
+        "position_ids": np.broadcast_to(np.arange(width), tokens.shape).copy(),
+    }
     for record in inputs:
         if record.name.startswith(PAST_PREFIX):
             kv_heads, head_dim = record.shape[1], record.shape[3]
@@ -139,8 +144,11 @@ class DecoderFeeds:
                 outputs = dict(zip(names, session.run(None, prefill), strict=True))
             points = DECODE_POINTS if self.decode_steps else ()
             for past in sorted({max(1, min(length - 1, round(point * length))) for point in points}):
-                step = {"input_ids": tokens[:, past : past + 1], "attention_mask": np.ones((len(tokens), past + 1),
-                        np.int64), "position_ids": np.full((len(tokens), 1), past, np.int64)}  # fmt: skip
+                step = {
+                    "input_ids": tokens[:, past : past + 1],
+                    "attention_mask": np.ones((len(tokens), past + 1), np.int64),
+                    "position_ids": np.full((len(tokens), 1), past, np.int64),
+                }
                 for record in self.inputs:
                     if record.name.startswith(PAST_PREFIX):
                         present = "present." + record.name.removeprefix(PAST_PREFIX)
@@ -188,11 +196,15 @@ def text_split(config: CompileConfig, inputs: list[TensorRecord], reference: Pat
         tokens = token_windows(config, evaluation, length, evaluated)
         described = f"{len(tokens)} windows of {length} tokens of {evaluation.name}"
     elif windows is None:
-        raise ConfigError("--calibration-stats needs --eval-data (no calibration text to hold any out of)",
-                          hint="pass --eval-data PATH")  # fmt: skip
+        raise ConfigError(
+            "--calibration-stats needs --eval-data (no calibration text to hold any out of)",
+            hint="pass --eval-data PATH",
+        )
     elif len(windows) < 2:
-        raise ConfigError(f"{source} gives {len(windows)} window of {length} tokens: none left to evaluate on",
-                          hint="add text, or pass --eval-data")  # fmt: skip
+        raise ConfigError(
+            f"{source} gives {len(windows)} window of {length} tokens: none left to evaluate on",
+            hint="add text, or pass --eval-data",
+        )
     else:
         held = min(evaluated, max(1, len(windows) // 4))
         windows, tokens = windows[:-held], windows[-held:]
@@ -206,8 +218,12 @@ def text_split(config: CompileConfig, inputs: list[TensorRecord], reference: Pat
 def decoder_calibration(config: CompileConfig, inputs: list[TensorRecord], reference: Path) -> CalibrationData:
     """Every calibration window (up to --calibration-samples), as its prefill and decode steps."""
     assert config.calibration is not None
-    windows = token_windows(config, config.resolve(config.calibration), window_length(config),
-                            config.calibration_samples or CALIBRATION_WINDOWS)  # fmt: skip
+    windows = token_windows(
+        config,
+        config.resolve(config.calibration),
+        window_length(config),
+        config.calibration_samples or CALIBRATION_WINDOWS,
+    )
     return _calibration_feeds(config, inputs, reference, windows)
 
 
@@ -228,8 +244,11 @@ def calibration_batch(config: CompileConfig, reference: Path, length: int) -> in
         return config.calibration_batch_size
     model = onnx.load(str(reference), load_external_data=False)
     shapes = {tensor.name: list(tensor.dims) for tensor in model.graph.initializer}
-    widths = sum(shapes[node.input[1]][0] for node in model.graph.node
-                 if node.op_type == "MatMul" and len(shapes.get(node.input[1], [])) == 2)  # fmt: skip
+    widths = sum(
+        shapes[node.input[1]][0]
+        for node in model.graph.node
+        if node.op_type == "MatMul" and len(shapes.get(node.input[1], [])) == 2
+    )
     logits = model.graph.output[0].type.tensor_type.shape.dim
     widths += logits[-1].dim_value if logits else 0
     rows = OBSERVED_BYTES // max(1, 4 * length * widths)

@@ -30,10 +30,11 @@ from tensorsmith.calibration.weight_search import (
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import Recipe, get_target
 from tensorsmith.compiler.variants.calibrated import collect_statistics, write_table
-from tensorsmith.compiler.variants.int4 import GraphSource, Int4Plan, build_int4_variant, tables_policy
+from tensorsmith.compiler.variants.int4 import Int4Plan, build_int4_variant, tables_policy
 from tensorsmith.compiler.variants.layer_options import layer_options
 from tensorsmith.compiler.variants.measure import Evaluation
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
+from tensorsmith.compiler.variants.weight_matmuls import GraphSource
 from tensorsmith.core.budget_search import give_back_until_met, quantized_fraction
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import load_onnx
@@ -103,13 +104,17 @@ def plan_weight_levels(
             notes[precision] = "not considered: no calibration data for activation scales"
         else:
             allowed.append(precision)
-            notes[precision] = ("considered for the GPU variant (activations calibrated on the calibration text); "
-                                f"the cpu variant stores such layers {INT8_WEIGHT}")  # fmt: skip
+            notes[precision] = (
+                "considered for the GPU variant (activations calibrated on the calibration text); "
+                f"the cpu variant stores such layers {INT8_WEIGHT}"
+            )
     pinned = pinned_levels(plan, config.overrides)
     for name, (level, reason) in pinned.items():
         if level != FLOAT and level not in allowed:
-            raise ConfigError(f"{reason} pins {name} to {level}: {notes[level]}",
-                              hint="pin it to int8-weight or int4, or change the targets")  # fmt: skip
+            raise ConfigError(
+                f"{reason} pins {name} to {level}: {notes[level]}",
+                hint="pin it to int8-weight or int4, or change the targets",
+            )
     searching = config.accuracy_budget() is not None
     wanted = [level for level in WITH_ACTIVATIONS if level in allowed]
     if not wanted or not (searching or any(level in wanted for level, _ in pinned.values())):
@@ -121,9 +126,11 @@ def plan_weight_levels(
     for name, (level, reason) in pinned.items():
         activation = plan.layers[name][1]
         if level in WITH_ACTIVATIONS and activation not in scales[level]:
-            raise ConfigError(f"{reason} pins {name} to {level}, but its input {activation} has no activation scale: "
-                              f"{table.tensors[activation].reason if activation in table.tensors else 'not observed'}",
-                              hint="pin it to int8-weight or int4")  # fmt: skip
+            raise ConfigError(
+                f"{reason} pins {name} to {level}, but its input {activation} has no activation scale: "
+                f"{table.tensors[activation].reason if activation in table.tensors else 'not observed'}",
+                hint="pin it to int8-weight or int4",
+            )
     return WeightLevels(tuple(allowed), notes, scales, pinned)
 
 
@@ -168,8 +175,9 @@ def build_mixed_variant(
 
     def attempt(chosen: int, tables: bool) -> tuple[VariantRecord, list[PassReport]]:
         assignment = recipe_levels(recipe, search.assignment_at(chosen))
-        record, reports = build_int4_variant(model, recipe, plan, evaluation, directory, assignment, tables,
-                                             levels.scales)  # fmt: skip
+        record, reports = build_int4_variant(
+            model, recipe, plan, evaluation, directory, assignment, tables, levels.scales
+        )
         achieved = record.accuracy[budget.metric]
         tried.append(((directory / record.path).stat().st_size, budget.met(achieved), achieved, chosen, tables))
         return record, reports
@@ -253,8 +261,16 @@ def _choices(
             if level != FLOAT and name not in levels.pinned and len(alike) > 1:
                 figures = ", ".join(f"{candidate} {value:.5f}" for candidate, value in alike.items())
                 reason += f"; at {size} a weight, {metric} with it alone: {figures}"
-        choices.append(LayerChoice(name=name, module=module, op="MatMul", inputs=[activation], flops=elements,
-                                   precision=recipe.floats.name if level == FLOAT else level,
-                                   sensitivity=measured.get(level if level != FLOAT else INT4),
-                                   reason=reason))  # fmt: skip
+        choices.append(
+            LayerChoice(
+                name=name,
+                module=module,
+                op="MatMul",
+                inputs=[activation],
+                flops=elements,
+                precision=recipe.floats.name if level == FLOAT else level,
+                sensitivity=measured.get(level if level != FLOAT else INT4),
+                reason=reason,
+            )
+        )
     return choices

@@ -44,9 +44,11 @@ from tensorsmith.passes.nvfp4 import StoredNvfp4
 def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
     plan, fused, config, directory, reporter = job.plan, job.fused, job.config, job.directory, job.reporter
     if config.calibration_stats is not None:
-        raise ConfigError("--calibration-stats serves int8 and fp8 calibration; weight-only precisions and a "
-                          "decoder's auto read the calibration data itself (AWQ's statistics are not in the files)",
-                          hint="pass --calibration PATH instead")  # fmt: skip
+        raise ConfigError(
+            "--calibration-stats serves int8 and fp8 calibration; weight-only precisions and a "
+            "decoder's auto read the calibration data itself (AWQ's statistics are not in the files)",
+            hint="pass --calibration PATH instead",
+        )
     split = calibration_split(config, fused) if config.calibration is not None else None  # AWQ's, W8A8's scales
     evaluation = weight_only_evaluation(config, fused, split)
     model = without_gemm(fused, directory)  # the same function; Gemm weights become INT4-able
@@ -79,9 +81,17 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
             assert recipe.quantized is not None
             chosen = dict.fromkeys(int4_plan.weights, recipe.quantized.name)
             assignment = recipe_levels(recipe, chosen | {n: lv for n, (lv, _) in levels.pinned.items()})
-            record, passes = build_int4_variant(model, recipe, int4_plan, evaluation, directory, assignment,
-                                                tables=stored is None and fp4 is None, scales=levels.scales,
-                                                stored_nvfp4=stored_fp4)  # fmt: skip
+            record, passes = build_int4_variant(
+                model,
+                recipe,
+                int4_plan,
+                evaluation,
+                directory,
+                assignment,
+                tables=stored is None and fp4 is None,
+                scales=levels.scales,
+                stored_nvfp4=stored_fp4,
+            )
             pinned = {n: (assignment[n], reason) for n, (_, reason) in levels.pinned.items()}
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
         else:
@@ -96,8 +106,12 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
         reports += [replace(report, variant=record.name) for report in passes]
     if model != fused.path:
         remove_onnx(model)
-    precision_plan = PrecisionPlan(precision=plan.request, evaluated_on=evaluation.described,
-                                   budget=str(budget) if budget else None, recipes=recipes)  # fmt: skip
+    precision_plan = PrecisionPlan(
+        precision=plan.request,
+        evaluated_on=evaluation.described,
+        budget=str(budget) if budget else None,
+        recipes=recipes,
+    )
     return FamilyVariants(records, by_target, None, reports, unmet, precision_plan)
 
 
@@ -116,8 +130,9 @@ def weight_only_evaluation(config: CompileConfig, fused: FusedGraph, split: Spli
     """What a weight-only variant is measured on: AWQ's held-out split, else the evaluation text or arrays, else
     the verification inputs."""
 
-    def measured_on(feeds: Feeds, described: str, tokens: np.ndarray | None = None, timing: Feeds | None = None
-                    ) -> Evaluation:  # fmt: skip
+    def measured_on(
+        feeds: Feeds, described: str, tokens: np.ndarray | None = None, timing: Feeds | None = None
+    ) -> Evaluation:
         return Evaluation(feeds, run_onnx(fused.path, feeds, in_rows=True), None, described, tokens, timing)
 
     if split is not None:

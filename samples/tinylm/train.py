@@ -39,8 +39,11 @@ def documents() -> dict[str, str]:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError):
             continue
-        strings = [ast.get_docstring(node) for node in ast.walk(tree)
-                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]  # fmt: skip
+        strings = [
+            ast.get_docstring(node)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
         text = "\n\n".join(s for s in strings if s and len(s) > 40)
         if text:
             found[f"module:{path.stem}"] = text
@@ -65,8 +68,12 @@ def train_tokenizer(texts: list[str]) -> object:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCABULARY, special_tokens=SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCABULARY,
+        special_tokens=SPECIAL,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(texts, trainer)
     return tokenizer
 
@@ -87,9 +94,19 @@ def main() -> None:
     data = torch.tensor(ids, dtype=torch.long)
     print(f"{len(docs)} documents, {len(train_texts)} for training, {len(data)} tokens")
 
-    config = LlamaConfig(vocab_size=VOCABULARY, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2 * CONTEXT * 2,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=VOCABULARY,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2 * CONTEXT * 2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
