@@ -121,3 +121,15 @@ def test_modules_stay_small() -> None:
         if (length := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}, f"modules over {MAX_LINES} lines: split them by what they do"
+
+
+MAX_FORMAT_SKIPS = 3  # literal tables only: everything else is laid out by `ruff format`
+
+
+def test_the_formatter_lays_out_the_product() -> None:
+    skips = {
+        str(path.relative_to(ROOT)): count
+        for path in _modules().values()
+        if (count := path.read_text().count("# fmt: skip"))
+    }
+    assert sum(skips.values()) <= MAX_FORMAT_SKIPS, f"'# fmt: skip' in {skips}: let the formatter lay it out"
