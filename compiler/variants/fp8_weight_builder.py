@@ -92,14 +92,14 @@ def _recipe_plan(
     choices = [
         LayerChoice(
             name=name,
-            module=module,
+            module=layer.module,
             op="MatMul",
-            inputs=[activation],
-            flops=elements,
+            inputs=[layer.activation],
+            flops=layer.elements,
             precision=recipe.quantized.name if name in weights else recipe.floats.name,
             reason=reasons[name],
         )
-        for name, (module, activation, elements) in found.layers.items()
+        for name, layer in found.layers.items()
     ]
     flops = {choice.name: choice.flops for choice in choices}
     return RecipePlan(

@@ -22,7 +22,14 @@ from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.resume import LayerRecords
 from tensorsmith.compiler.variants.rewrite import rewrite, rewrite_file, rewritten, variant_path
-from tensorsmith.compiler.variants.weight_matmuls import GraphSource, source_graph, weight_array, weight_matmuls
+from tensorsmith.compiler.variants.weight_matmuls import (
+    GraphSource,
+    Pin,
+    WeightLayer,
+    source_graph,
+    weight_array,
+    weight_matmuls,
+)
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT, NVFP4, float_precisions
@@ -44,7 +51,7 @@ class Int4Plan:
     weights: dict[str, Int4Weight]  # MatMul node → its quantization
     algorithm: str
     block: int
-    layers: dict[str, tuple[str, str, int]]  # every weight MatMul → (module, input activation, weight elements)
+    layers: dict[str, WeightLayer]  # every weight MatMul
     skipped: dict[str, str] = field(default_factory=dict)  # MatMul node → why it stays in float
     alphas: dict[str, float] = field(default_factory=dict)  # activation → AWQ's α
     error_vs_rtn: dict[str, float] = field(default_factory=dict)  # activation → AWQ's sample error / RTN's
@@ -75,7 +82,7 @@ def plan_int4(
             block,
         )
     for name, reason in skipped.items():  # said on the console: never silently float
-        logger.warning("int4: %s stays in float: %s", found.layers[name][0] or name, reason)
+        logger.warning("int4: %s stays in float: %s", found.layers[name].module or name, reason)
     if algorithm == "rtn":
         weights = {name: Int4Weight(None, None, smaller.get(name)) for name in matmuls}
         return Int4Plan(weights, algorithm, block, found.layers, skipped)
@@ -196,17 +203,17 @@ def int4_recipe_plan(
     plan: Int4Plan,
     targets: list[str],
     evaluations: int,
-    pinned: Mapping[str, tuple[str, str]] | None = None,
+    pinned: Mapping[str, Pin] | None = None,
 ) -> RecipePlan:
     """precision.json's entry: each weight MatMul's precision and why (AWQ's α and its error against RTN's, or the
     override that pins it)."""
     assert recipe.quantized is not None
     requested = recipe.quantized
     choices = []
-    for name, (module, activation, elements) in plan.layers.items():
+    for name, layer in plan.layers.items():
         level = requested.name if name in plan.weights else recipe.floats.name
         if pinned and name in pinned:
-            level, reason = pinned[name]
+            level, reason = pinned[name].level, pinned[name].reason
         elif name not in plan.weights:
             reason = plan.skipped.get(name, "policy")
         elif plan.algorithm == "checkpoint":
@@ -214,7 +221,8 @@ def int4_recipe_plan(
         elif requested is NVFP4:
             reason = "nvfp4: e2m1 in blocks of 16, fp8 block scales (Model Optimizer's form)"
         elif plan.algorithm == "awq":
-            reason = f"awq: α={plan.alphas[activation]:g}, sample error {plan.error_vs_rtn[activation]:.3f}× RTN's"
+            alpha, relative = plan.alphas[layer.activation], plan.error_vs_rtn[layer.activation]
+            reason = f"awq: α={alpha:g}, sample error {relative:.3f}× RTN's"
         else:
             reason = "rtn: round to nearest"
         if name in plan.weights and plan.block_of(name) != plan.block:
@@ -223,10 +231,10 @@ def int4_recipe_plan(
         choices.append(
             LayerChoice(
                 name=name,
-                module=module,
+                module=layer.module,
                 op="MatMul",
-                inputs=[activation],
-                flops=elements,
+                inputs=[layer.activation],
+                flops=layer.elements,
                 precision=recipe.floats.name if floats else level,
                 reason=reason,
             )

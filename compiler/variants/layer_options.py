@@ -56,7 +56,8 @@ def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) 
             INT4: rows * columns // 2 + 2 * (rows // block) * columns,
             NVFP4.name: rows * columns // 2 + rows // (NVFP4.block or 1) * columns + 4,
         }
-        pinned = levels.pinned.get(name, (None, ""))[0]
+        pin = levels.pinned.get(name)
+        pinned = pin.level if pin is not None else None
         options[name] = LayerOptions(
             {level: values.astype(np.float32) for level, values in weights.items()},
             stored,

@@ -11,14 +11,15 @@ import numpy as np
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.layout_record import StoredWeight
 from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, quantized_checkpoint_of
+from tensorsmith.compiler.variants.weight_matmuls import WeightLayer
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.precisions import Element
 
 
-def module_matmuls(layers: dict[str, tuple[str, str, int]], checkpoint: QuantizedCheckpoint) -> dict[str, str]:
-    """Each quantized module's weight MatMul in the graph (`layers`: MatMul → (module, input, elements); the
-    exported module holds the checkpoint's as `model`: kv_cache_module)."""
-    by_module = {module: name for name, (module, _, _) in layers.items() if module}
+def module_matmuls(layers: dict[str, WeightLayer], checkpoint: QuantizedCheckpoint) -> dict[str, str]:
+    """Each quantized module's weight MatMul in the graph (the exported module holds the checkpoint's as `model`:
+    kv_cache_module)."""
+    by_module = {layer.module: name for name, layer in layers.items() if layer.module}
     found = {}
     for module in checkpoint.modules:
         name = by_module.get(module, by_module.get(f"model.{module}"))
@@ -49,7 +50,7 @@ def with_folded_factor(checkpoint: QuantizedCheckpoint, module: str, graph_weigh
 
 
 def stored_weights(
-    layers: dict[str, tuple[str, str, int]], checkpoint: QuantizedCheckpoint
+    layers: dict[str, WeightLayer], checkpoint: QuantizedCheckpoint
 ) -> tuple[dict[str, partial[StoredWeight]], dict[str, str]]:
     """Each weight MatMul of a module the checkpoint stores quantized: its stored weight as the MatMul reads it,
     made when a pass reaches it (from the graph's weight: with_folded_factor); and every weight MatMul's reason."""

@@ -7,7 +7,6 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -18,15 +17,29 @@ from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.passes.int4 import SMALLER_BLOCKS, layer_block
 from tensorsmith.passes.matching import constant_value
 
-if TYPE_CHECKING:
-    pass
+
+@dataclass(frozen=True)
+class WeightLayer:
+    """One weight MatMul of the graph, as the plans and precision.json name it."""
+
+    module: str  # the source module's path ("" where the graph records none)
+    activation: str  # the input tensor it multiplies
+    elements: int  # of its weight (K x N): its FLOPs per token, and its size
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A weight layer's level fixed by an `[[overrides]]` entry: the search never moves it."""
+
+    level: str
+    reason: str  # the override that pins it, as precision.json says
 
 
 @dataclass(frozen=True)
 class WeightMatMuls:
     chosen: dict[str, tuple[str, gs.Constant]]  # node → (input activation, weight [K, N]: read with weight_array)
     skipped: dict[str, str]  # node → why it stays in float
-    layers: dict[str, tuple[str, str, int]]  # every weight MatMul → (module, input activation, weight elements)
+    layers: dict[str, WeightLayer]  # every weight MatMul
     blocks: dict[str, int] = field(default_factory=dict)  # chosen node → its block where smaller than asked
 
 
@@ -64,7 +77,7 @@ def _weight_matmuls(graph: gs.Graph, modules: dict[str, str], block: int) -> Wei
         if not isinstance(weight, gs.Constant) or len(weight.shape) != 2 or not _is_float(weight.dtype):
             continue
         rows, columns = (int(dim) for dim in weight.shape)
-        layers[node.name] = (modules.get(node.name, ""), node.inputs[0].name, rows * columns)
+        layers[node.name] = WeightLayer(modules.get(node.name, ""), node.inputs[0].name, rows * columns)
         fits = layer_block(rows, block)
         if fits is None:
             smallest = min(block, *SMALLER_BLOCKS)

@@ -34,7 +34,7 @@ from tensorsmith.compiler.variants.int4 import Int4Plan, build_int4_variant, tab
 from tensorsmith.compiler.variants.layer_options import layer_options
 from tensorsmith.compiler.variants.measure import Evaluation
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
-from tensorsmith.compiler.variants.weight_matmuls import GraphSource
+from tensorsmith.compiler.variants.weight_matmuls import GraphSource, Pin
 from tensorsmith.core.budget_search import give_back_until_met, quantized_fraction
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import load_onnx
@@ -55,15 +55,26 @@ class WeightLevels:
     allowed: tuple[str, ...]  # the levels the search may move a layer to
     notes: dict[str, str]  # level → considered, or why not (precision.json)
     scales: dict[str, dict[str, float]] = field(default_factory=dict)  # W8A8 level → activation → scale
-    pinned: dict[str, tuple[str, str]] = field(default_factory=dict)  # layer → (level, the override that pins it)
+    pinned: dict[str, Pin] = field(default_factory=dict)  # layer → its pin
 
 
-def pinned_levels(plan: Int4Plan, overrides: Sequence[Override]) -> dict[str, tuple[str, str]]:
+@dataclass(frozen=True)
+class _Tried:
+    """One verified variant of the mix: its file's bytes, whether it met the budget, and how it was made."""
+
+    bytes: int
+    met: bool
+    achieved: float
+    moves: int  # the search's first `moves` taken
+    tables: bool  # with the vocabulary tables quantized
+
+
+def pinned_levels(plan: Int4Plan, overrides: Sequence[Override]) -> dict[str, Pin]:
     """Weight layers the `[[overrides]]` match (node name, module path or op), first match wins."""
     pinned = {}
-    for name, (module, _, _) in plan.layers.items():
+    for name, layer in plan.layers.items():
         for override in overrides:
-            if any(fnmatch.fnmatchcase(value, override.match) for value in (name, module, "MatMul")):
+            if any(fnmatch.fnmatchcase(value, override.match) for value in (name, layer.module, "MatMul")):
                 level = OVERRIDE_LEVELS[override.precision]
                 if level != FLOAT and name not in plan.weights:
                     raise ConfigError(
@@ -71,7 +82,7 @@ def pinned_levels(plan: Int4Plan, overrides: Sequence[Override]) -> dict[str, tu
                         f"in float: {plan.skipped.get(name, 'not a weight MatMul')}",
                         hint="narrow the match, or pin it to fp32",
                     )
-                pinned[name] = (level, f"override '{override.match}'")
+                pinned[name] = Pin(level, f"override '{override.match}'")
                 break
     return pinned
 
@@ -109,25 +120,25 @@ def plan_weight_levels(
                 f"the cpu variant stores such layers {INT8_WEIGHT}"
             )
     pinned = pinned_levels(plan, config.overrides)
-    for name, (level, reason) in pinned.items():
-        if level != FLOAT and level not in allowed:
+    for name, pin in pinned.items():
+        if pin.level != FLOAT and pin.level not in allowed:
             raise ConfigError(
-                f"{reason} pins {name} to {level}: {notes[level]}",
+                f"{pin.reason} pins {name} to {pin.level}: {notes[pin.level]}",
                 hint="pin it to int8-weight or int4, or change the targets",
             )
     searching = config.accuracy_budget() is not None
     wanted = [level for level in WITH_ACTIVATIONS if level in allowed]
-    if not wanted or not (searching or any(level in wanted for level, _ in pinned.values())):
+    if not wanted or not (searching or any(pin.level in wanted for pin in pinned.values())):
         return WeightLevels(tuple(allowed), notes, {}, pinned)
     assert data is not None
     whole = load_onnx(model) if isinstance(model, Path) else model
     table = write_table(collect_statistics(whole, data, reporter, channels=()), config, directory)
     scales = {INT8.name: table.int8_scales(), FP8.name: table.fp8_scales()}
-    for name, (level, reason) in pinned.items():
-        activation = plan.layers[name][1]
-        if level in WITH_ACTIVATIONS and activation not in scales[level]:
+    for name, pin in pinned.items():
+        activation = plan.layers[name].activation
+        if pin.level in WITH_ACTIVATIONS and activation not in scales[pin.level]:
             raise ConfigError(
-                f"{reason} pins {name} to {level}, but its input {activation} has no activation scale: "
+                f"{pin.reason} pins {name} to {pin.level}, but its input {activation} has no activation scale: "
                 f"{table.tensors[activation].reason if activation in table.tensors else 'not observed'}",
                 hint="pin it to int8-weight or int4",
             )
@@ -171,7 +182,7 @@ def build_mixed_variant(
     (an eighth at a time, up to MAX_VERIFY_RETRIES times); the most accurate of them if none holds."""
     budget = evaluation.budget
     assert budget is not None
-    tried: list[tuple[int, bool, float, int, bool]] = []  # (bytes, met, achieved, moves, tables)
+    tried: list[_Tried] = []
 
     def attempt(chosen: int, tables: bool) -> tuple[VariantRecord, list[PassReport]]:
         assignment = recipe_levels(recipe, search.assignment_at(chosen))
@@ -179,28 +190,32 @@ def build_mixed_variant(
             model, recipe, plan, evaluation, directory, assignment, tables, levels.scales
         )
         achieved = record.accuracy[budget.metric]
-        tried.append(((directory / record.path).stat().st_size, budget.met(achieved), achieved, chosen, tables))
+        tried.append(_Tried((directory / record.path).stat().st_size, budget.met(achieved), achieved, chosen, tables))
         return record, reports
 
     record, reports = attempt(search.chosen, True)
-    if not tried[-1][1]:
+    if not tried[-1].met:
         record, reports = attempt(search.chosen, False)
 
         def holds(chosen: int) -> bool:
             nonlocal record, reports
             record, reports = attempt(chosen, True)
-            return tried[-1][1]
+            return tried[-1].met
 
         give_back_until_met(search.chosen, holds)
-    held = [entry for entry in tried if entry[1]]
-    best = min(held) if held else max(tried, key=lambda entry: entry[2] if budget.higher_is_better else -entry[2])
+    held = [entry for entry in tried if entry.met]
+    best = (
+        min(held, key=lambda entry: (entry.bytes, entry.achieved, entry.moves, entry.tables))
+        if held
+        else max(tried, key=lambda entry: entry.achieved if budget.higher_is_better else -entry.achieved)
+    )
     if best is not tried[-1]:
-        record, reports = attempt(best[3], best[4])  # write the chosen one again (the file holds the last tried)
-    _, met, achieved, chosen, tables = tried[-1]
+        record, reports = attempt(best.moves, best.tables)  # write the chosen one again (the file holds the last)
+    met, achieved, chosen, tables = tried[-1].met, tried[-1].achieved, tried[-1].moves, tried[-1].tables
     assignment = recipe_levels(recipe, search.assignment_at(chosen))
     logger.info("%s: %s %.6f with %d of %d moves", record.name, budget.metric, achieved, chosen, len(search.moves))
     assert recipe.quantized is not None
-    sizes = {name: elements for name, (_, _, elements) in plan.layers.items()}
+    sizes = {name: layer.elements for name, layer in plan.layers.items()}
     quantized = {name for name, level in assignment.items() if level != FLOAT}
     recipe_plan = RecipePlan(
         precision=recipe.quantized.name,
@@ -240,11 +255,11 @@ def _choices(
 ) -> list[LayerChoice]:
     order = {move: index for index, move in enumerate(search.moves)}
     choices = []
-    for name, (module, activation, elements) in plan.layers.items():
+    for name, layer in plan.layers.items():
         level = assignment.get(name, FLOAT)
         measured = search.sensitivity.get(name, {})
         if name in levels.pinned:
-            reason = levels.pinned[name][1]
+            reason = levels.pinned[name].reason
         elif name not in assignment:
             reason = plan.skipped.get(name, "not an INT4-able weight")
         elif level == FLOAT and search.assignment_at(search.chosen)[name] != FLOAT:  # chosen, then given back
@@ -264,10 +279,10 @@ def _choices(
         choices.append(
             LayerChoice(
                 name=name,
-                module=module,
+                module=layer.module,
                 op="MatMul",
-                inputs=[activation],
-                flops=elements,
+                inputs=[layer.activation],
+                flops=layer.elements,
                 precision=recipe.floats.name if level == FLOAT else level,
                 sensitivity=measured.get(level if level != FLOAT else INT4),
                 reason=reason,

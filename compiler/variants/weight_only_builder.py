@@ -26,6 +26,7 @@ from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.rewrite import rewrite_file
 from tensorsmith.compiler.variants.stored_codes import stored_checkpoint
 from tensorsmith.compiler.variants.stored_int4 import plan_stored, plan_stored_nvfp4
+from tensorsmith.compiler.variants.weight_matmuls import Pin
 from tensorsmith.compiler.variants.weight_mix import (
     build_mixed_variant,
     plan_weight_levels,
@@ -80,7 +81,7 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
         if search is None:
             assert recipe.quantized is not None
             chosen = dict.fromkeys(int4_plan.weights, recipe.quantized.name)
-            assignment = recipe_levels(recipe, chosen | {n: lv for n, (lv, _) in levels.pinned.items()})
+            assignment = recipe_levels(recipe, chosen | {name: pin.level for name, pin in levels.pinned.items()})
             record, passes = build_int4_variant(
                 model,
                 recipe,
@@ -92,7 +93,7 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
                 scales=levels.scales,
                 stored_nvfp4=stored_fp4,
             )
-            pinned = {n: (assignment[n], reason) for n, (_, reason) in levels.pinned.items()}
+            pinned = {name: Pin(assignment[name], pin.reason) for name, pin in levels.pinned.items()}
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
         else:
             mixed = build_mixed_variant(model, recipe, int4_plan, levels, search, evaluation, directory, targets)

@@ -126,7 +126,7 @@ def test_every_weight_level_in_one_variant_runs_and_builds_for_ada(fp32_tinylm: 
     assignment = {name: levels[index % len(levels)] for index, name in enumerate(plan.weights)}
     config = CompileConfig.create({"source": str(TINYLM / "checkpoint")})
     feeds = prefill_feeds(token_windows(config, calibration_text(tmp_path / "c.txt"), 32, 4), manifest.inputs)
-    activations = sorted({plan.layers[name][1] for name in plan.weights})
+    activations = sorted({plan.layers[name].activation for name in plan.weights})
     amax = {name: float(np.abs(value).max()) for name, value in Observer(model, activations).run(feeds).items()}
     scales = {"int8": {name: value / 127 for name, value in amax.items()},
               "fp8": {name: value / 448 for name, value in amax.items()}}  # fmt: skip
