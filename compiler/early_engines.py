@@ -30,7 +30,8 @@ from tensorsmith.compiler.engines.records import builds_that_fit, choose_builder
 from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
 from tensorsmith.compiler.variants.kv_cache import EarlyGraph, early_graph, static_layout
 from tensorsmith.core.errors import BuildError
-from tensorsmith.runtime.manifest import TensorRecord, sha256_of
+from tensorsmith.core.ir import GraphIO
+from tensorsmith.runtime.manifest import sha256_of
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class EarlyEngines:
     def __init__(self, config: CompileConfig, directory: Path, model: HuggingFaceModel | None) -> None:
         self._config, self._model = config, model
         self._scratch = directory / SCRATCH
-        self._io: tuple[list[TensorRecord], list[TensorRecord]] | None = None
+        self._io: GraphIO | None = None
         self._pool: ThreadPoolExecutor | None = None  # made with the first builds, as many workers as fit
         self._started: dict[str, _Started] = {}
         self.graphs: dict[str, EarlyGraph] = {}  # variant name → its generation graph, for kv_cache to link
@@ -66,7 +67,7 @@ class EarlyEngines:
             self._pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self._scratch, ignore_errors=True)
 
-    def fused(self, io: tuple[list[TensorRecord], list[TensorRecord]]) -> None:
+    def fused(self, io: GraphIO) -> None:
         """The fused graph's inputs and outputs, which the generation graphs' layout derives from."""
         self._io = io
 

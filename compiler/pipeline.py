@@ -32,7 +32,7 @@ from tensorsmith.compiler.variants.stage import Variants, build_variants
 from tensorsmith.compiler.variants.text_data import check_text_data
 from tensorsmith.compiler.version import __version__
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.core.ir import remove_onnx
+from tensorsmith.core.ir import GraphIO, remove_onnx
 from tensorsmith.core.layerwise import layerwise
 from tensorsmith.core.mapped_save import without_references
 from tensorsmith.core.narrow_twin import drop_twin
@@ -112,7 +112,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         fp16 = any(recipe.floats is FP16 and recipe.quantized is None for recipe in plan.recipes())
         fused = fused_graph(source, staging, timed, ranges=fp16)  # the fp16 variant's range check, in verification
         config = _read_inputs(config, fused.inputs)
-        early.fused((fused.inputs, fused.outputs))
+        early.fused(GraphIO(fused.inputs, fused.outputs))
         # what the calibration finishes is kept beside OUT until it is published: a killed compile resumes from it
         resumable = LayerRecords(resume_directory(out), [fused.record.sha256, config.model_dump_json(), __version__])
         variants = build_variants(plan, fused, config, staging, timed, early.written, resumable)
@@ -131,7 +131,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
                 variants.by_target,
                 source.huggingface,
                 config,
-                (fused.inputs, fused.outputs),
+                GraphIO(fused.inputs, fused.outputs),
                 staging,
                 timed,
                 lambda: fused.verification_inputs(config)[0],

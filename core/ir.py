@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -179,8 +180,16 @@ def value_record(value: onnx.ValueInfoProto) -> TensorRecord:
     return TensorRecord(name=value.name, dtype=dtype, shape=value_dims(value))
 
 
-def io_records(model: onnx.ModelProto) -> tuple[list[TensorRecord], list[TensorRecord]]:
+@dataclass(frozen=True)
+class GraphIO:
+    """A graph's inputs and outputs, as the manifest records them."""
+
+    inputs: list[TensorRecord]
+    outputs: list[TensorRecord]
+
+
+def io_records(model: onnx.ModelProto) -> GraphIO:
     """The graph's real inputs (initialisers excluded) and its outputs, as manifest records."""
     initializers = {init.name for init in model.graph.initializer}
     inputs = [value_record(v) for v in model.graph.input if v.name not in initializers]
-    return inputs, [value_record(v) for v in model.graph.output]
+    return GraphIO(inputs, [value_record(v) for v in model.graph.output])

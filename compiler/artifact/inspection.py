@@ -14,7 +14,8 @@ from tensorsmith.runtime.manifest import read_manifest
 
 def inspect_onnx(path: Path) -> dict[str, Any]:
     model = load_onnx(path)
-    inputs, outputs = io_records(model)
+    io = io_records(model)
+    inputs, outputs = io.inputs, io.outputs
     parameters = sum(math.prod(init.dims) for init in model.graph.initializer)
     return {
         "kind": "onnx",

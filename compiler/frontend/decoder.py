@@ -22,6 +22,7 @@ from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.frontend.architecture_checks import STATE_LAYER_KINDS
 from tensorsmith.compiler.frontend.layer_states import LayerStates, layer_states
 from tensorsmith.compiler.targets import get_target
+from tensorsmith.core.ir import GraphIO
 from tensorsmith.core.precisions import FP16
 from tensorsmith.passes.static_cache import CACHE_DIM
 from tensorsmith.runtime.kv_cache import WRITE_INDICES, past_name, present_of
@@ -139,9 +140,7 @@ def layer_windows(model: HuggingFaceModel) -> list[int | None]:
     return [window] * layers
 
 
-def static_cache_io(
-    inputs: list[TensorRecord], outputs: list[TensorRecord]
-) -> tuple[list[TensorRecord], list[TensorRecord]]:
+def static_cache_io(io: GraphIO) -> GraphIO:
     """The static-cache graph's inputs and outputs (passes/static_cache.py) from the dynamic one's: the mask
     over the cache's slots, the caches `cache` long, write_indices [batch] after the other inputs, and logits
     of the last position."""
@@ -157,7 +156,7 @@ def static_cache_io(
         return record
 
     written = TensorRecord(name=WRITE_INDICES, dtype="int64", shape=["batch"])
-    return [*map(cached, inputs), written], [*map(cached, outputs)]
+    return GraphIO([*map(cached, io.inputs), written], [*map(cached, io.outputs)])
 
 
 def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileConfig:

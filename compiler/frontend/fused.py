@@ -138,7 +138,8 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
     structure, reports = fuse(model_path, config, paths)
     reports = [canonical, *reports]
     _measured_form(model_path)
-    inputs, outputs = io_records(structure)
+    io = io_records(structure)
+    inputs, outputs = io.inputs, io.outputs
 
     accuracy: dict[str, float] = {}
     computed: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None
@@ -162,7 +163,8 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
 def _from_cache(config: CompileConfig, cached: CachedFusedGraph, model_path: Path) -> FusedGraph:
     """The fused graph an earlier compile stored, as this compile's: its source as this config names it."""
     _measured_form(model_path)
-    inputs, outputs = io_records(onnx.load(str(model_path), load_external_data=False))
+    io = io_records(onnx.load(str(model_path), load_external_data=False))
+    inputs, outputs = io.inputs, io.outputs
     if config.source_kind == "factory":  # the same module may come from a checkpoint elsewhere
         checkpoint = config.resolve(config.checkpoint) if config.checkpoint else None
         named = {

@@ -62,7 +62,7 @@ def open_source(config: CompileConfig) -> Source:
     origin = str(config.resolve(config.source))
     model = load_onnx(config.resolve(config.source))
     flags = {decl.name: decl for decl in config.inputs}
-    records = io_records(model)[0]
+    records = io_records(model).inputs
     unknown = [name for name in flags if name not in {record.name for record in records}]
     if unknown:
         raise ConfigError(
@@ -144,7 +144,7 @@ def apply_input_decls(model: onnx.ModelProto, decls: list[InputDecl], origin: st
         if value is None:
             raise ConfigError(
                 f"{origin} has no input '{decl.name}'",
-                hint=f"its inputs are {[r.name for r in io_records(model)[0]]}",
+                hint=f"its inputs are {[r.name for r in io_records(model).inputs]}",
             )
         actual = value_record(value).dtype
         if actual != decl.dtype:

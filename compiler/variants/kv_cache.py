@@ -31,6 +31,7 @@ from tensorsmith.compiler.variants.kv_fp8 import FP8_CACHE, cache_scales, check_
 from tensorsmith.compiler.variants.language import text_evaluation
 from tensorsmith.core import ir
 from tensorsmith.core.errors import ConfigError, PassError
+from tensorsmith.core.ir import GraphIO
 from tensorsmith.core.mapped_graph import mapped
 from tensorsmith.core.mapped_save import save_mapped
 from tensorsmith.core.precisions import FP32
@@ -87,9 +88,10 @@ class EarlyGraph:
     reports: list[PassReport]
 
 
-def static_layout(config: CompileConfig, io: tuple[list[TensorRecord], list[TensorRecord]]) -> CacheLayout:
+def static_layout(config: CompileConfig, io: GraphIO) -> CacheLayout:
     """The layout the static-cache generation graphs take."""
-    inputs, outputs = static_cache_io(*io)
+    static = static_cache_io(io)
+    inputs, outputs = static.inputs, static.outputs
     return CacheLayout(
         STATIC, inputs, outputs, {**config.dims, CACHE_DIM: DimRange(min=1, max=config.dims["total"].max)}
     )
@@ -124,7 +126,7 @@ def generation_graphs(
     by_target: Mapping[str, VariantRecord],
     model: HuggingFaceModel,
     config: CompileConfig,
-    io: tuple[list[TensorRecord], list[TensorRecord]],
+    io: GraphIO,
     directory: Path,
     reporter: Reporter,
     verification: Callable[[], dict[str, np.ndarray]],
@@ -137,7 +139,7 @@ def generation_graphs(
     (`verification`: the fp32 graph's feeds where the compile has no text) and its graph's caches become fp8.
     A variant whose graph was written `early` (variant name → early_graph's) has it linked into place."""
     early = early or {}
-    inputs, outputs = io
+    inputs, outputs = io.inputs, io.outputs
     dynamic = CacheLayout(DYNAMIC, inputs, outputs, dict(config.dims))
     wanted = _wanted(config)
     if wanted == DYNAMIC:

@@ -22,7 +22,7 @@ def variant(tmp_path: Path) -> VariantRecord:
 
 
 def test_each_target_gets_built_pending_or_not_needed(tmp_path: Path, variant: VariantRecord) -> None:
-    inputs, _ = io_records(load_onnx(tmp_path / variant.path))
+    inputs = io_records(load_onnx(tmp_path / variant.path)).inputs
     targets = ["cpu", "sm_86", "sm_90"]
     records = build_engines(BuildConfig(), targets, dict.fromkeys(targets, variant), inputs, {}, tmp_path,
                             LogReporter())  # fmt: skip
