@@ -33,15 +33,17 @@ from tensorsmith.passes.quantize import quantize_activation, switched
 logger = logging.getLogger(__name__)
 
 SWITCHES = "tensorsmith_weight_switches"
-# The levels, by their names in the precision table.
+# The levels, by their names in the precision table: what a decoder's search may give a weight layer, grouped by
+# the bits a weight takes (the records' elements), weight-only first where a tie is broken.
 FLOAT = precisions.FP16.name  # the float regions' precision (fp32 in the cpu variant)
 INT8_WEIGHT = precisions.INT8_WEIGHT.name
 INT4 = precisions.INT4.name
-ONE_BYTE = (INT8_WEIGHT, precisions.INT8.name, precisions.FP8.name)  # one byte a weight; a tie goes to the first
-HALF_BYTE = (INT4, precisions.NVFP4.name)  # about half a byte a weight; a tie goes to the first
-DEPTH = {FLOAT: 0, **dict.fromkeys(ONE_BYTE, 1), **dict.fromkeys(HALF_BYTE, 2)}  # fewer bytes deeper
+_LEVELS = sorted(precisions.decoder_levels(), key=lambda record: record.quantizes_activations)
+ONE_BYTE = tuple(record.name for record in _LEVELS if record.element.bits == 8)  # a tie goes to the first
+HALF_BYTE = tuple(record.name for record in _LEVELS if record.element.bits == 4)  # a tie goes to the first
+DEPTH = {FLOAT: 0, **{record.name: 16 // record.element.bits for record in _LEVELS}}  # fewer bytes deeper
 # levels that quantize the layer's input too (W8A8)
-WITH_ACTIVATIONS = tuple(name for name in ONE_BYTE if precisions.precision(name).quantizes_activations)
+WITH_ACTIVATIONS = tuple(record.name for record in _LEVELS if record.quantizes_activations)
 
 
 @dataclass(frozen=True)

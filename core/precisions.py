@@ -259,6 +259,11 @@ def in_family(family: Family) -> tuple[Precision, ...]:
     return tuple(record for record in PRECISIONS.values() if record.family is family)
 
 
+def decoder_levels() -> tuple[Precision, ...]:
+    """The weight levels a decoder's auto may give a layer, in the table's order."""
+    return tuple(record for record in PRECISIONS.values() if record.decoder_level)
+
+
 def float_precisions() -> tuple[Precision, ...]:
     return in_family(Family.FLOAT)
 

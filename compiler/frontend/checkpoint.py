@@ -33,9 +33,9 @@ BUFFER_DTYPES = {
     "U64": "uint64",
 }
 QUANTIZED_DTYPES = {
-    "I8": "int8",
+    "I8": "int8",  # dtypes, not precisions
     "U8": "uint8",
-    "F8_E4M3": "float8_e4m3fn",  # dtypes, not precisions
+    "F8_E4M3": "float8_e4m3fn",
     "F8_E5M2": "float8_e5m2",
     "F8_E8M0": "float8_e8m0fnu",
     "F4": "float4_e2m1fn_x2",
