@@ -1,8 +1,8 @@
 """A small benchmark runner: time callables side by side, report min/median/max and ratios, write markdown.
 
 Measurements alternate A, B, A, B… so drift in the machine's speed hits both sides alike; ratios are taken
-pair by pair and summarized by their median. Every script in bench/ uses this and prints a markdown table that
-goes into docs/benchmarks.md as it is.
+pair by pair and summarized by their median. Every script in bench/ uses this and prints a markdown table; its
+figures go into docs/benchmarks.md (tables there put each figure beside its anchor's).
 """
 
 from __future__ import annotations
