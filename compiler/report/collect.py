@@ -194,6 +194,10 @@ def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
         ),
         "histograms": _histograms(directory, calibration, _sensitive_tensors(plan, sensitivity)),
         "budget": plan.budget if plan is not None else None,
+        "budget_outcomes": {
+            name: {"met": recipe.met, "achieved": recipe.achieved}
+            for name, recipe in (plan.recipes.items() if plan is not None and plan.budget else ())
+        },
         "sensitivity": sensitivity,
         "plan": _plan_table(plan),
         "cpu": _cpu_choice(plan),

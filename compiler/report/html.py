@@ -45,6 +45,29 @@ def _plot(svg: str, caption: str) -> str:
     return f'<figure class="plot">{svg}<figcaption>{escape(caption)}</figcaption></figure>'
 
 
+def _verdict(report: dict[str, Any]) -> str:
+    """What a reader wants first: the budget's outcome, and what each target runs and how large it is."""
+    budget, outcomes = report["budget"], report.get("budget_outcomes", {})
+    if budget:
+        unmet = [
+            name if outcome["achieved"] is None else f"{name} ({outcome['achieved']:.6g})"
+            for name, outcome in outcomes.items()
+            if not outcome["met"]
+        ]
+        said = f"not met by {', '.join(unmet)}" if unmet else "met by every variant"
+        sentence = f"Budget <code>{escape(str(budget))}</code>: <strong>{escape(said)}</strong>."
+    else:
+        sentence = "No accuracy budget was asked: each variant's accuracy against the source is under Accuracy."
+    sizes = {variant["name"]: variant["bytes"] for variant in report["variants"]}
+    rows = []
+    for engine in report["engines"]:
+        runs = f"{engine['variant']} engine" if engine.get("bytes") is not None else engine["variant"]
+        size = engine.get("bytes") if engine.get("bytes") is not None else sizes.get(engine["variant"])
+        rows.append((engine["target"], runs, engine["status"], f"{size / 1e6:.1f}" if size else ""))
+    table = _table(("target", "runs", "status", "MB"), rows)
+    return f"<h2>Verdict</h2><p>{sentence}</p>{table}"
+
+
 def _steps(report: dict[str, Any]) -> str:
     rows = [(step["name"], step["seconds"]) for step in report["steps"]]
     passes = [
@@ -176,7 +199,8 @@ def _cpu(report: dict[str, Any]) -> str:
     if session:
         chosen = ", ".join(session["disabled_optimizers"]) or "none"
         parts.append(f"<p>ONNX Runtime optimizers switched off for it (measured): <code>{escape(chosen)}</code>.</p>")
-        parts.append(_table(("session", "ms, batch 8"), list(session["latency_ms_batch8"].items())))
+        if session["latency_ms_batch8"]:  # timed only where more than one setting was tried
+            parts.append(_table(("session", "ms, batch 8"), list(session["latency_ms_batch8"].items())))
     return "".join(parts)
 
 
@@ -209,7 +233,7 @@ def render_html(report: dict[str, Any]) -> str:
         f"{escape(source_sentence(SourceRecord.model_validate(source)))}; tensorsmith "
         f"{escape(report['tensorsmith_version'])}.</p>"
     )
-    sections = [_steps, _fusion, _accuracy, _sensitivity, _calibration, _plan, _cpu, _engines]
+    sections = [_verdict, _steps, _fusion, _accuracy, _sensitivity, _calibration, _plan, _cpu, _engines]
     body = header + "".join(section(report) for section in sections)
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'

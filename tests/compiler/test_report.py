@@ -27,6 +27,11 @@ def test_every_compile_writes_a_report_with_its_steps_and_engines(artifact: Path
     assert {row["rule"] for row in report["fusion"]} >= {"layernorm", "gelu_erf", "attention_scale"}
     assert [row["target"] for row in report["engines"]] == ["cpu"]
     assert report["variants"][0]["name"] == "fp32" and report["variants"][0]["bytes"] > 0
+    # the page opens with its verdict: no budget asked, and what each target runs
+    html = (artifact / "report.html").read_text()
+    assert re.findall(r"<h2>([^<]+)</h2>", html)[0] == "Verdict"
+    assert "No accuracy budget was asked" in html and "<td>cpu</td><td>fp32</td><td>not-needed</td>" in html
+    assert "<th>session</th>" not in html  # no empty table of session timings
 
 
 def test_build_refreshes_the_engine_table(artifact: Path) -> None:
