@@ -13,7 +13,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Literal
 
-from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.errors import ConfigError, UsageError
 from tensorsmith.core.precisions import (
     AUTO,
     BF16,
@@ -170,13 +170,12 @@ def get_target(name: str) -> Target:
         raise unknown_targets([name]) from None
 
 
-def unknown_targets(names: list[str]) -> ConfigError:
+def unknown_targets(names: list[str]) -> UsageError:
     """The error for target names the table lacks, with the closest known name where one is close (sm86 → sm_86)."""
-    close = [match for name in names for match in difflib.get_close_matches(name, TARGETS, n=1, cutoff=0.6)]
+    close = [match for name in names for match in difflib.get_close_matches(name, TARGETS, n=1, cutoff=0.8)]
     known = f"targets are {', '.join(TARGETS)}"
-    return ConfigError(
-        f"unknown target(s) {names}", hint=f"did you mean {', '.join(close)}? {known}" if close else known
-    )
+    said = f"unknown target '{names[0]}'" if len(names) == 1 else f"unknown targets {', '.join(map(repr, names))}"
+    return UsageError(said, hint=f"did you mean {', '.join(close)}? {known}" if close else known)
 
 
 def check_precision(request: Request, target_names: list[str]) -> None:

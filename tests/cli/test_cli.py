@@ -265,5 +265,5 @@ def test_export_warnings_go_to_the_manifest_and_show_only_with_v(tmp_path: Path,
 def test_a_misspelt_target_is_a_usage_error_with_the_closest_name(mlp_onnx: Path, tmp_path: Path) -> None:
     result = run_cli("compile", mlp_onnx, "-o", tmp_path / "out", "--target", "sm86")
     assert result.exit_code == USAGE
-    assert "unknown target(s) ['sm86'] (hint: did you mean sm_86? targets are cpu, sm_75" in result.stderr
+    assert "unknown target 'sm86' (hint: did you mean sm_86? targets are cpu, sm_75" in result.stderr
     assert not (tmp_path / "out").exists()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tensorsmith.cli.output import USAGE
 from tensorsmith.runtime.manifest import read_manifest
 from tests.conftest import compile_small_mlp, run_cli, run_cli_json, small_mlp_onnx
 
@@ -50,7 +51,7 @@ def test_a_target_no_installed_builder_covers_is_a_clear_error(artifact: Path) -
 
 def test_an_unknown_target_is_refused(artifact: Path) -> None:
     result = run_cli("build", artifact, "--target", "sm_42")
-    assert result.exit_code == 1 and "unknown target 'sm_42'" in result.stderr
+    assert result.exit_code == USAGE and "unknown target 'sm_42' (hint: targets are cpu, sm_75" in result.stderr
 
 
 @pytest.mark.parametrize(("precision", "variant"), [("fp16", "fp16"), ("fp32", "fp32")])
