@@ -123,6 +123,10 @@ class DecoderFeeds:
     def __iter__(self) -> Iterator[Feeds]:
         from tensorsmith.core.sessions import open_session, run_remembered, session_over
 
+        if not self.decode_steps:  # prefills only: nothing to run here (the observer runs them, once)
+            for start in range(0, len(self.windows), self.batch_size):
+                yield prefill_feeds(self.windows[start : start + self.batch_size], self.inputs)
+            return
         # an observer's session over the same graph (AWQ's, calibration's) computes the cache as well: borrowed
         # for this pass rather than a second fp32 session beside it, and its run of each prefill is the one the
         # observer takes (run_remembered), so that every prefill runs once

@@ -13,6 +13,7 @@ import pytest
 from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.compiler.variants.text_data import DecoderFeeds, prefills_only, token_windows
+from tensorsmith.core import sessions
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.runtime import load
 from tensorsmith.runtime.manifest import read_manifest
@@ -45,7 +46,9 @@ def test_a_bounded_read_tokenizes_a_prefix_to_the_same_ids(tmp_path: Path) -> No
     assert len(token_windows(config, text, 128, None)) == len(everything) // 128
 
 
-def test_decode_calibration_feeds_continue_the_prefill(fp32_tinylm: Path, tmp_path: Path) -> None:
+def test_decode_calibration_feeds_continue_the_prefill(
+    fp32_tinylm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A decode step over the sliced fp32 cache gives the prefill's logits at that position: the feeds are what
     generation runs, not made-up caches."""
     manifest = read_manifest(fp32_tinylm)
@@ -64,7 +67,14 @@ def test_decode_calibration_feeds_continue_the_prefill(fp32_tinylm: Path, tmp_pa
     assert CalibrationData(feeds, specs).count() == 3 * 4  # 3 windows, a prefill and 3 steps each
     # what AWQ's statistics pass reads: the decode steps' rows are the prefill's (above), so only the prefills
     prefills = prefills_only(CalibrationData(DecoderFeeds(model, windows, manifest.inputs, 2), specs, batch_size=2))
-    assert [batch["input_ids"].shape for batch in prefills.batches()] == [(2, 32), (1, 32)]
+    with monkeypatch.context() as patched:  # and they run nothing themselves: the observer runs each prefill once
+        patched.setattr(sessions, "open_session", _never_run)
+        patched.setattr(sessions, "run_remembered", _never_run)
+        assert [batch["input_ids"].shape for batch in prefills.batches()] == [(2, 32), (1, 32)]
+
+
+def _never_run(*args: object) -> None:
+    raise AssertionError("prefill feeds ran a session")
 
 
 @pytest.mark.slow
