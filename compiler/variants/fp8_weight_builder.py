@@ -15,7 +15,7 @@ from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoi
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
 from tensorsmith.compiler.variants.measure import measure_variant
-from tensorsmith.compiler.variants.precision_plan import LayerChoice, PrecisionPlan, RecipePlan
+from tensorsmith.compiler.variants.precision_plan import PrecisionPlan, RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import rewrite_file, variant_path
 from tensorsmith.compiler.variants.stored_codes import stored_checkpoint, stored_weights
@@ -90,15 +90,7 @@ def _recipe_plan(
     """precision.json's entry: each weight MatMul's precision and why."""
     assert recipe.quantized is not None, "a quantized recipe"
     choices = [
-        LayerChoice(
-            name=name,
-            module=layer.module,
-            op="MatMul",
-            inputs=[layer.activation],
-            flops=layer.elements,
-            precision=recipe.quantized.name if name in weights else recipe.floats.name,
-            reason=reasons[name],
-        )
+        layer.choice(name, recipe.quantized.name if name in weights else recipe.floats.name, reasons[name])
         for name, layer in found.layers.items()
     ]
     flops = {choice.name: choice.flops for choice in choices}

@@ -18,7 +18,7 @@ from tensorsmith.calibration import CalibrationData
 from tensorsmith.compiler.targets import Recipe
 from tensorsmith.compiler.variants.awq_layers import awq_search, awq_statistics
 from tensorsmith.compiler.variants.measure import Evaluation, measure_variant
-from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
+from tensorsmith.compiler.variants.precision_plan import RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.resume import LayerRecords
 from tensorsmith.compiler.variants.rewrite import rewrite, rewrite_file, rewritten, variant_path
@@ -228,17 +228,7 @@ def int4_recipe_plan(
         if name in plan.weights and plan.block_of(name) != plan.block:
             reason += f"; block {plan.block_of(name)} (its K is not a multiple of {plan.block})"
         floats = level in (FP16.name, FP32.name)
-        choices.append(
-            LayerChoice(
-                name=name,
-                module=layer.module,
-                op="MatMul",
-                inputs=[layer.activation],
-                flops=layer.elements,
-                precision=recipe.floats.name if floats else level,
-                reason=reason,
-            )
-        )
+        choices.append(layer.choice(name, recipe.floats.name if floats else level, reason))
     quantized = {choice.name for choice in choices if choice.precision != recipe.floats.name}
     fraction = quantized_fraction({choice.name: choice.flops for choice in choices}, quantized)
     return RecipePlan(

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from tensorsmith.compiler.variants.precision_plan import LayerChoice
 from tensorsmith.core.mapped_graph import load_mapped, values_unkept, weights_released
 from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.passes.int4 import SMALLER_BLOCKS, layer_block
@@ -25,6 +26,19 @@ class WeightLayer:
     module: str  # the source module's path ("" where the graph records none)
     activation: str  # the input tensor it multiplies
     elements: int  # of its weight (K x N): its FLOPs per token, and its size
+
+    def choice(self, name: str, precision: str, reason: str, sensitivity: float | None = None) -> LayerChoice:
+        """Its row in precision.json."""
+        return LayerChoice(
+            name=name,
+            module=self.module,
+            op="MatMul",
+            inputs=[self.activation],
+            flops=self.elements,
+            precision=precision,
+            sensitivity=sensitivity,
+            reason=reason,
+        )
 
 
 @dataclass(frozen=True)

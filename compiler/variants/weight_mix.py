@@ -276,16 +276,6 @@ def _choices(
             if level != FLOAT and name not in levels.pinned and len(alike) > 1:
                 figures = ", ".join(f"{candidate} {value:.5f}" for candidate, value in alike.items())
                 reason += f"; at {size} a weight, {metric} with it alone: {figures}"
-        choices.append(
-            LayerChoice(
-                name=name,
-                module=layer.module,
-                op="MatMul",
-                inputs=[layer.activation],
-                flops=layer.elements,
-                precision=recipe.floats.name if level == FLOAT else level,
-                sensitivity=measured.get(level if level != FLOAT else INT4),
-                reason=reason,
-            )
-        )
+        precision = recipe.floats.name if level == FLOAT else level
+        choices.append(layer.choice(name, precision, reason, measured.get(level if level != FLOAT else INT4)))
     return choices
