@@ -146,8 +146,7 @@ class DecoderFeeds:
             else:
                 yield prefill
                 outputs = dict(zip(names, session.run(None, prefill), strict=True))
-            points = DECODE_POINTS if self.decode_steps else ()
-            for past in sorted({max(1, min(length - 1, round(point * length))) for point in points}):
+            for past in sorted({max(1, min(length - 1, round(point * length))) for point in DECODE_POINTS}):
                 step = {
                     "input_ids": tokens[:, past : past + 1],
                     "attention_mask": np.ones((len(tokens), past + 1), np.int64),
