@@ -25,10 +25,11 @@ from tensorsmith.compiler.variants.int4 import build_int4_variant, plan_int4
 from tensorsmith.compiler.variants.measure import Evaluation
 from tensorsmith.compiler.variants.rewrite import rewritten
 from tensorsmith.compiler.variants.weight_mix import recipe_levels
-from tensorsmith.core.precisions import FP32, INT4, Backend
+from tensorsmith.core.precisions import FP32, INT4
 from tensorsmith.core.progress import LogReporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes.int4 import GemmAsMatMul
+from tensorsmith.runtime.backends import ONNX_RUNTIME
 from tensorsmith.runtime.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +67,7 @@ def measure(art: Path, work: Path) -> None:
         if record.name.startswith("past"):
             step[record.name] = rng.standard_normal((1, record.shape[1], 127, record.shape[3])).astype(np.float32)
     evaluation = Evaluation(step, run_onnx(art / "model.onnx", step), None, "one decode step")
-    cpu = Recipe(INT4, FP32, Backend.ONNXRUNTIME)
+    cpu = Recipe(INT4, FP32, ONNX_RUNTIME)
     paths = {}
     for name, assignment in (("with W8A8 layers", levels), ("weight-only (recipe_levels)", recipe_levels(cpu, levels))):
         folder = work / str(len(paths))

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import click
 import numpy as np
 from rich.markup import escape
 
-from tensorsmith.cli.output import emit_json, handle_errors, stdout
+from tensorsmith.cli.output import backend_option, emit_json, handle_errors, stdout
 from tensorsmith.runtime.errors import TensorsmithError
-from tensorsmith.runtime.loader import BackendChoice
 
 
 def _tokenizer(artifact: Path) -> Any:
@@ -36,7 +35,7 @@ def _tokenizer(artifact: Path) -> Any:
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, help="Seed for --do-sample.")
 @click.option("--num-beams", type=int, default=1, show_default=True)
-@click.option("--backend", type=click.Choice(get_args(BackendChoice)), default="auto", show_default=True)
+@backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
 def generate_command(

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import click
 import numpy as np
@@ -17,10 +17,9 @@ from tensorsmith.cli.calibrate import calibrate_command
 from tensorsmith.cli.compile import compile_command
 from tensorsmith.cli.engines import build_command, merge_command
 from tensorsmith.cli.generate import generate_command
-from tensorsmith.cli.output import emit_json, handle_errors, setup_logging, stdout
+from tensorsmith.cli.output import backend_option, emit_json, handle_errors, setup_logging, stdout
 from tensorsmith.cli.serve import serve_command
 from tensorsmith.runtime.errors import TensorsmithError
-from tensorsmith.runtime.loader import BackendChoice
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,7 +42,7 @@ main.add_command(serve_command)
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--inputs", "inputs_path", required=True, type=click.Path(path_type=Path), help="Feeds (.npz).")
 @click.option("--output", "output_path", type=click.Path(path_type=Path), help="Write the outputs here (.npz).")
-@click.option("--backend", type=click.Choice(get_args(BackendChoice)), default="auto", show_default=True)
+@backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
 def run_command(artifact: Path, inputs_path: Path, output_path: Path | None, backend: str, as_json: bool) -> None:

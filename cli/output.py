@@ -20,12 +20,22 @@ from tensorsmith.core.errors import UsageError
 from tensorsmith.core.library_logs import LIBRARY_LOGGERS
 from tensorsmith.core.progress import LogReporter
 from tensorsmith.core.progress import logger as progress_logger
+from tensorsmith.runtime.backends import AUTO, backend_names
 from tensorsmith.runtime.errors import TensorsmithError
 
 F = TypeVar("F", bound=Callable[..., Any])
 USAGE = 2  # exit status of a usage error (click's own, and the shell convention)
 INTERRUPTED = 130  # 128 + SIGINT
 TERMINATED = 143  # 128 + SIGTERM
+
+# `run`, `generate` and `serve` load an artifact on one row of runtime/backends.py, or on the best one here
+backend_option = click.option(
+    "--backend",
+    type=click.Choice([AUTO, *backend_names()]),
+    default=AUTO,
+    show_default=True,
+    help="What runs it: auto, the engine for this GPU, else the cpu variant on the backend the compile chose.",
+)
 
 # soft_wrap: long lines stay whole when piped to a file or a CI log.
 stdout = Console(highlight=False, soft_wrap=True)

@@ -6,13 +6,11 @@ import logging
 import socket
 import sys
 from pathlib import Path
-from typing import get_args
 
 import click
 
-from tensorsmith.cli.output import emit_json, handle_errors, stdout
+from tensorsmith.cli.output import backend_option, emit_json, handle_errors, stdout
 from tensorsmith.runtime.errors import TensorsmithError
-from tensorsmith.runtime.loader import BackendChoice
 
 
 @click.command("serve")
@@ -37,7 +35,7 @@ from tensorsmith.runtime.loader import BackendChoice
 )
 @click.option("--served-model-name", help="The model's id in the API [the artifact folder's name].")
 @click.option("--metrics-prefix", type=click.Choice(["vllm:", "tensorsmith:"]), default="vllm:", show_default=True)
-@click.option("--backend", type=click.Choice(get_args(BackendChoice)), default="auto", show_default=True)
+@backend_option
 @click.option("--json", "as_json", is_flag=True, help="Announce the server as one JSON object on stdout.")
 @handle_errors
 def serve_command(

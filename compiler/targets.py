@@ -17,19 +17,18 @@ from tensorsmith.core.errors import ConfigError, UsageError
 from tensorsmith.core.precisions import (
     AUTO,
     BF16,
-    CPU_BACKENDS,
     FP8,
     FP16,
     FP32,
     INT4,
     INT8,
     PRECISIONS,
-    Backend,
     Family,
     Precision,
     Quantizes,
     precision,
 )
+from tensorsmith.runtime.backends import ONNX_RUNTIME, TENSORRT, BackendSpec
 
 Builder = Literal["tensorrt-rtx", "tensorrt"]
 Request = str  # what `--precision` asks for: a requestable name of the precision table, or auto
@@ -42,12 +41,12 @@ class Recipe:
 
     quantized: Precision | None
     floats: Precision
-    backend: Backend = Backend.TENSORRT
+    backend: BackendSpec = TENSORRT
 
     @property
     def on_cpu(self) -> bool:
         """Whether the cpu target's backends run it (ONNX Runtime or OpenVINO), not a TensorRT engine."""
-        return self.backend in CPU_BACKENDS
+        return not self.backend.runs_engines
 
     @property
     def variant(self) -> str:
@@ -70,10 +69,10 @@ class Target:
     max_batch: int = 64  # the profile's max for a dim named `batch` that the config gives no max
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> BackendSpec:
         """What runs its variant by default: TensorRT on a GPU, ONNX Runtime on the cpu (the compile may measure
         OpenVINO faster and record that instead)."""
-        return Backend.TENSORRT if self.capability is not None else Backend.ONNXRUNTIME
+        return TENSORRT if self.capability is not None else ONNX_RUNTIME
 
     @property
     def float_regions(self) -> Precision:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.runtime.backends import BackendSpec, cpu_backends
 
 
 class Element(str, Enum):
@@ -68,15 +69,7 @@ class Family(str, Enum):
     FP8_WEIGHTS = "fp8 weight-only"  # float8 weights in blocks: a checkpoint's own, or rounded to nearest
 
 
-class Backend(str, Enum):
-    """What runs a variant: TensorRT engines on GPUs, ONNX Runtime or OpenVINO on the cpu target."""
-
-    TENSORRT = "tensorrt"
-    ONNXRUNTIME = "onnxruntime"
-    OPENVINO = "openvino"
-
-
-CPU_BACKENDS = (Backend.ONNXRUNTIME, Backend.OPENVINO)
+CPU_BACKENDS = cpu_backends()  # runtime/backends.py: the rows that run the cpu target's variant
 
 # Compute capabilities of the target table's GPUs, oldest first (compiler/targets.py has a row each).
 CAPABILITIES = (75, 80, 86, 87, 89, 90, 100, 120, 121)
@@ -94,7 +87,7 @@ class Precision:
     family: Family
     description: str
     capabilities: frozenset[int]  # GPUs (compute capability × 10) whose engines run it
-    cpu_backends: tuple[Backend, ...] = ()  # the cpu target's backends that run it
+    cpu_backends: tuple[BackendSpec, ...] = ()  # the cpu target's backends that run it
     block: int | None = None  # weights per scale along K; None: a scale per output channel (or none)
     scale: str = ""  # the scale format, in words
     calibration: Calibration = Calibration.NONE

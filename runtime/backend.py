@@ -9,6 +9,7 @@ from types import TracebackType
 import numpy as np
 
 from tensorsmith.runtime.kv_cache import CacheSession, CacheShape, DynamicCacheSession, StaticCacheSession, present_of
+from tensorsmith.runtime.manifest import EngineRecord
 from tensorsmith.runtime.slots import SlotCache
 from tensorsmith.runtime.specs import Limits, TensorSpec, check_feeds, with_default_token_types
 
@@ -18,6 +19,8 @@ class Backend(abc.ABC):
 
     #: e.g. "onnxruntime:CPUExecutionProvider" or "tensorrt:sm_89"
     name: str
+    #: the record of the engine it runs (its profiles' batch limits); None: it runs an ONNX file
+    engine: EngineRecord | None = None
 
     def __init__(
         self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], limits: Limits | None = None

@@ -25,6 +25,11 @@ class RuntimeLoadError(TensorsmithError):
     """An artifact, engine or backend could not be loaded."""
 
 
+class BackendUnavailable(RuntimeLoadError):
+    """A backend cannot run this artifact here (no engine for the device, a package not installed, an op it
+    lacks): `load()` tries the next one, or says why when this one was asked for."""
+
+
 class ArtifactError(RuntimeLoadError):
     """An artifact directory or its manifest is missing, malformed or unsafe."""
 

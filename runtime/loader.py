@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tensorsmith.runtime.artifact import Artifact
 from tensorsmith.runtime.backend import Backend
+from tensorsmith.runtime.backends import AUTO, BackendSpec, backend_named, cpu_backends, engine_backends
 from tensorsmith.runtime.device import Device, detect_device
-from tensorsmith.runtime.errors import ArtifactError, InputError, RuntimeLoadError
+from tensorsmith.runtime.errors import ArtifactError, BackendUnavailable, InputError, RuntimeLoadError
 from tensorsmith.runtime.kv_cache import CacheSession
-from tensorsmith.runtime.manifest import EngineRecord, Manifest, VariantRecord, read_manifest, verified_file
-from tensorsmith.runtime.selection import select_engine
+from tensorsmith.runtime.manifest import Manifest, read_manifest
 from tensorsmith.runtime.specs import TensorSpec
 
 if TYPE_CHECKING:
     from tensorsmith.runtime.engine import GenerationEngine
 
 logger = logging.getLogger(__name__)
-
-BackendChoice = Literal["auto", "tensorrt", "onnxruntime", "openvino"]
-CPU_TARGET = "cpu"
 
 
 class Model:
@@ -36,12 +35,10 @@ class Model:
         manifest: Manifest,
         backend: Backend,
         fallback_reason: str | None,
-        engine: EngineRecord | None = None,
     ) -> None:
         self.directory = directory
         self.manifest = manifest
         self._backend = backend
-        self._engine = engine
         self.fallback_reason = fallback_reason
 
     @property
@@ -60,7 +57,7 @@ class Model:
     def max_batch(self) -> int | None:
         """The largest batch (first dim of every input and output) to send: the engine profile's on TensorRT,
         the compile's declared [dims] max on ONNX Runtime; None when the model has no batch dim or no limit."""
-        return self.manifest.batch_limits(self._engine)[0]
+        return self.manifest.batch_limits(self._backend.engine)[0]
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Run once. Raises ValueError naming any input whose name, dtype, rank or static dims are wrong;
@@ -185,97 +182,59 @@ class Model:
         return f"Model({str(self.directory)!r}, backend={self.backend!r})"
 
 
-def _cpu_variant(directory: Path, manifest: Manifest) -> tuple[Path, VariantRecord | None]:
-    """The variant the manifest assigns to the `cpu` target (its record: the backend and ONNX Runtime settings
-    the compile measured), else the fp32 reference graph (a large decoder's GPU-only artifact leaves it out)."""
-    for target in manifest.targets:
-        if target.name == CPU_TARGET:
-            variant = manifest.variant(target.variant)
-            return verified_file(directory, variant.path, variant.sha256), variant
-    if manifest.model is None:
-        raise ArtifactError(
-            f"{directory} has neither a cpu target nor the fp32 reference graph to run without its "
-            "targets' GPUs (a large decoder's reference is left out)",
-            hint="compile it again with --target cpu",
-        )
-    return verified_file(directory, manifest.model.path, manifest.model.sha256), None
+def _candidates(artifact: Artifact, asked: str) -> list[BackendSpec]:
+    """The rows `load(backend=asked)` tries, in order: the one asked for; else (auto) the engine rows, then the cpu
+    variant on the backend the compile recorded for it (on a machine without a GPU, which ONNX Runtime's CUDA
+    provider would use) and on the default cpu row."""
+    if asked != AUTO:
+        return [backend_named(asked)]
+    recorded = artifact.recorded_cpu_backend() if artifact.device.compute_capability is None else None
+    cpu = [*([backend_named(recorded)] if recorded else []), cpu_backends()[0]]
+    return list(dict.fromkeys([*engine_backends(), *cpu]))
 
 
-def _cpu_backend(
-    directory: Path,
-    manifest: Manifest,
-    inputs: list[TensorSpec],
-    outputs: list[TensorSpec],
-    device: Device,
-    choice: BackendChoice,
-) -> tuple[Backend, str | None]:
-    """The cpu variant on the backend its record names (OpenVINO where the compile measured it faster and it is
-    installed) or `choice` asks for, else ONNX Runtime (CUDA first on a GPU); with why it is not the recorded
-    one, if it is not."""
-    from tensorsmith.runtime.onnxruntime_backend import OnnxRuntimeBackend
-
-    path, variant = _cpu_variant(directory, manifest)
-    providers = _onnxruntime_providers(device)
-    cpu = providers == ["CPUExecutionProvider"]
-    reason = None
-    recorded = variant is not None and variant.backend == "openvino" and cpu and choice != "onnxruntime"
-    if recorded or choice == "openvino":
-        from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
-
-        static = manifest.generation is not None and manifest.generation.kv_cache == "static"
-        reason = "OpenVINO has no TensorScatter for the static KV cache" if static else openvino_unavailable()
-        if reason is None:
-            return OpenVinoBackend(path, inputs, outputs, limits=manifest.dims), None
-        if choice == "openvino":
-            hint = "compile with --kv-cache dynamic, or use backend='auto'" if static else "use backend='auto'"
-            raise RuntimeLoadError(f"cannot load {directory} on OpenVINO: {reason}", hint=hint)
-        assert variant is not None
-        reason = f"the compile chose OpenVINO for {variant.name}, but {reason}: ONNX Runtime instead"
-        logger.info("%s", reason)
-    disabled = variant.onnxruntime_disabled_optimizers if variant is not None and cpu else []
-    config = variant.onnxruntime_session_config if variant is not None and cpu else {}
-    chosen = OnnxRuntimeBackend(
-        path, inputs, outputs, providers, limits=manifest.dims, disabled_optimizers=disabled, session_config=config
-    )
-    return chosen, reason
+def _open(spec: BackendSpec, artifact: Artifact) -> Backend:
+    opened: Backend = importlib.import_module(spec.module).open_backend(artifact)
+    return opened
 
 
-def _onnxruntime_providers(device: Device) -> list[str] | None:
-    """CUDA first when there is a device and this onnxruntime has the provider; None: the backend's default."""
-    return None if device.compute_capability else ["CPUExecutionProvider"]
+def _why_not(spec: BackendSpec, artifact: Artifact, reason: str) -> str:
+    """A skipped row's reason as the fallback says it: a cpu backend the compile chose says so."""
+    if spec.runs_engines or artifact.recorded_cpu_backend() != spec.name:
+        return reason
+    _, variant = artifact.cpu_variant()
+    assert variant is not None
+    return f"the compile chose {spec.title} for {variant.name}, but {reason}"
 
 
-def load(path: str | Path, backend: BackendChoice = "auto", device: Device | None = None) -> Model:
-    """Load the artifact at `path`: the TensorRT engine for this GPU when there is one, else ONNX Runtime
-    (CUDA, then CPU). `backend="tensorrt"` raises instead of falling back; `device` overrides detection.
-    `model.backend` says what runs it and `model.fallback_reason` why it is not TensorRT."""
+def load(path: str | Path, backend: str = AUTO, device: Device | None = None) -> Model:
+    """Load the artifact at `path`: the TensorRT engine for this GPU when there is one, else the cpu variant on the
+    backend the compile measured fastest, else ONNX Runtime (CUDA, then CPU); `backend` names one row of
+    runtime/backends.py instead, and raises rather than fall back. `device` overrides detection. `model.backend`
+    says what runs it and `model.fallback_reason` why it is not the first choice."""
     directory = Path(path)
     manifest = read_manifest(directory)
     inputs = [record.spec() for record in manifest.inputs]
     outputs = [record.spec() for record in manifest.outputs]
-    device = device or detect_device()
-
-    fallback_reason: str | None = None
-    if backend in ("auto", "tensorrt"):
-        selection = select_engine(manifest, device, directory)
-        if selection.target is not None and selection.path is not None:
-            from tensorsmith.runtime.tensorrt_backend import TensorRTBackend
-
-            try:
-                engine = TensorRTBackend(
-                    selection.path, selection.target.builder, selection.target.name, inputs, outputs
-                )
-                return Model(directory, manifest, engine, None, selection.target.engine)
-            except RuntimeLoadError as err:
-                if backend == "tensorrt":
-                    raise
-                fallback_reason = str(err)
-        else:
-            fallback_reason = selection.reason
-        if backend == "tensorrt":
-            raise RuntimeLoadError(f"cannot load {directory} on TensorRT: {fallback_reason}", hint="use backend='auto'")
-        logger.info("falling back to ONNX Runtime: %s", fallback_reason)
-
-    chosen, cpu_reason = _cpu_backend(directory, manifest, inputs, outputs, device, backend)
-    reasons = [reason for reason in (fallback_reason, cpu_reason) if reason]
-    return Model(directory, manifest, chosen, "; ".join(reasons) or None)
+    artifact = Artifact(directory, manifest, inputs, outputs, device or detect_device())
+    try:
+        tried = _candidates(artifact, backend)
+    except ValueError as err:
+        raise InputError(str(err), hint="backend='auto' picks one") from None
+    reasons: list[str] = []
+    for spec in tried:
+        try:
+            opened = _open(spec, artifact)
+        except ArtifactError:
+            raise
+        except RuntimeLoadError as err:
+            if backend != AUTO:
+                raise RuntimeLoadError(f"cannot load {directory} on {spec.title}: {err.message}", err.hint) from err
+            if spec is tried[-1]:
+                raise
+            reasons.append(_why_not(spec, artifact, err.message if isinstance(err, BackendUnavailable) else str(err)))
+            continue
+        if reasons:
+            logger.info("%s runs on %s: %s", directory, spec.title, "; ".join(reasons))
+        return Model(directory, manifest, opened, "; ".join(reasons) or None)
+    raise AssertionError("the last candidate returns or raises")

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tensorsmith.runtime.backends import ONNX_RUNTIME, CpuBackendName
 from tensorsmith.runtime.errors import ArtifactError
 from tensorsmith.runtime.specs import TensorSpec
 
@@ -74,8 +75,8 @@ class VariantRecord(FileRecord):
     precisions: list[str]
     accuracy: dict[str, float] = Field(default_factory=dict)
     evaluated_on: str = Field("", description="the data `accuracy` was measured on")
-    backend: Literal["onnxruntime", "openvino"] = Field(
-        "onnxruntime", description="what runs it on the cpu target: the backend the compile measured faster"
+    backend: CpuBackendName = Field(
+        ONNX_RUNTIME.name, description="what runs it on the cpu target: the backend the compile measured faster"
     )
     backend_latency_ms: dict[str, float] = Field(
         default_factory=dict, description="the cpu backends' median latency on the compile's timing batch"

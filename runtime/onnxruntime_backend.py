@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tensorsmith.runtime.artifact import Artifact
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.errors import InferenceError, InputError, RuntimeLoadError, onnxruntime_reason
 from tensorsmith.runtime.kv_cache import CacheSession, CacheShape
@@ -111,3 +112,21 @@ class OnnxRuntimeBackend(Backend):
         except Exception as err:  # onnxruntime's own untyped errors (a kernel failing on these values)
             raise InferenceError(f"ONNX Runtime failed running {self.name}: {onnxruntime_reason(err)}") from err
         return dict(zip(self._output_names, values, strict=True))
+
+
+def open_backend(artifact: Artifact) -> OnnxRuntimeBackend:
+    """The cpu variant (runtime/backends.py), with the session settings the compile measured for the CPU provider;
+    on a GPU, CUDA's provider first."""
+    path, variant = artifact.cpu_variant()
+    cpu = artifact.device.compute_capability is None
+    providers = ["CPUExecutionProvider"] if cpu else None  # None: CUDA where this onnxruntime has it
+    measured = variant if cpu else None  # the settings were timed on the CPU provider
+    return OnnxRuntimeBackend(
+        path,
+        artifact.inputs,
+        artifact.outputs,
+        providers,
+        limits=artifact.manifest.dims,
+        disabled_optimizers=measured.onnxruntime_disabled_optimizers if measured else [],
+        session_config=measured.onnxruntime_session_config if measured else {},
+    )

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from tensorsmith.runtime.artifact import Artifact
 from tensorsmith.runtime.backend import Backend
-from tensorsmith.runtime.errors import InferenceError, RuntimeLoadError
+from tensorsmith.runtime.errors import BackendUnavailable, InferenceError, RuntimeLoadError
 from tensorsmith.runtime.specs import Limits, TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,20 @@ def openvino_unavailable() -> str | None:
     except ImportError as err:
         return f"openvino is not installed ({err}); {INSTALL_HINT}"
     return None
+
+
+def open_backend(artifact: Artifact) -> OpenVinoBackend:
+    """The cpu variant (runtime/backends.py), where OpenVINO is installed and has the graph's ops."""
+    if artifact.static_cache:
+        raise BackendUnavailable(
+            "OpenVINO has no TensorScatter for the static KV cache",
+            hint="compile with --kv-cache dynamic, or use backend='auto'",
+        )
+    reason = openvino_unavailable()
+    if reason is not None:
+        raise BackendUnavailable(reason, hint="use backend='auto'")
+    path, _ = artifact.cpu_variant()
+    return OpenVinoBackend(path, artifact.inputs, artifact.outputs, limits=artifact.manifest.dims)
 
 
 class OpenVinoBackend(Backend):

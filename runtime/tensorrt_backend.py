@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from tensorsmith.runtime.artifact import Artifact
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.buffer_pool import BufferPool
 from tensorsmith.runtime.cuda_runtime import CopyMeter, check_cuda
 from tensorsmith.runtime.device import FLAVOURS
-from tensorsmith.runtime.errors import RuntimeLoadError
+from tensorsmith.runtime.errors import BackendUnavailable, RuntimeLoadError
 from tensorsmith.runtime.kv_cache import CacheSession, CacheShape
+from tensorsmith.runtime.selection import select_engine
 from tensorsmith.runtime.specs import TensorSpec
 from tensorsmith.runtime.tensorrt_cache import CacheRuntime, TensorRTStaticCache
 from tensorsmith.runtime.tensorrt_engine import Bounds, EngineContexts, EngineIO, engine_io
@@ -45,6 +47,17 @@ def uses_own_cuda_graphs(flavour: str) -> bool:
     """TensorRT for RTX captures CUDA graphs itself (a runtime config's `cuda_graph_strategy`); data-centre
     TensorRT's are captured around `execute_async_v3` by the caller."""
     return flavour == "tensorrt-rtx"
+
+
+def open_backend(artifact: Artifact) -> TensorRTBackend:
+    """The artifact's engine for this device (runtime/selection.py says which, or why none)."""
+    selection = select_engine(artifact.manifest, artifact.device, artifact.directory)
+    if selection.target is None or selection.path is None:
+        raise BackendUnavailable(selection.reason, hint="use backend='auto'")
+    target = selection.target
+    backend = TensorRTBackend(selection.path, target.builder, target.name, artifact.inputs, artifact.outputs)
+    backend.engine = target.engine
+    return backend
 
 
 class TensorRTBackend(Backend):

@@ -7,9 +7,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tensorsmith.runtime.backends import AUTO
 from tensorsmith.runtime.engine import GenerationEngine
 from tensorsmith.runtime.errors import TensorsmithError
-from tensorsmith.runtime.loader import BackendChoice, Model, load
+from tensorsmith.runtime.loader import Model, load
 from tensorsmith.serve.embeddings import Embedder
 from tensorsmith.serve.errors import OpenAIError
 from tensorsmith.serve.metrics import ServeMetrics
@@ -27,7 +28,7 @@ class ServeSettings:
     chat_template: str | None = None
     tokenizer: Path | None = None  # where the artifact has none (a PyTorch source's encoder)
     metrics_prefix: str = "vllm:"
-    backend: BackendChoice = "auto"
+    backend: str = AUTO  # a row of runtime/backends.py, or auto
 
     def tokenizer_folder(self) -> Path:
         """Where tokenizer.json is: `tokenizer`, else the artifact's copy; a TensorsmithError without one."""

@@ -22,6 +22,7 @@ from tensorsmith.core import memory
 from tensorsmith.core.errors import BuildError
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.progress import Reporter
+from tensorsmith.runtime.backends import backend_named
 from tensorsmith.runtime.device import detect_device, module_installed
 from tensorsmith.runtime.kv_cache import WRITE_INDICES
 from tensorsmith.runtime.manifest import (
@@ -47,7 +48,6 @@ ENGINES_DIR = "engines"
 # Data-centre TensorRT may parse from the file (mapped_parse.py's fallback) and hold the weights twice (7.7 GB there).
 BUILD_MEMORY_BASE = 1 << 30
 BUILD_MEMORY_FACTOR: dict[Builder, int] = {"tensorrt-rtx": 2, "tensorrt": 3}
-BACKEND_NAMES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}  # the cpu backends, as people write them
 
 
 class EarlyBuilds(Protocol):
@@ -101,7 +101,7 @@ def build_engines(
     for name in targets:
         target, variant = get_target(name), variants[name]
         if not target.builders:
-            reason = f"runs on {BACKEND_NAMES[variant.backend]}"
+            reason = f"runs on {backend_named(variant.backend).title}"
             records[name] = TargetRecord(
                 name=name, variant=variant.name, builder="none", status="not-needed", reason=reason
             )

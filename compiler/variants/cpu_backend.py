@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from tensorsmith.compiler.variants.cpu_choice import MIN_GAIN, tuned
 from tensorsmith.core.metrics import accuracy
-from tensorsmith.core.precisions import Backend
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import cpu_session, latency_ms
+from tensorsmith.runtime.backend import Backend
+from tensorsmith.runtime.backends import ONNX_RUNTIME, OPENVINO
 from tensorsmith.runtime.errors import TensorsmithError
 from tensorsmith.runtime.manifest import VariantRecord
 from tensorsmith.runtime.specs import TensorSpec
@@ -24,14 +24,15 @@ logger = logging.getLogger(__name__)
 MIN_COSINE = 0.9999  # OpenVINO's outputs against ONNX Runtime's on the timing batch, or it is not a candidate
 
 
-class _OpenVinoSession:
-    """OpenVinoBackend behind ONNX Runtime's `run(None, feeds)`, for `latency_ms`."""
+class _BackendSession:
+    """A runtime backend behind ONNX Runtime's `run(None, feeds)`, for `latency_ms`: its feeds checked on the first
+    run only, as generation runs it."""
 
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
+    def __init__(self, backend: Backend) -> None:
+        self.outputs = backend.run_checked_once()  # {output name: values} of feeds
 
     def run(self, names: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return list(self.backend._run_impl(feeds).values())
+        return list(self.outputs(feeds).values())
 
 
 def choose_cpu_backend(
@@ -62,17 +63,18 @@ def choose_cpu_backend(
     expected = onnxruntime.run(None, feeds)
     try:
         with OpenVinoBackend(path, *specs) as openvino:
-            actual = openvino._run_impl(feeds)
+            timed = _BackendSession(openvino)
+            actual = timed.outputs(feeds)
             agreement = accuracy(expected, [actual[name] for name in names])["cosine"]
             if agreement < MIN_COSINE:
                 logger.info("cpu: OpenVINO's outputs differ from ONNX Runtime's (cosine %.6f): not chosen", agreement)
                 return record
-            sessions = {Backend.ONNXRUNTIME.value: onnxruntime, Backend.OPENVINO.value: _OpenVinoSession(openvino)}
+            sessions = {ONNX_RUNTIME.name: onnxruntime, OPENVINO.name: timed}
             measured = latency_ms(sessions, feeds)
     except TensorsmithError as err:  # an op or a kernel OpenVINO lacks (ONNX Runtime's contrib ops, say)
         logger.info("cpu: OpenVINO cannot run %s: %s", record.name, err)
         return record
-    faster = measured[Backend.OPENVINO.value] < measured[Backend.ONNXRUNTIME.value] * (1 - MIN_GAIN)
-    chosen = Backend.OPENVINO if faster else Backend.ONNXRUNTIME
-    logger.info("cpu: %s ms per run by backend: %s", measured, chosen.value)
-    return record.model_copy(update={"backend": chosen.value, "backend_latency_ms": measured})
+    faster = measured[OPENVINO.name] < measured[ONNX_RUNTIME.name] * (1 - MIN_GAIN)
+    chosen = OPENVINO if faster else ONNX_RUNTIME
+    logger.info("cpu: %s ms per run by backend: %s", measured, chosen.name)
+    return record.model_copy(update={"backend": chosen.name, "backend_latency_ms": measured})

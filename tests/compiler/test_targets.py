@@ -7,7 +7,8 @@ import pytest
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import RTX_TARGETS, TARGETS, Recipe, Target, check_precision, get_target
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.core.precisions import BF16, FP16, FP32, INT4, INT8, NVFP4, Backend
+from tensorsmith.core.precisions import BF16, FP16, FP32, INT4, INT8, NVFP4
+from tensorsmith.runtime.backends import ONNX_RUNTIME, TENSORRT
 
 
 @pytest.mark.parametrize(
@@ -33,14 +34,14 @@ def test_each_request_gives_each_target_one_recipe(target: str, request_: str, v
 def test_recipes_name_their_variants() -> None:
     assert Recipe(None, FP16).variant == "fp16"
     assert Recipe(INT8, FP16).variant == "int8"
-    assert Recipe(INT8, FP32, Backend.ONNXRUNTIME).variant == "cpu-int8"
+    assert Recipe(INT8, FP32, ONNX_RUNTIME).variant == "cpu-int8"
     assert Recipe(INT4, BF16).variant == "int4-bf16"
 
 
 def test_recipes_name_their_backend() -> None:
     """The backend is the row's (TensorRT for a GPU, ONNX Runtime for the cpu), never inferred from a float."""
-    assert get_target("cpu").recipe("int4").backend is Backend.ONNXRUNTIME
-    assert get_target("sm_86").recipe("fp32").backend is Backend.TENSORRT
+    assert get_target("cpu").recipe("int4").backend is ONNX_RUNTIME
+    assert get_target("sm_86").recipe("fp32").backend is TENSORRT
     assert get_target("cpu").recipe("int4").on_cpu and not get_target("sm_86").recipe("int4").on_cpu
 
 

@@ -14,8 +14,9 @@ from tensorsmith.compiler.variants.cpu_choice import within_tolerance
 from tensorsmith.compiler.variants.plan import plan_variants
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.stage import build_variants
-from tensorsmith.core.precisions import FP8, FP16, FP32, INT8, Backend, Family
+from tensorsmith.core.precisions import FP8, FP16, FP32, INT8, Family
 from tensorsmith.core.progress import LogReporter
+from tensorsmith.runtime.backends import ONNX_RUNTIME
 from tensorsmith.runtime.manifest import sha256_of
 
 FACTORY = "tests.compiler.test_frontend:build_layernorm_mlp"
@@ -31,7 +32,7 @@ def test_the_plan_groups_targets_by_recipe() -> None:
                                    "targets": ["cpu", "sm_75", "sm_86", "sm_89", "sm_120"]})  # fmt: skip
     plan = plan_variants(config)
     assert plan.recipes() == {
-        Recipe(INT8, FP32, Backend.ONNXRUNTIME): ["cpu"],
+        Recipe(INT8, FP32, ONNX_RUNTIME): ["cpu"],
         Recipe(INT8, FP16): ["sm_75", "sm_86"],
         Recipe(FP8, FP16): ["sm_89", "sm_120"],
     }
