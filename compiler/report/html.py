@@ -170,7 +170,12 @@ def _cpu(report: dict[str, Any]) -> str:
         "<h2>CPU recipe</h2>",
         f"<p>The cpu target runs <code>{escape(cpu['variant'])}</code>: {escape(cpu['reason'])}.</p>",
     ]
-    if cpu.get("latency_ms_batch8"):
+    by_backend: dict[str, dict[str, float]] = cpu.get("latency_ms_by_backend", {})
+    if by_backend:  # every (variant, backend) pair timed: the fastest chose
+        backends = sorted({backend for times in by_backend.values() for backend in times})
+        rows = [(name, *(times.get(backend) for backend in backends)) for name, times in by_backend.items()]
+        parts.append(_table(("candidate", *(f"ms, batch 8, {backend}" for backend in backends)), rows))
+    elif cpu.get("latency_ms_batch8"):
         latency: dict[str, float] = cpu["latency_ms_batch8"]
         metrics: dict[str, dict[str, float]] = cpu.get("metric", {})  # the figure that chose between them, if any
         columns = ("candidate", "ms, batch 8, ONNX Runtime defaults", *metrics)

@@ -54,7 +54,7 @@ class FamilyVariants:
     reports: list[PassReport] = field(default_factory=list)
     unmet: list[str] = field(default_factory=list)  # recipes whose budget does not hold, with the figure
     plan: PrecisionPlan | None = None  # precision.json, for the families that choose per layer
-    tuned: set[str] = field(default_factory=set)  # variants whose cpu session settings are chosen already
+    tuned: set[str] = field(default_factory=set)  # cpu variants whose backend and session are chosen already
 
 
 VariantBuilder = Callable[[BuildJob], FamilyVariants]

@@ -71,7 +71,8 @@ def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
                 reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
                 alpha = config.smoothing_alpha if config.smoothing else None
                 source = dynamic_source(fused_model, calibrated.channel_amax, alpha)
-                outcome = choose_cpu_variant(source, layers, search.order, record, evaluation, budget, directory)
+                specs = ([r.spec() for r in fused.inputs], [r.spec() for r in fused.outputs])
+                outcome = choose_cpu_variant(source, layers, search.order, record, evaluation, budget, directory, specs)
                 tuned.add(outcome.chosen.name)
                 records += [outcome.static] if outcome.chosen is outcome.static else [outcome.static, outcome.chosen]
                 by_target.update(dict.fromkeys(targets, outcome.chosen))

@@ -1,27 +1,33 @@
-"""The cpu target's backend, by measurement: ONNX Runtime (with the session settings that run the variant
-fastest) or OpenVINO, which reads the same ONNX file, Q/DQ included. The faster one, by MIN_GAIN, is recorded in
-the variant's record; the runtime runs it there, or falls back to ONNX Runtime saying why."""
+"""The cpu target's backend, by measurement: every candidate variant on every cpu backend of the table
+(runtime/backends.py) that runs it and agrees with ONNX Runtime on the timing batch. The fastest (variant,
+backend) pair is recorded in the variant's record; a backend other than the default must beat the default's
+fastest by MIN_GAIN. The runtime runs it there, or falls back to ONNX Runtime saying why."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from tensorsmith.compiler.variants.cpu_choice import MIN_GAIN, tuned
 from tensorsmith.core.metrics import accuracy
-from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import cpu_session, latency_ms
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.backends import ONNX_RUNTIME, OPENVINO
 from tensorsmith.runtime.errors import TensorsmithError
-from tensorsmith.runtime.manifest import VariantRecord
+from tensorsmith.runtime.manifest import VariantRecord, external_data_path
 from tensorsmith.runtime.specs import TensorSpec
 
 logger = logging.getLogger(__name__)
 
-MIN_COSINE = 0.9999  # OpenVINO's outputs against ONNX Runtime's on the timing batch, or it is not a candidate
+MIN_GAIN = 0.05  # a non-default choice (session setting, backend) must be this much faster than the default
+MIN_COSINE = 0.9999  # a backend's outputs against ONNX Runtime's on the timing batch, or it is not a candidate
+TOGETHER_BYTES = 2 << 30  # candidates whose weights add up to less are timed interleaved; larger ones in turn
+
+Specs = tuple[list[TensorSpec], list[TensorSpec]]
+Times = dict[str, dict[str, float]]  # variant name → backend name → median ms on the timing batch
 
 
 class _BackendSession:
@@ -35,46 +41,87 @@ class _BackendSession:
         return list(self.outputs(feeds).values())
 
 
-def choose_cpu_backend(
-    record: VariantRecord,
-    directory: Path,
-    feeds: dict[str, np.ndarray],
-    specs: tuple[list[TensorSpec], list[TensorSpec]],
-    reporter: Reporter,
-    session_tuned: bool,
-    time_openvino: bool = True,
-) -> VariantRecord:
-    """`record` with its ONNX Runtime session settings chosen (unless `session_tuned` already) and the faster cpu
-    backend recorded, with both latencies; `time_openvino=False`: ONNX Runtime's settings only (a graph OpenVINO
-    cannot read)."""
-    if not session_tuned:
-        reporter.stage("cpu: timing ONNX Runtime's session settings")
-        record = tuned(record, directory, feeds)
+def _openvino(path: Path, specs: Specs, feeds: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> Any:
+    """OpenVINO's session over the variant at `path` where it runs it and agrees with ONNX Runtime, else None."""
     from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
 
-    unavailable = openvino_unavailable() if time_openvino else "the static KV cache's TensorScatter has no OpenVINO op"
+    unavailable = openvino_unavailable()
     if unavailable is not None:
         logger.info("cpu: OpenVINO not timed: %s", unavailable)
-        return record
-    reporter.stage("cpu: timing ONNX Runtime against OpenVINO")
-    path = directory / record.path  # timed on the verification inputs, as the session settings are
-    onnxruntime = cpu_session(path, record.onnxruntime_disabled_optimizers, config=record.onnxruntime_session_config)
-    names = [output.name for output in onnxruntime.get_outputs()]
-    expected = onnxruntime.run(None, feeds)
+        return None
     try:
-        with OpenVinoBackend(path, *specs) as openvino:
-            timed = _BackendSession(openvino)
-            actual = timed.outputs(feeds)
-            agreement = accuracy(expected, [actual[name] for name in names])["cosine"]
-            if agreement < MIN_COSINE:
-                logger.info("cpu: OpenVINO's outputs differ from ONNX Runtime's (cosine %.6f): not chosen", agreement)
-                return record
-            sessions = {ONNX_RUNTIME.name: onnxruntime, OPENVINO.name: timed}
-            measured = latency_ms(sessions, feeds)
+        session = _BackendSession(OpenVinoBackend(path, *specs))
+        actual = session.outputs(feeds)
     except TensorsmithError as err:  # an op or a kernel OpenVINO lacks (ONNX Runtime's contrib ops, say)
-        logger.info("cpu: OpenVINO cannot run %s: %s", record.name, err)
-        return record
-    faster = measured[OPENVINO.name] < measured[ONNX_RUNTIME.name] * (1 - MIN_GAIN)
-    chosen = OPENVINO if faster else ONNX_RUNTIME
-    logger.info("cpu: %s ms per run by backend: %s", measured, chosen.name)
-    return record.model_copy(update={"backend": chosen.name, "backend_latency_ms": measured})
+        logger.info("cpu: OpenVINO cannot run %s: %s", path.name, err)
+        return None
+    agreement = accuracy(list(expected.values()), [actual[name] for name in expected])["cosine"]
+    if agreement < MIN_COSINE:
+        logger.info("cpu: OpenVINO's outputs on %s differ from ONNX Runtime's (cosine %.6f)", path.name, agreement)
+        return None
+    return session
+
+
+def _opened(record: VariantRecord, directory: Path, specs: Specs, feeds: dict, openvino: bool) -> dict[str, Any]:
+    """The variant's sessions by backend name: ONNX Runtime's with its recorded settings, and OpenVINO's where
+    it is timed and qualifies."""
+    path = directory / record.path
+    onnxruntime = cpu_session(path, record.onnxruntime_disabled_optimizers, config=record.onnxruntime_session_config)
+    sessions = {ONNX_RUNTIME.name: onnxruntime}
+    if openvino:
+        names = [output.name for output in onnxruntime.get_outputs()]
+        expected = dict(zip(names, onnxruntime.run(None, feeds), strict=True))
+        session = _openvino(path, specs, feeds, expected)
+        if session is not None:
+            sessions[OPENVINO.name] = session
+    return sessions
+
+
+def time_cpu_pairs(
+    records: Sequence[VariantRecord],
+    directory: Path,
+    feeds: dict[str, np.ndarray],
+    specs: Specs,
+    time_openvino: bool = True,
+) -> Times:
+    """Every candidate's median latency on `feeds` on each cpu backend that runs it (OpenVINO where
+    `time_openvino`: a graph it can read), all interleaved where their weights are small, else a variant at a time."""
+    stored = sum(_stored_bytes(directory / record.path) for record in records)
+    times: Times = {}
+    if stored < TOGETHER_BYTES:
+        sessions = {
+            f"{record.name}\0{backend}": session
+            for record in records
+            for backend, session in _opened(record, directory, specs, feeds, time_openvino).items()
+        }
+        for key, ms in latency_ms(sessions, feeds).items():
+            variant, backend = key.split("\0")
+            times.setdefault(variant, {})[backend] = ms
+        return times
+    for record in records:  # one variant's sessions open at a time
+        sessions = _opened(record, directory, specs, feeds, time_openvino)
+        times[record.name] = latency_ms(sessions, feeds)
+        del sessions
+    return times
+
+
+def fastest_pair(times: Times) -> tuple[str, str]:
+    """The fastest (variant, backend); one on a backend other than ONNX Runtime must beat ONNX Runtime's fastest
+    by MIN_GAIN."""
+    pairs = [(variant, backend) for variant, by_backend in times.items() for backend in by_backend]
+    best = min(pairs, key=lambda pair: times[pair[0]][pair[1]])
+    default = min((pair for pair in pairs if pair[1] == ONNX_RUNTIME.name), key=lambda pair: times[pair[0]][pair[1]])
+    if best[1] != default[1] and times[best[0]][best[1]] > times[default[0]][default[1]] * (1 - MIN_GAIN):
+        return default
+    return best
+
+
+def with_backend(record: VariantRecord, backend: str, times: Times) -> VariantRecord:
+    """`record` with the backend chosen for it and its latency on each."""
+    logger.info("cpu: %s ms per run by backend: %s runs %s", times.get(record.name, {}), backend, record.name)
+    return record.model_copy(update={"backend": backend, "backend_latency_ms": times.get(record.name, {})})
+
+
+def _stored_bytes(path: Path) -> int:
+    data = external_data_path(path)
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)

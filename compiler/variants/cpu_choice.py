@@ -1,6 +1,7 @@
-"""The cpu target's variant and ONNX Runtime session: under a budget, the static Q/DQ variant or ONNX Runtime's
-dynamic quantization, whichever runs faster here (cpu_dynamic.py); for every cpu variant, the ONNX Runtime
-optimizers that measure slower on it are recorded in the manifest and switched off by the runtime."""
+"""The cpu target's variant, backend and ONNX Runtime session: under a budget, the static Q/DQ variant or ONNX
+Runtime's dynamic quantization (cpu_dynamic.py) on whichever cpu backend runs the pair fastest here
+(cpu_backend.py); for ONNX Runtime, the optimizers that measure slower on the variant are recorded in the manifest
+and switched off by the runtime."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import onnx
 
 from tensorsmith.calibration.layers import Layer
+from tensorsmith.compiler.variants.cpu_backend import MIN_GAIN, Specs, fastest_pair, time_cpu_pairs, with_backend
 from tensorsmith.compiler.variants.cpu_dynamic import build_dynamic_variant
 from tensorsmith.compiler.variants.measure import Evaluation, measure_session, with_text_metrics
 from tensorsmith.compiler.variants.precision_plan import CpuChoice, SessionChoice
@@ -21,8 +23,9 @@ from tensorsmith.compiler.variants.quantized import flops_fraction
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.metrics import Budget
-from tensorsmith.core.sessions import cpu_session, latency_ms, latency_ms_in_turn, run_onnx
+from tensorsmith.core.sessions import cpu_session, latency_ms_in_turn, run_onnx
 from tensorsmith.passes import PassReport
+from tensorsmith.runtime.backends import ONNX_RUNTIME
 from tensorsmith.runtime.manifest import VariantRecord, external_data_path
 
 logger = logging.getLogger(__name__)
@@ -31,7 +34,6 @@ logger = logging.getLogger(__name__)
 # SkipLayerNormalization kernel took 3-4x the time of the Adds + LayerNormalization it replaces on MiniLM
 # (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32: docs/benchmark-history.md), so whether to fuse is measured.
 SESSION_CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("SkipLayerNormFusion",))
-MIN_GAIN = 0.05  # a non-default session must be this much faster than the defaults to be chosen
 MAX_TUNED_BYTES = 2 << 30  # each candidate's session opens its weights again: not for models above 2 GiB
 TIMING_BATCH = 8
 
@@ -70,6 +72,20 @@ def tuned(variant: VariantRecord, directory: Path, feeds: dict[str, np.ndarray])
     return variant.model_copy(update={"onnxruntime_disabled_optimizers": disabled})
 
 
+def choose_cpu_backend(
+    record: VariantRecord,
+    directory: Path,
+    feeds: dict[str, np.ndarray],
+    specs: Specs,
+    time_openvino: bool = True,
+) -> VariantRecord:
+    """`record` with its ONNX Runtime session settings chosen and the faster cpu backend recorded, with its
+    latency on each; `time_openvino=False`: ONNX Runtime only (a graph OpenVINO cannot read)."""
+    record = tuned(record, directory, feeds)
+    times = time_cpu_pairs([record], directory, feeds, specs, time_openvino)
+    return with_backend(record, fastest_pair(times)[1], times)
+
+
 @dataclass(frozen=True)
 class CpuOutcome:
     static: VariantRecord  # the static Q/DQ variant's record (session-tuned if it was chosen)
@@ -85,10 +101,12 @@ def choose_cpu_variant(
     evaluation: Evaluation,
     budget: Budget,
     directory: Path,
+    specs: Specs,
 ) -> CpuOutcome:
     """Build the dynamic-quantization variant within the budget (weight MatMuls, in the search's order) from
-    `source` (cpu_dynamic.dynamic_source: the graph and what preparing it did); keep it for cpu if ONNX Runtime
-    runs it faster than the static Q/DQ variant. Then choose ONNX Runtime's session settings for the winner."""
+    `source` (cpu_dynamic.dynamic_source: the graph and what preparing it did); keep it for cpu if it runs faster
+    than the static Q/DQ variant on the fastest cpu backend of each. Then, on ONNX Runtime, choose its session
+    settings for the winner."""
     model, prepared = source
     weights = {initializer.name for initializer in model.graph.initializer}
     # The outlier branches' MatMuls are new nodes, not in `order`: they stay in fp32.
@@ -106,7 +124,7 @@ def choose_cpu_variant(
         )
     timed = evaluation.timing if evaluation.timing is not None else evaluation.feeds
     batch = {name: array[:TIMING_BATCH] for name, array in timed.items()}
-    chosen, reason, latency = static, "no layer fits the budget with dynamic quantization", {}
+    candidates, reason = [static], "no layer fits the budget with dynamic quantization"
     if dynamic is not None:
         fraction = flops_fraction(layers, set(dynamic.quantized))
         candidate = dynamic.record.model_copy(
@@ -119,20 +137,22 @@ def choose_cpu_variant(
             # every window: dynamic quantization scales each run's activations, so rows would measure another model
             outputs = run_onnx(directory / candidate.path, evaluation.feeds)
             candidate = with_text_metrics(candidate, evaluation, outputs)
-        sessions = {record.name: cpu_session(directory / record.path) for record in (static, candidate)}
-        latency = latency_ms(sessions, batch)
-        del sessions
+        candidates.append(candidate)
         reason = "fastest within budget"
-        if latency[candidate.name] < latency[static.name]:
-            chosen = candidate
-        else:
-            (directory / candidate.path).unlink()
-    disabled, by_session = tune_session(directory / chosen.path, batch)
+    times = time_cpu_pairs(candidates, directory, batch, specs)
+    variant, backend = fastest_pair(times)
+    chosen = with_backend(next(record for record in candidates if record.name == variant), backend, times)
+    for record in candidates[1:]:
+        if record.name != chosen.name:
+            (directory / record.path).unlink()
+    latency = {name: by_backend[ONNX_RUNTIME.name] for name, by_backend in times.items()} if dynamic else {}
+    disabled, by_session = tune_session(directory / chosen.path, batch) if backend == ONNX_RUNTIME.name else ([], {})
     chosen = chosen.model_copy(update={"onnxruntime_disabled_optimizers": disabled})
     plan = CpuChoice(
         variant=chosen.name,
         reason=reason,
         latency_ms_batch8=latency,
+        latency_ms_by_backend=times if dynamic else {},
         dynamic_preparation={report.name: {**report.counts, **report.details} for report in prepared},
         onnxruntime_session=SessionChoice(disabled_optimizers=disabled, latency_ms_batch8=by_session),
     )

@@ -32,11 +32,14 @@ class SessionChoice(BaseModel):
 
 
 class CpuChoice(BaseModel):
-    """The cpu target's recipe: which variant ONNX Runtime runs fastest within the budget, and how."""
+    """The cpu target's recipe: which variant runs fastest within the budget, on which backend, and how."""
 
     variant: str
     reason: str
     latency_ms_batch8: dict[str, float] = Field(default_factory=dict, description="per variant, ORT defaults")
+    latency_ms_by_backend: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="per variant, per cpu backend (ORT with its defaults): what chose the pair"
+    )
     metric: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="the metric that chose, per candidate (MatMulNBits' accuracy levels)"
     )

@@ -25,7 +25,7 @@ from tensorsmith.compiler.variants import (  # noqa: F401 (each registers its fa
     weight_only_builder,
 )
 from tensorsmith.compiler.variants.builders import BUILDERS, BuildJob, FamilyVariants
-from tensorsmith.compiler.variants.cpu_backend import choose_cpu_backend
+from tensorsmith.compiler.variants.cpu_choice import choose_cpu_backend
 from tensorsmith.compiler.variants.plan import CPU_TARGET, VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.resume import LayerRecords
@@ -69,22 +69,16 @@ def build_variants(
     plans = [part.plan for part in parts if part.plan is not None]
     (plans[0] if plans else PrecisionPlan(precision=plan.request)).write(directory)
     cpu = variants.by_target.get(CPU_TARGET)
-    if cpu is None:
+    if cpu is None or cpu.name in tuned:  # its variant, backend and session chosen together (cpu_choice.py)
         return variants
     specs = ([record.spec() for record in fused.inputs], [record.spec() for record in fused.outputs])
     # OpenVINO has no TensorScatter (opset 24): a decoder's static KV cache runs on ONNX Runtime
     static_cache = config.generation.kv_cache != "dynamic" and any(
         r.name.startswith("past_key_values.") for r in fused.inputs
     )
-    chosen = choose_cpu_backend(
-        cpu,
-        directory,
-        example_feeds(config, tuned=fused.tuned_sizes),
-        specs,
-        reporter,
-        cpu.name in tuned,
-        time_openvino=not static_cache,
-    )
+    reporter.stage("cpu: timing ONNX Runtime's session settings and the cpu backends")
+    feeds = example_feeds(config, tuned=fused.tuned_sizes)
+    chosen = choose_cpu_backend(cpu, directory, feeds, specs, time_openvino=not static_cache)
     return variants.with_records([chosen])
 
 

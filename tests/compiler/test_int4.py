@@ -13,7 +13,8 @@ import onnx
 import pytest
 
 from tensorsmith.compiler import CompileConfig, compile
-from tensorsmith.compiler.variants.cpu_choice import MIN_GAIN, within_tolerance
+from tensorsmith.compiler.variants.cpu_backend import MIN_GAIN
+from tensorsmith.compiler.variants.cpu_choice import within_tolerance
 from tensorsmith.passes.int4 import dequantize_int4, quantize_int4
 from tensorsmith.passes.int4_codes import INT4_MAX
 from tensorsmith.runtime import load
