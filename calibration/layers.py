@@ -12,34 +12,15 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tensorsmith.core.module_paths import MODULE_KEY, module_path_from_name
-from tensorsmith.core.precisions import FP32, overridable
+from tensorsmith.core.overrides import Override
+from tensorsmith.core.precisions import FP32
 from tensorsmith.passes.matching import constant_value
 from tensorsmith.passes.quantize import activation_inputs, quantizable_nodes
 
 # Ops a final projection's output may pass through on its way to a graph output.
 PASS_THROUGH = ("Add", "Reshape", "Transpose", "Identity", "Flatten", "Squeeze", "Unsqueeze", "Cast")
-
-
-class Override(BaseModel):
-    """`[[overrides]]`: pin the matching layers to a precision before any search."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    match: str = Field(description="glob over the ONNX node name, the PyTorch module path, or the op type")
-    precision: str = Field(
-        description="a precision of the table that [[overrides]] take (core/precisions.py): calibrated ones "
-        "quantize weights and activations, weight-only ones a decoder's weight layers"
-    )
-
-    @field_validator("precision")
-    @classmethod
-    def _overridable(cls, name: str) -> str:
-        if name not in overridable():
-            raise ValueError(f"[[overrides]] precision '{name}' is not one of {', '.join(overridable())}")
-        return name
 
 
 @dataclass

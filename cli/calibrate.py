@@ -7,19 +7,16 @@ from pathlib import Path
 
 import click
 
-from tensorsmith.cli.compile import PRECISIONS, config_from_flags, source_options, source_overrides
+from tensorsmith.cli.compile import SOURCE_FLAGS, config_from_flags, config_option
+from tensorsmith.cli.config_flags import options, overrides
 from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout, terminable
 
 
 @click.command("calibrate")
 @click.argument("source")
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Statistics file (.npz).")
-@source_options
-@click.option("--opset", type=int, help="As for compile: the statistics are of the graph it makes.")
-@click.option("--target", "targets", multiple=True, metavar="TARGET", help="As for compile (the graph depends on it).")
-@click.option("--precision", type=click.Choice(PRECISIONS), help="As for compile (a decoder's graph depends on it).")
-@click.option("--calibration", type=click.Path(path_type=Path), help=".npz, a folder of them, or a decoder's .txt.")
-@click.option("--calibration-samples", type=int, help="Use at most N calibration samples.")
+@config_option
+@options(SOURCE_FLAGS)  # as for compile: the statistics are of the graph it makes
 @click.option("--shard", metavar="I/N", help="Only the I-th of N contiguous shards of the samples (0-based).")
 @click.option(
     "--ray",
@@ -37,32 +34,18 @@ def calibrate_command(
     source: str,
     out: Path,
     config_path: Path | None,
-    checkpoint: Path | None,
-    inputs: tuple[str, ...],
-    opset: int | None,
-    targets: tuple[str, ...],
-    precision: str | None,
-    calibration: Path | None,
-    calibration_samples: int | None,
     shard: str | None,
     ray_address: str | None,
     shards: int | None,
     as_json: bool,
+    **flags: object,
 ) -> None:
     """Collect the calibration statistics of SOURCE's fused graph on (a shard of) --calibration into OUT; merge
     shards with `tensorsmith compile SOURCE --calibration-stats 'DIR/*.npz' --eval-data …`."""
     from tensorsmith.compiler.calibrate import calibrate, parse_shard
     from tensorsmith.core.errors import ConfigError
 
-    overrides = {
-        **source_overrides(checkpoint, inputs),
-        "opset": opset,
-        "targets": list(targets) or None,
-        "precision": precision,
-        "calibration": str(calibration.resolve()) if calibration else None,
-        "calibration_samples": calibration_samples,
-    }
-    config = config_from_flags(source, config_path, overrides)
+    config = config_from_flags(source, config_path, overrides(SOURCE_FLAGS, dict(flags)))
     if ray_address is not None and shard is not None:
         raise ConfigError("--ray runs every shard itself: drop --shard", hint="or drop --ray to collect one shard")
     if ray_address is not None and Path(ray_address).exists():

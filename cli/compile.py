@@ -3,218 +3,78 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from tensorsmith.cli.config_flags import Flag, options
+from tensorsmith.cli.config_flags import overrides as config_overrides
 from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout, terminable
-from tensorsmith.core.precisions import CAPABILITIES, FP8, requestable
-
-PRECISIONS = requestable()  # --precision: the precision table's requestable names, and auto
-
-
-def source_options(function: Callable[..., Any]) -> Callable[..., Any]:
-    """--config, --checkpoint and --input: what finds and declares SOURCE, for every command that reads one."""
-    path = click.Path(path_type=Path)
-    for option in reversed(
-        [
-            click.option("--config", "config_path", type=path, help="tensorsmith.toml with settings."),
-            click.option("--checkpoint", type=path, help=".safetensors or .pt/.pth (weights only)."),
-            click.option(
-                "--input", "inputs", multiple=True, metavar="NAME:DTYPE:DIMS", help="e.g. input_ids:int64:batch,128"
-            ),
-        ]
-    ):
-        function = option(function)
-    return function
+from tensorsmith.compiler.flags import parse_dim_flag, parse_input_flag
+from tensorsmith.core.precisions import FP8, requestable
 
 
-def source_overrides(checkpoint: Path | None, inputs: tuple[str, ...]) -> dict[str, Any]:
-    """The config keys of --checkpoint and --input."""
-    from tensorsmith.compiler.flags import parse_input_flag
+def _absolute_glob(pattern: str) -> str:
+    return str(Path(pattern).expanduser().absolute())
 
-    return {
-        "checkpoint": str(checkpoint.resolve()) if checkpoint else None,
-        "inputs": [parse_input_flag(text) for text in inputs] or None,
-    }
+
+# The flags of a source's graph: every command that reads SOURCE takes them (the graph depends on each)
+SOURCE_FLAGS = [
+    Flag("checkpoint"),
+    Flag("inputs", name="--input", metavar="NAME:DTYPE:DIMS", convert=parse_input_flag),
+    Flag("opset"),
+    Flag("targets", name="--target", metavar="TARGET"),
+    Flag("precision", choices=requestable),
+    Flag("calibration"),
+    Flag("calibration_samples"),
+]
+COMPILE_FLAGS = [
+    Flag("dims", name="--dim", metavar="NAME=MIN:OPT:MAX", convert=parse_dim_flag, collect=dict),
+    Flag("outputs", name="--output-name"),
+    Flag("exporter"),
+    Flag("budget"),
+    Flag("calibrator"),
+    Flag("percentile"),
+    Flag("int4_algorithm"),
+    Flag("int4_block_size"),
+    Flag("calibration_stats", metavar="GLOB", convert=_absolute_glob),
+    Flag("evaluation", name="--eval-data"),
+    Flag("generation.max_sequence_length"),
+    Flag("generation.max_batch"),
+    Flag("generation.kv_cache"),
+    Flag("generation.kv_cache_precision", choices=lambda: [FP8.name]),
+    Flag("build.engine_cache_dir", name="--engine-cache"),
+    Flag("export_cache_dir", name="--export-cache"),
+    Flag("trace_every_layer"),
+    Flag("check_resources", name="--no-resource-check"),
+    Flag("layerwise"),
+    Flag("mla_cache"),
+    Flag("fuse"),
+    Flag("verify"),
+]
+config_option = click.option(
+    "--config", "config_path", type=click.Path(path_type=Path), help="tensorsmith.toml with settings."
+)
 
 
 @click.command("compile")
 @click.argument("source")
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path), help="Artifact directory.")
-@source_options
-@click.option("--dim", "dims", multiple=True, metavar="NAME=MIN:OPT:MAX", help="A dynamic dim's sizes, as [dims.NAME].")
-@click.option("--output-name", "outputs", multiple=True, help="Names for the model's outputs, in order.")
-@click.option("--opset", type=int, help="ai.onnx opset of the compiled graph (default 20).")
-@click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), help="PyTorch exporter.")
-@click.option(
-    "--target",
-    "targets",
-    multiple=True,
-    metavar="TARGET",
-    help=f"cpu, or a GPU architecture sm_XX (sm_{CAPABILITIES[0]} to sm_{CAPABILITIES[-1]}); repeat for several "
-    "(default: cpu).",
-)
-@click.option(
-    "--precision",
-    type=click.Choice(PRECISIONS),
-    help="int8/fp8: quantize every layer the policy allows; int4: weight-only (AWQ); auto: choose per layer and "
-    "target within --budget.",
-)
-@click.option(
-    "--budget",
-    help="For --precision auto, e.g. 'cosine>=0.995' (cosine, min-cosine, max-abs, sqnr-db; for decoders also "
-    "perplexity-ratio, next-token-agreement, perplexity).",
-)
-@click.option("--calibrator", type=click.Choice(["entropy", "percentile", "minmax"]), help="Default: entropy.")
-@click.option("--percentile", type=float, help="For --calibrator percentile (default 99.99).")
-@click.option("--int4-algorithm", type=click.Choice(["awq", "rtn", "checkpoint"]), help="For int4 (default: awq).")
-@click.option("--int4-block-size", type=click.Choice(["32", "64", "128"]), help="For --precision int4 (default 128).")
-@click.option(
-    "--calibration",
-    type=click.Path(path_type=Path),
-    help=".npz of inputs (samples on axis 0), or a folder; for a decoder, a .txt or an .npz of input_ids.",
-)
-@click.option(
-    "--calibration-samples", type=int, help="Use at most N calibration samples (a decoder's text: windows, 64)."
-)
-@click.option(
-    "--calibration-stats",
-    metavar="GLOB",
-    help="Statistics files from `tensorsmith calibrate` (e.g. 'stats/*.npz'), merged in place of --calibration.",
-)
-@click.option(
-    "--eval-data",
-    "evaluation",
-    type=click.Path(path_type=Path),
-    help="Held-out .npz for accuracy (decoders: .txt too).",
-)
-@click.option("--max-sequence-length", type=int, help="A decoder's prompt + new tokens, at most ([generation]).")
-@click.option("--max-batch", type=int, help="A decoder's requests per call, at most ([generation]).")
-@click.option(
-    "--kv-cache",
-    type=click.Choice(["static", "dynamic"]),
-    help="A decoder's cache: static (request-long, updated in place; default where it applies) or dynamic "
-    "(Optimum's/GenAI's names).",
-)
-@click.option(
-    "--kv-cache-precision",
-    type=click.Choice([FP8.name]),
-    help="The engines' static cache in fp8 (sm_89+; its perplexity measured). Default: the variant's dtype.",
-)
-@click.option("--engine-cache", type=click.Path(path_type=Path), help="Reuse engines built before (a directory).")
-@click.option(
-    "--export-cache",
-    type=click.Path(path_type=Path),
-    help="Reuse the fused graph of an earlier compile of the same checkpoint (a directory): skips the export.",
-)
-@click.option(
-    "--trace-every-layer",
-    is_flag=True,
-    help="Trace each decoder layer in the export (default: two, the rest repeated from the second).",
-)
-@click.option(
-    "--no-resource-check",
-    is_flag=True,
-    help="Compile even where the memory and disk estimated before any work exceed what this machine has.",
-)
-@click.option(
-    "--layerwise",
-    type=click.Choice(["auto", "always", "never"]),
-    help="Run the graphs that measure and calibrate one layer at a time: auto where their weights exceed a third "
-    "of the available memory.",
-)
-@click.option(
-    "--mla-cache",
-    type=click.Choice(["latent", "full"]),
-    help="DeepSeek-V2/V3's attention: cache the compressed latent and rotary key (latent), or every head's keys "
-    "and values (full).",
-)
-@click.option("--no-fuse", is_flag=True, help="Skip the fusion passes (LayerNorm, GELU, attention scale).")
-@click.option("--no-verify", is_flag=True, help="Skip comparing the compiled graph with the source.")
+@config_option
+@options([*SOURCE_FLAGS, *COMPILE_FLAGS])
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
 @terminable
-def compile_command(
-    source: str,
-    out: Path,
-    config_path: Path | None,
-    checkpoint: Path | None,
-    inputs: tuple[str, ...],
-    dims: tuple[str, ...],
-    outputs: tuple[str, ...],
-    opset: int | None,
-    exporter: str | None,
-    targets: tuple[str, ...],
-    precision: str | None,
-    budget: str | None,
-    calibrator: str | None,
-    percentile: float | None,
-    int4_algorithm: str | None,
-    int4_block_size: str | None,
-    calibration: Path | None,
-    calibration_samples: int | None,
-    calibration_stats: str | None,
-    evaluation: Path | None,
-    max_sequence_length: int | None,
-    max_batch: int | None,
-    kv_cache: str | None,
-    kv_cache_precision: str | None,
-    engine_cache: Path | None,
-    export_cache: Path | None,
-    trace_every_layer: bool,
-    no_resource_check: bool,
-    layerwise: str | None,
-    mla_cache: str | None,
-    no_fuse: bool,
-    no_verify: bool,
-    as_json: bool,
-) -> None:
+def compile_command(source: str, out: Path, config_path: Path | None, as_json: bool, **flags: Any) -> None:
     """Compile SOURCE into the artifact directory OUT.
 
     SOURCE is a Hugging Face model directory (config.json and safetensors, as save_pretrained writes them; a
     *ForCausalLM becomes a decoder with prefill and decode engines), an ONNX file, a .pt2 ExportedProgram, a
     factory pkg.module:function returning an nn.Module (with --checkpoint and --input), or a tensorsmith.toml."""
     from tensorsmith.compiler import compile
-    from tensorsmith.compiler.flags import parse_dim_flag
 
-    overrides: dict[str, Any] = {
-        **source_overrides(checkpoint, inputs),
-        "dims": dict(parse_dim_flag(text) for text in dims) or None,
-        "outputs": list(outputs) or None,
-        "opset": opset,
-        "exporter": exporter,
-        "targets": list(targets) or None,
-        "precision": precision,
-        "budget": budget,
-        "calibrator": calibrator,
-        "percentile": percentile,
-        "int4_algorithm": int4_algorithm,
-        "int4_block_size": int(int4_block_size) if int4_block_size else None,
-        "calibration": str(calibration.resolve()) if calibration else None,
-        "calibration_samples": calibration_samples,
-        "calibration_stats": str(Path(calibration_stats).expanduser().absolute()) if calibration_stats else None,
-        "evaluation": str(evaluation.resolve()) if evaluation else None,
-        "fuse": False if no_fuse else None,
-        "trace_every_layer": True if trace_every_layer else None,
-        "check_resources": False if no_resource_check else None,
-        "layerwise": layerwise,
-        "mla_cache": mla_cache,
-        "verify": False if no_verify else None,
-        "export_cache_dir": str(export_cache.resolve()) if export_cache else None,
-    }
-    if engine_cache is not None:
-        overrides["build"] = {"engine_cache_dir": str(engine_cache.resolve())}
-    lengths = {
-        "max_sequence_length": max_sequence_length,
-        "max_batch": max_batch,
-        "kv_cache": kv_cache,
-        "kv_cache_precision": kv_cache_precision,
-    }
-    if any(value is not None for value in lengths.values()):
-        overrides["generation"] = {key: value for key, value in lengths.items() if value is not None}
+    overrides = config_overrides([*SOURCE_FLAGS, *COMPILE_FLAGS], flags)
     config = config_from_flags(source, config_path, overrides)
     with progress_reporter() as reporter:
         result = compile(config, out, reporter=reporter)

@@ -8,7 +8,6 @@ from typing import Literal
 import tomllib
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from tensorsmith.calibration.layers import Override
 from tensorsmith.compiler.declarations import DimRange, InputDecl, StrictModel
 from tensorsmith.compiler.settings import BuildConfig, GenerationConfig
 from tensorsmith.compiler.targets import TARGETS, Request, check_precision, unknown_targets
@@ -16,7 +15,8 @@ from tensorsmith.core.errors import ConfigError, UsageError
 from tensorsmith.core.grouped_int4 import declares_quantization
 from tensorsmith.core.layerwise import Layerwise
 from tensorsmith.core.metrics import Budget
-from tensorsmith.core.precisions import AUTO, FP32, INT4, Calibration, Family, precision, requestable
+from tensorsmith.core.overrides import Override
+from tensorsmith.core.precisions import AUTO, CAPABILITIES, FP32, INT4, Calibration, Family, precision, requestable
 
 SourceKind = Literal["factory", "exported_program", "onnx", "huggingface"]
 
@@ -47,20 +47,34 @@ class CompileConfig(StrictModel):
         "model directory (config.json and safetensors)"
     )
     checkpoint: Path | None = Field(None, description=".safetensors, or .pt/.pth (loaded with weights_only=True)")
-    inputs: list[InputDecl] = Field(default_factory=list, description="required for PyTorch sources")
-    outputs: list[str] = Field(default_factory=list, description="names for the model outputs, in order")
-    dims: dict[str, DimRange] = Field(default_factory=dict, description="sizes of the named dynamic dims")
+    inputs: list[InputDecl] = Field(
+        default_factory=list, description="the model's inputs, e.g. input_ids:int64:batch,128 (PyTorch sources)"
+    )
+    outputs: list[str] = Field(default_factory=list, description="names for the model's outputs, in order")
+    dims: dict[str, DimRange] = Field(default_factory=dict, description="a dynamic dim's sizes, as [dims.NAME]")
     dim_sums: dict[str, list[str]] = Field(
         default_factory=dict, description="a dim that is the sum of others, for example feeds (total = past + sequence)"
     )
     opset: int = Field(DEFAULT_OPSET, ge=13, le=23, description="ai.onnx opset of the compiled graph")
-    exporter: Literal["auto", "dynamo", "torchscript"] = Field("auto", description="auto: dynamo, else TorchScript")
+    exporter: Literal["auto", "dynamo", "torchscript"] = Field(
+        "auto", description="PyTorch's exporter (auto: dynamo, else TorchScript)"
+    )
     trace_every_layer: bool = Field(
         False, description="trace every decoder layer in the export, not two with the rest stamped from the second"
     )
-    mla_cache: Literal["latent", "full"] = Field("latent", description="MLA's cache: the latent, or full heads")
-    check_resources: bool = Field(True, description="refuse, before any work, a checkpoint that cannot fit here")
-    layerwise: Layerwise = Field("auto", description="run measuring graphs a layer at a time (core/layerwise.py)")
+    mla_cache: Literal["latent", "full"] = Field(
+        "latent",
+        description="DeepSeek-V2/V3's attention: cache the compressed latent and rotary key (latent), or every head's "
+        "keys and values (full)",
+    )
+    check_resources: bool = Field(
+        True, description="refuse, before any work, a compile whose estimated memory and disk exceed this machine's"
+    )
+    layerwise: Layerwise = Field(
+        "auto",
+        description="run the graphs that measure and calibrate one layer at a time (auto: where their weights exceed "
+        "a sixth of the available memory)",
+    )
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
     precision: Request = Field(
         FP32.name,
@@ -68,7 +82,11 @@ class CompileConfig(StrictModel):
         "kept fp32); int8/fp8: calibrate and quantize every layer the policy allows; int4/nvfp4: weight-only; auto: "
         "per target (int8, or fp8 from sm_89), each layer chosen so that `budget` holds on held-out data",
     )
-    budget: str = Field("cosine>=0.995", description="for precision auto: METRIC>=VALUE or METRIC<=VALUE")
+    budget: str = Field(
+        "cosine>=0.995",
+        description="for precision auto: METRIC>=VALUE or METRIC<=VALUE (cosine, min-cosine, max-abs, sqnr-db; for "
+        "decoders also perplexity-ratio, next-token-agreement, perplexity)",
+    )
     overrides: list[Override] = Field(
         default_factory=list, description="[[overrides]] match = glob over node/module/op, precision = fp32|int8|fp8"
     )
@@ -76,17 +94,25 @@ class CompileConfig(StrictModel):
     smoothing: bool = Field(True, description="SmoothQuant scaling before int8 calibration")
     smoothing_alpha: float = Field(0.8, ge=0, le=1, description="SmoothQuant migration strength")
     calibrator: Literal["entropy", "percentile", "minmax"] = Field(
-        "entropy", description="how activation thresholds are chosen (TensorRT's entropy by default)"
+        "entropy",
+        description="how activation thresholds are chosen: TensorRT's entropy (KL divergence), a percentile of "
+        "|x|, or the min and max",
     )
     percentile: float = Field(99.99, gt=0, le=100, description="for --calibrator percentile")
     int4_algorithm: Literal["awq", "rtn", "checkpoint"] = Field(
         "awq",
         description="for precision int4: AWQ (needs calibration data), round-to-nearest, or the codes of a "
-        "pre-quantized checkpoint (its default)",
+        "pre-quantized checkpoint (a pre-quantized checkpoint's default)",
     )
     int4_block_size: Literal[32, 64, 128] = Field(128, description="for precision int4: weights per scale, along K")
-    calibration: Path | None = Field(None, description=".npz (inputs stacked on axis 0) or a folder of them")
-    calibration_samples: int | None = Field(None, ge=1, description="use at most this many calibration samples")
+    calibration: Path | None = Field(
+        None,
+        description=".npz of inputs (samples on axis 0), or a folder of them; for a decoder, a .txt or an .npz of "
+        "input_ids",
+    )
+    calibration_samples: int | None = Field(
+        None, ge=1, description="use at most this many calibration samples (a decoder's text: windows; default 64)"
+    )
     calibration_stats: str | None = Field(
         None, description="glob of statistics files `tensorsmith calibrate` wrote: merged, in place of --calibration"
     )
@@ -97,7 +123,11 @@ class CompileConfig(StrictModel):
     tensorrt_cache_version: int = Field(
         101601, description="NV_TENSORRT_VERSION written into calibration/int8.cache (10.16.1 → 101601)"
     )
-    targets: list[str] = Field(default_factory=lambda: ["cpu"], description="architectures to compile for")
+    targets: list[str] = Field(
+        default_factory=lambda: ["cpu"],
+        description=f"cpu, or a GPU architecture sm_XX (sm_{CAPABILITIES[0]} to sm_{CAPABILITIES[-1]}); several as a "
+        "list (the flag repeated)",
+    )
     build: BuildConfig = Field(default_factory=BuildConfig, description="[build]: TensorRT builder settings")
     generation: GenerationConfig = Field(
         default_factory=GenerationConfig, description="[generation]: a decoder's lengths (Hugging Face sources)"
@@ -105,8 +135,9 @@ class CompileConfig(StrictModel):
     verify: bool = Field(True, description="compare the compiled graph with the source on ONNX Runtime")
     export_cache_dir: Path | None = Field(
         None,
-        description="reuse the fused graph of an earlier compile of the same checkpoint and export settings, skipping "
-        "the export (else $TENSORSMITH_EXPORT_CACHE; compiler/frontend/export_cache.py says what the key holds)",
+        description="a directory: reuse the fused graph of an earlier compile of the same checkpoint and export "
+        "settings, skipping the export (else $TENSORSMITH_EXPORT_CACHE; keyed by the checkpoint's files, the export "
+        "settings and the exporting packages' versions)",
     )
     tolerance: float = Field(1e-4, gt=0, description="max |difference| / max |reference| allowed by verify")
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)

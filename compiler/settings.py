@@ -56,9 +56,16 @@ class GenerationConfig(_Strict):
     """`[generation]`: how long and how wide a decoder's requests may be (its engines' profiles and the cache)."""
 
     max_sequence_length: int | None = Field(
-        None, ge=2, description="prompt and new tokens together; default: the config's positions, capped at 2048"
+        None,
+        ge=2,
+        description="a decoder's prompt and new tokens together, at most (unset: the config's positions, capped at "
+        "2048)",
     )
-    max_batch: int | None = Field(None, ge=1, description="default 8; engines: at most the target's max_batch")
+    max_batch: int | None = Field(
+        None,
+        ge=1,
+        description="a decoder's requests per call, at most (unset: 8; engines: at most the target's max_batch)",
+    )
     kv_cache: Literal["static", "dynamic"] | None = Field(
         None,
         description="static: the cache as long as the request, written in place (TensorScatter, opset 24); "

@@ -16,7 +16,6 @@ from pathlib import Path
 import onnx
 
 from tensorsmith.calibration import CalibrationData
-from tensorsmith.calibration.layers import Override
 from tensorsmith.calibration.weight_search import (
     FLOAT,
     HALF_BYTE,
@@ -38,6 +37,7 @@ from tensorsmith.compiler.variants.weight_matmuls import GraphSource, Pin
 from tensorsmith.core.budget_search import give_back_until_met, quantized_fraction
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import load_onnx
+from tensorsmith.core.overrides import Override
 from tensorsmith.core.precisions import FP8, FP32, INT8, NVFP4, overridable
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
