@@ -12,11 +12,11 @@ from tensorsmith.calibration.observer import Observer
 from tensorsmith.calibration.table import CalibrationTable, Method, build_table
 from tensorsmith.calibration.thresholds import DEFAULT_PERCENTILE
 from tensorsmith.core.progress import Reporter
+from tensorsmith.passes.quantize import activation_inputs, quantizable_nodes
 
 
 def tensors_to_observe(model: onnx.ModelProto) -> list[str]:
     """The activations that feed MatMul/Gemm/Conv: the tensors the Q/DQ pass quantizes per tensor."""
-    from tensorsmith.passes.quantize import activation_inputs, quantizable_nodes
 
     graph = gs.import_onnx(model)
     names = [tensor.name for node in quantizable_nodes(graph) for tensor in activation_inputs(node)]

@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Literal
 
 import tomllib
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from tensorsmith.compiler.config_errors import usage_error
 from tensorsmith.compiler.declarations import DimRange, InputDecl, StrictModel
 from tensorsmith.compiler.settings import BuildConfig, GenerationConfig
 from tensorsmith.compiler.targets import TARGETS, Request, check_precision, unknown_targets
-from tensorsmith.core.errors import ConfigError, UsageError
+from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.grouped_int4 import declares_quantization
 from tensorsmith.core.layerwise import Layerwise
 from tensorsmith.core.metrics import Budget
@@ -269,37 +270,5 @@ class CompileConfig(StrictModel):
         try:
             config = cls.model_validate({**raw, "base_dir": base_dir or Path.cwd()})
         except ValidationError as err:
-            errors = err.errors()
-            # An unknown key explains the other errors (a misspelt `source` is also a missing one): name it first.
-            first = next((error for error in errors if error["type"] == "extra_forbidden"), errors[0])
-            field = ".".join(str(part) for part in first["loc"])
-            more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-            if first["type"] == "extra_forbidden":
-                kind = "table" if isinstance(first.get("input"), dict) else "key"
-                raise UsageError(
-                    f"{origin}: unknown {kind} '{field}'{more}",
-                    hint=f"known keys there: {', '.join(_known_keys(first['loc']))}",
-                ) from err
-            message = first["msg"].removeprefix("Value error, ")
-            where = f"field '{field}': " if field else ""
-            value = first.get("input")
-            got = f" (got {value!r})" if field and isinstance(value, str | int | float) else ""
-            hint = getattr(first.get("ctx", {}).get("error"), "hint", None)
-            raise UsageError(
-                f"{origin}: {where}{message}{more}{'' if hint else got}",
-                hint=hint or "`tensorsmith compile --help` describes each flag; a tensorsmith.toml takes the same keys",
-            ) from err
+            raise usage_error(err, origin, cls) from err
         return config
-
-
-def _known_keys(location: tuple[int | str, ...]) -> list[str]:
-    """The keys allowed where an unknown one was found (`location`: pydantic's path to it)."""
-    tables: dict[object, type[BaseModel]] = {
-        "build": BuildConfig,
-        "inputs": InputDecl,
-        "dims": DimRange,
-        "overrides": Override,
-        "generation": GenerationConfig,
-    }
-    model = tables.get(location[0], CompileConfig) if len(location) > 1 else CompileConfig
-    return [name for name in model.model_fields if name != "base_dir"]

@@ -27,7 +27,7 @@ from tensorsmith.compiler.engines.builder import BuiltEngine, build_engine
 from tensorsmith.compiler.engines.profile import Profile
 from tensorsmith.compiler.engines.profiles import decoder_profiles
 from tensorsmith.compiler.engines.records import builds_that_fit, choose_builder, graph_bytes, memory_factor
-from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
+from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel
 from tensorsmith.compiler.variants.kv_cache import EarlyGraph, early_graph, static_layout
 from tensorsmith.core.errors import BuildError
 from tensorsmith.core.ir import GraphIO

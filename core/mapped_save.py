@@ -23,8 +23,10 @@ from tensorsmith.core.mapped_graph import (
     ConvertedValues,
     MappedValues,
     constants_of,
+    mapped,
     weight_bytes,
 )
+from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
 from tensorsmith.runtime.manifest import checkpoint_links_path, external_data_path
 
 logger = logging.getLogger(__name__)
@@ -217,7 +219,6 @@ def _attach(model: onnx.ModelProto, metadata: dict[str, str] | None) -> None:
     """Node metadata (module paths) by node name: onnx-graphsurgeon's export writes none."""
     if not metadata:
         return
-    from tensorsmith.core.module_paths import attach_module_paths
 
     attach_module_paths(model, metadata)
 
@@ -238,9 +239,6 @@ def without_references(path: Path) -> None:
     if not links.is_dir():
         return
     if path.is_file() and holds_references(onnx.load(str(path), load_external_data=False)):
-        from tensorsmith.core.mapped_graph import mapped  # mapped_graph's own module imports nothing of this one
-        from tensorsmith.core.module_paths import module_paths_recorded
-
         with mapped(path) as (graph, structure):
             save_mapped(graph, path, module_paths_recorded(structure))
     shutil.rmtree(links)

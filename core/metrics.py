@@ -18,6 +18,7 @@ import numpy as np
 
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.formats import absolute_max
+from tensorsmith.core.importing import import_factory
 from tensorsmith.core.language import language_model_metrics
 
 Outputs = Sequence[np.ndarray]
@@ -191,8 +192,6 @@ class Budget:
         elif name in LANGUAGE_METRICS:
             function, higher = None, LANGUAGE_METRICS[name]
         elif ":" in name:
-            from tensorsmith.core.importing import import_factory
-
             function, higher = import_factory(name), comparison == ">="
         else:
             raise ConfigError(

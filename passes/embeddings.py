@@ -23,6 +23,7 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.core.precisions import INT8
 from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.int4 import int4_constant, quantize_int4
 from tensorsmith.passes.matching import constant_value
 from tensorsmith.passes.quantize import quantize_weights
 
@@ -120,7 +121,6 @@ def row_block(width: int) -> int | None:
 def _int4_table(graph: gs.Graph, name: str, values: np.ndarray, block: int) -> tuple[list[gs.Variable], int]:
     """DequantizeLinear(INT4 table, scale per `block` of a row, axis 1) (TensorRT for RTX builds it before a Gather
     for sm_86, checked); returns its output and the bytes stored."""
-    from tensorsmith.passes.int4 import int4_constant, quantize_int4
 
     q, scale = quantize_int4(np.asarray(values, np.float32).T, block)  # blocks along a row: the transposed K axis
     prefix = f"{name}/int4"

@@ -15,8 +15,11 @@ from tensorsmith.runtime.artifact import Artifact
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.backends import AUTO, BackendSpec, backend_named, cpu_backends, engine_backends
 from tensorsmith.runtime.device import Device, detect_device
+from tensorsmith.runtime.engine import GenerationEngine
 from tensorsmith.runtime.errors import ArtifactError, BackendUnavailable, InputError, RuntimeLoadError
-from tensorsmith.runtime.kv_cache import CacheSession
+from tensorsmith.runtime.generation import Generator, Sampling
+from tensorsmith.runtime.generation_request import check_request
+from tensorsmith.runtime.kv_cache import CacheSession, CacheShape, past_name
 from tensorsmith.runtime.manifest import Manifest, read_manifest
 from tensorsmith.runtime.specs import TensorSpec
 
@@ -82,8 +85,6 @@ class Model:
         """A decoder artifact's sequences, prompt included, as transformers' `generate` returns them: prefill,
         then one token per step with the KV cache kept here. A batch of prompts is left padded (`attention_mask`
         zeros first). `eos_token_id` defaults to the checkpoint's; rows that finish are padded."""
-        from tensorsmith.runtime.generation import Generator, Sampling
-        from tensorsmith.runtime.generation_request import check_request
 
         # every setting and token id checked before anything runs (InputError, a ValueError, naming it)
         request = check_request(
@@ -103,7 +104,6 @@ class Model:
                 "a streamer cannot follow beam search (the beams change until the end)",
                 hint="stream with num_beams 1, or read the sequences generate() returns",
             )
-        from tensorsmith.runtime.kv_cache import CacheShape
 
         dtype = self._cache_dtype()
         static = request.layout.kv_cache == "static"
@@ -130,8 +130,6 @@ class Model:
         """A continuous-batching engine over this decoder (runtime/engine.py): `slots` requests decode together,
         each of at most `max_sequence_length` tokens (the compile's by default), with `max_queue` more waiting.
         Up to `prefill_chunk` prompt tokens are read a turn. Close it (or use it as a context manager) when done."""
-        from tensorsmith.runtime.engine import GenerationEngine
-        from tensorsmith.runtime.kv_cache import CacheShape
 
         layout = self.manifest.generation
         if layout is None or layout.kv_cache != "static":
@@ -160,7 +158,6 @@ class Model:
 
     def _cache_dtype(self) -> np.dtype:
         """The dtype the backend's graph takes for the cache (fp16 in a GPU engine where the manifest says fp32)."""
-        from tensorsmith.runtime.kv_cache import past_name
 
         assert self.manifest.generation is not None
         layout = self.manifest.generation

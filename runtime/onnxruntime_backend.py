@@ -13,6 +13,8 @@ from tensorsmith.runtime.artifact import Artifact
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.errors import InferenceError, InputError, RuntimeLoadError, onnxruntime_reason
 from tensorsmith.runtime.kv_cache import CacheSession, CacheShape
+from tensorsmith.runtime.onnxruntime_cache import OnnxRuntimeStaticCache
+from tensorsmith.runtime.onnxruntime_slots import OnnxRuntimeSlotCache
 from tensorsmith.runtime.slots import SlotCache
 from tensorsmith.runtime.specs import Limits, TensorSpec
 
@@ -76,7 +78,6 @@ class OnnxRuntimeBackend(Backend):
         """The static cache bound in place (runtime/onnxruntime_cache.py); the dynamic one as every backend's."""
         if not static:
             return super().open_cache(shape, static)
-        from tensorsmith.runtime.onnxruntime_cache import OnnxRuntimeStaticCache
 
         logits = next(spec for spec in self.outputs if spec.name == "logits")
         device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
@@ -96,7 +97,6 @@ class OnnxRuntimeBackend(Backend):
             )
         if self.provider != "CPUExecutionProvider":
             return super().open_slots(shape)
-        from tensorsmith.runtime.onnxruntime_slots import OnnxRuntimeSlotCache
 
         return OnnxRuntimeSlotCache(self._session, shape)
 

@@ -15,6 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tensorsmith.samples.cnn import model as cnn
+from tensorsmith.samples.minilm.model import tokenizer
+from tensorsmith.samples.sentences import sentences
+from tensorsmith.samples.tiny_bert import model as tiny_bert
+
 logger = logging.getLogger(__name__)
 
 SAMPLES = Path(__file__).resolve().parent
@@ -23,20 +28,14 @@ EVALUATION_SENTENCES = 64
 
 
 def prepare_tiny_bert(directory: Path) -> list[Path]:
-    from tensorsmith.samples.tiny_bert.model import write_weights
-
-    return [write_weights(directory / "weights.safetensors")]
+    return [tiny_bert.write_weights(directory / "weights.safetensors")]
 
 
 def prepare_cnn(directory: Path) -> list[Path]:
-    from tensorsmith.samples.cnn.model import write_weights
-
-    return [write_weights(directory / "weights.pt")]
+    return [cnn.write_weights(directory / "weights.pt")]
 
 
 def encode(texts: list[str]) -> dict[str, np.ndarray]:
-    from tensorsmith.samples.minilm.model import tokenizer
-
     encodings = tokenizer().encode_batch(texts)
     return {
         "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
@@ -46,7 +45,6 @@ def encode(texts: list[str]) -> dict[str, np.ndarray]:
 
 def prepare_minilm(directory: Path) -> list[Path]:
     """Calibration and evaluation sets from disjoint sentences (evaluation is never calibrated on)."""
-    from tensorsmith.samples.sentences import sentences
 
     texts = sentences()
     calibration = texts[:CALIBRATION_SENTENCES]

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("compiler.targets",),  # the target table
     ("compiler.declarations",),  # inputs and dims ranges
     ("compiler.settings",),  # [build] and [generation]
+    ("compiler.config_errors",),  # a config's validation error, as the user reads it
     ("compiler.config",),
     ("compiler.frontend",),  # stage: source → fused graph
     ("compiler.variants",),  # stage: variant plan → variants
@@ -133,3 +134,73 @@ def test_the_formatter_lays_out_the_product() -> None:
         if (count := path.read_text().count("# fmt: skip"))
     }
     assert sum(skips.values()) <= MAX_FORMAT_SKIPS, f"'# fmt: skip' in {skips}: let the formatter lay it out"
+
+
+# Where a project module may be imported inside a function: the command line (each command loads only its own
+# stage) and the compiler package's face (`import tensorsmith.compiler` loads no exporter until compile is called).
+# The runtime's optional backends are opened through their table row's module name (runtime/backends.py).
+LAZY_IMPORTS_ALLOWED = ("cli/", "compiler/__init__.py")
+
+
+def _lazy_imports(path: Path) -> list[int]:
+    """Lines of the tensorsmith imports inside functions of `path`."""
+    return [
+        node.lineno
+        for function in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(function)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tensorsmith")
+    ]
+
+
+def test_project_modules_are_imported_at_the_top() -> None:
+    lazy = [
+        f"{relative}:{line}"
+        for path in _modules().values()
+        if not (relative := str(path.relative_to(ROOT))).startswith(LAZY_IMPORTS_ALLOWED)
+        for line in _lazy_imports(path)
+    ]
+    assert lazy == [], "import project modules at the top of the module (a cycle is a layering problem to solve)"
+
+
+def _cycles(root: Path = ROOT) -> list[list[str]]:
+    """The strongly connected components of the import graph with more than one module (Tarjan's algorithm)."""
+    modules = _modules(root)
+    graph = {
+        module: {name for _, name in _imports(path) if name in modules and name != module}
+        for module, path in modules.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in graph[module]:
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = [stack.pop()]
+            while component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycles_between_files(tmp_path: Path) -> None:
+    """No two modules import each other, even through TYPE_CHECKING blocks or others; and the check finds one."""
+    assert _cycles() == []
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "a.py").write_text("from tensorsmith.core.b import x\n")
+    (tmp_path / "core" / "b.py").write_text("if TYPE_CHECKING:\n    from tensorsmith.core.a import y\n")
+    assert _cycles(tmp_path) == [["core.a", "core.b"]]

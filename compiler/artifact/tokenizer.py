@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
+from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel
 from tensorsmith.runtime.manifest import FileRecord, sha256_of
 
 TOKENIZER_DIRECTORY = "tokenizer"  # in the artifact

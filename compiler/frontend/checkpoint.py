@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tensorsmith.compiler.frontend.checkpoint_weights import SHARD_INDEX
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line
 
@@ -168,8 +169,6 @@ def check_shards(directory: Path) -> None:
     says: a shard missing or cut short is named before any work (transformers would report missing keys, or the
     kernel a bus error, minutes later)."""
     from safetensors import SafetensorError, safe_open
-
-    from tensorsmith.compiler.frontend.checkpoint_weights import SHARD_INDEX
 
     index = directory / SHARD_INDEX
     if not index.is_file():

@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.frontend.architecture_checks import STATE_LAYER_KINDS
+from tensorsmith.compiler.frontend.complex_rotary import real_rotation_while_tracing, rewrite_complex_rotary
+from tensorsmith.compiler.frontend.latent_attention import rewrite_latent_attention
 from tensorsmith.compiler.frontend.layer_states import LayerStates, layer_states
+from tensorsmith.compiler.frontend.linear_attention import (
+    StateLayer,
+    rewrite_linear_attention,
+    token_masks_while_tracing,
+)
+from tensorsmith.compiler.frontend.short_convolution import rewrite_short_convolution
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.ir import GraphIO
 from tensorsmith.core.precisions import FP16
@@ -31,16 +39,12 @@ from tensorsmith.runtime.manifest import GenerationRecord, TensorRecord
 if TYPE_CHECKING:
     import torch
 
-    from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
+    from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel
 
 DECODER_OPSET = 23  # the first with RMSNormalization
 MAX_BATCH = 8  # the default [dims.batch] max of a decoder (engines: at most the target's max_batch)
 # total = past + sequence: example feeds (export, verification) keep the mask as long as the cache plus the tokens.
 DIM_SUMS = {"total": ["past", "sequence"]}
-
-
-def is_decoder(architecture: str) -> bool:
-    return architecture.endswith(("ForCausalLM", "LMHeadModel"))
 
 
 @dataclass(frozen=True)
@@ -232,15 +236,6 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
     import torch
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
-
-    from tensorsmith.compiler.frontend.complex_rotary import real_rotation_while_tracing, rewrite_complex_rotary
-    from tensorsmith.compiler.frontend.latent_attention import rewrite_latent_attention
-    from tensorsmith.compiler.frontend.linear_attention import (
-        StateLayer,
-        rewrite_linear_attention,
-        token_masks_while_tracing,
-    )
-    from tensorsmith.compiler.frontend.short_convolution import rewrite_short_convolution
 
     rewrite_latent_attention(loaded, mla_cache)
     rewrite_linear_attention(loaded)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.core.importing import import_factory
 from tensorsmith.core.tensor_ranges import TensorRange
 from tensorsmith.passes import GraphPass, PassReport
 from tensorsmith.runtime.manifest import FileRecord, SourceRecord, external_data_path, sha256_of
@@ -140,8 +141,6 @@ def _module_digest(factory: str, module: torch.nn.Module) -> str:
     import inspect
 
     import torch
-
-    from tensorsmith.core.importing import import_factory
 
     digest = hashlib.sha256(factory.encode())
     files = {inspect.getsourcefile(import_factory(factory))}

@@ -18,8 +18,11 @@ import numpy as np
 import onnx
 
 from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.frontend.transposed_weights import fold_weight_transposes
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.importing import first_line
+from tensorsmith.core.ir import save_ir
+from tensorsmith.core.referring_ir import referred, save_referring
 
 if TYPE_CHECKING:
     import torch
@@ -120,10 +123,6 @@ def released_proto(model: Any, scratch: Path | None = None) -> onnx.ModelProto:
     weight an external reference by absolute path: the weights are not copied into a protobuf (at 1B, 5 GB).
     Either way Linear's transposed weights are written transposed (transposed_weights.py)."""
     import onnx_ir as ir
-
-    from tensorsmith.compiler.frontend.transposed_weights import fold_weight_transposes
-    from tensorsmith.core.ir import save_ir
-    from tensorsmith.core.referring_ir import referred, save_referring
 
     folded = fold_weight_transposes(model)
     logger.debug("the export: %d weights written transposed", folded)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +21,9 @@ from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.frontend.architecture_checks import check_architecture
 from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, check_safetensors_dtypes, check_shards
 from tensorsmith.compiler.frontend.checkpoint_weights import shard_owner
-from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, is_decoder, kv_cache_module
-from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, read_quantized_checkpoint
+from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, kv_cache_module
+from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel, is_decoder
+from tensorsmith.compiler.frontend.quantized_checkpoint import read_quantized_checkpoint
 from tensorsmith.compiler.frontend.routed_experts import register_routed_experts
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line
@@ -33,48 +34,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
-                   "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
-MAX_SEQUENCE = 2048  # the default max of the sequence dim: the config's positions, capped here
 # the sizes compiler/frontend/decoder.py reads, under the names transformers' config classes all answer to
 STANDARD_SIZES = ("num_hidden_layers", "num_attention_heads", "hidden_size", "num_key_value_heads")
 # config.json's `dtype` (`torch_dtype` before transformers 4.56) that a checkpoint may give: the weights are loaded
 # in float32 whichever it is (the reference and the fp32 graph are computed as transformers computes in float32)
 CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float64")
-
-
-@dataclass(frozen=True)
-class HuggingFaceModel:
-    directory: Path
-    architecture: str  # e.g. "BertModel", from config.json's `architectures`
-    config: dict[str, Any]  # config.json
-    quantized: QuantizedCheckpoint | None = None  # a pre-quantized checkpoint's quantized Linears
-
-    @property
-    def output(self) -> str:
-        return "last_hidden_state" if self.architecture.endswith("Model") else "logits"
-
-    @property
-    def max_sequence(self) -> int:
-        positions = next(
-            (self.config[key] for key in ("max_position_embeddings", "n_positions", "n_ctx") if self.config.get(key)),
-            MAX_SEQUENCE,
-        )
-        return min(int(positions), MAX_SEQUENCE)
-
-    @property
-    def is_decoder(self) -> bool:
-        return is_decoder(self.architecture)
-
-    def generation_config(self) -> dict[str, Any]:
-        path = self.directory / "generation_config.json"
-        return dict(json.loads(path.read_text())) if path.is_file() else {}
-
-    def weights(self) -> list[Path]:
-        return sorted(self.directory.glob("*.safetensors"))
-
-    def tokenizer_files(self) -> list[Path]:
-        return [self.directory / name for name in TOKENIZER_FILES if (self.directory / name).is_file()]
 
 
 def is_model_directory(path: Path) -> bool:

@@ -12,7 +12,8 @@ import onnx
 from tensorsmith.compiler.config import CompileConfig, InputDecl
 from tensorsmith.compiler.declarations import DType
 from tensorsmith.compiler.frontend.dims import declare_dims
-from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, declare_model_inputs, read_model_directory
+from tensorsmith.compiler.frontend.huggingface import declare_model_inputs, read_model_directory
+from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel
 from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_float_precision, checkpoint_precision
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import io_records, load_onnx, value_dims, value_record

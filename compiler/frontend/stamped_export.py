@@ -16,7 +16,7 @@ from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.compiler.frontend.decoder import kv_cache_module, kv_layout, past_names, present_names
 from tensorsmith.compiler.frontend.exported import ExportedModel, torch_reference
 from tensorsmith.compiler.frontend.exporters import EXPORTED_NAME, dynamo_program, exporter_cause, released_proto
-from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel, build_module, experts_option, model_class
+from tensorsmith.compiler.frontend.huggingface import build_module, experts_option, model_class
 from tensorsmith.compiler.frontend.layer_stamping import (
     MIN_LAYERS,
     TRACED_LAYERS,
@@ -28,6 +28,7 @@ from tensorsmith.compiler.frontend.layer_stamping import (
     truncated,
     weights_as_inputs,
 )
+from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel
 from tensorsmith.compiler.frontend.module_weights import (
     checkpoint_names,
     converts_keys,

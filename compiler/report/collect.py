@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from tensorsmith.calibration.statistics import load_histograms
+from tensorsmith.compiler.report.html import render_html
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.metrics import budget_terms
@@ -92,7 +94,6 @@ def _histograms(directory: Path, calibration: dict[str, Any] | None, tensors: li
     path = directory / HISTOGRAMS
     if calibration is None or not path.is_file():
         return []
-    from tensorsmith.calibration.statistics import load_histograms
 
     statistics = load_histograms(path)
     chosen = [name for name in tensors if name in statistics and name in calibration["tensors"]]
@@ -208,7 +209,6 @@ def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
 
 def write_report(directory: Path, name: str | None = None) -> dict[str, Any]:
     """Write report.json and report.html into the artifact at `directory` (each replaced atomically)."""
-    from tensorsmith.compiler.report.html import render_html
 
     report = collect_report(directory, name)
     replace_file(directory / REPORT_JSON, (json.dumps(report) + "\n").encode())  # compact: histograms are long

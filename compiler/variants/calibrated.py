@@ -26,6 +26,7 @@ from tensorsmith.core.precisions import INT8
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.quantize import Precision
+from tensorsmith.passes.smooth import SmoothActivations, smoothable_activations
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,6 @@ class Calibrated:
 
 def channel_tensors(model: onnx.ModelProto) -> list[str]:
     """The activations whose per-channel ranges a compile may need: those read by weight MatMuls."""
-    from tensorsmith.passes.smooth import smoothable_activations
 
     return list(smoothable_activations(gs.import_onnx(model)))
 
@@ -105,7 +105,6 @@ def _statistics_of(model: onnx.ModelProto, statistics: Statistics) -> Statistics
 
 def _smooth(model: onnx.ModelProto, amax: dict[str, np.ndarray], alpha: float) -> tuple[onnx.ModelProto, PassReport]:
     """The fused graph with SmoothQuant scaling (x/s, s·W): equal in fp32, kinder to per-tensor int8."""
-    from tensorsmith.passes.smooth import SmoothActivations
 
     smoothed, (report,) = rewritten(model, [SmoothActivations(amax, alpha)])
     return smoothed, report

@@ -18,6 +18,7 @@ from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.backends import ONNX_RUNTIME, OPENVINO
 from tensorsmith.runtime.errors import TensorsmithError
 from tensorsmith.runtime.manifest import VariantRecord, external_data_path
+from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
 from tensorsmith.runtime.specs import TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,6 @@ class _BackendSession:
 
 def _openvino(path: Path, specs: Specs, feeds: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> Any:
     """OpenVINO's session over the variant at `path` where it runs it and agrees with ONNX Runtime, else None."""
-    from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
 
     unavailable = openvino_unavailable()
     if unavailable is not None:

@@ -33,6 +33,7 @@ from tensorsmith.core.module_paths import attach_module_paths, module_paths_reco
 from tensorsmith.core.precisions import FP32, INT8
 from tensorsmith.core.sessions import quiet_onnxruntime, run_onnx
 from tensorsmith.passes import GraphPass, PassReport, run_passes
+from tensorsmith.passes.embeddings import QuantizeEmbeddings
 from tensorsmith.passes.outlier_neurons import SplitOutlierNeurons
 from tensorsmith.passes.smooth import SmoothActivations, smoothable_activations
 from tensorsmith.passes.softmax_floor import FloorSoftmaxLogits
@@ -150,7 +151,6 @@ def _with_int8_embeddings(
     path: Path, evaluation: dict[str, np.ndarray], reference: list[np.ndarray], budget: Budget, value: float
 ) -> float:
     """Store the variant's vocabulary tables in int8 (passes/embeddings.py) if it still meets the budget."""
-    from tensorsmith.passes.embeddings import QuantizeEmbeddings
 
     trial = path.with_name(f".{path.name}.embeddings")
     (report,) = rewrite(load_onnx(path), [QuantizeEmbeddings(gather_first=True)], trial)

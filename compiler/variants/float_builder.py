@@ -23,6 +23,7 @@ import onnx
 from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
+from tensorsmith.compiler.variants.fp16_range import out_of_range_activations
 from tensorsmith.compiler.variants.language import text_evaluation, with_language_metrics
 from tensorsmith.compiler.variants.measure import token_figures
 from tensorsmith.compiler.variants.records import variant_record
@@ -34,6 +35,8 @@ from tensorsmith.core.narrow_twin import drop_twin, write_widened_twin
 from tensorsmith.core.precisions import BF16, FP16, FP32, Family, Precision
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
+from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, RoundToBf16
+from tensorsmith.passes.tied_projection import TiedProjection
 from tensorsmith.runtime.manifest import VariantRecord
 
 logger = logging.getLogger(__name__)
@@ -76,8 +79,6 @@ def build_float_variant(
     told of the file before it is measured. A variant only engines run (`engines_only`) reads a tied embedding
     table through a Transpose, as its engines' graph will: that graph then adds no weight and shares this file's
     (core/mapped_save.py), and the table's copy is never written."""
-    from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, RoundToBf16
-    from tensorsmith.passes.tied_projection import TiedProjection
 
     path = variant_path(directory, floats.name)
     measured_on: onnx.ModelProto | None = None
@@ -133,8 +134,6 @@ def log_kept_for_range(report: PassReport) -> None:
 
 @registered(Family.FLOAT)
 def build_float_variants(job: BuildJob) -> FamilyVariants:
-    from tensorsmith.compiler.variants.fp16_range import out_of_range_activations
-
     fused, config, directory, reporter = job.fused, job.config, job.directory, job.reporter
     reference = reference_variant(fused)
     text = text_evaluation(config, fused.inputs, fused.path)  # a decoder's held-out text, if it has one

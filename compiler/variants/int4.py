@@ -35,8 +35,11 @@ from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT, NVFP4, float_precisions
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import GraphPass, PassReport
+from tensorsmith.passes.embeddings import MIN_ROWS, QuantizeEmbeddings, row_block, tied_projections
+from tensorsmith.passes.fp16 import ConvertToFp16
 from tensorsmith.passes.int4 import Int4Weight, WeightOnlyInt4
 from tensorsmith.passes.int8_weights import WeightOnlyInt8
+from tensorsmith.passes.nvfp4 import SimulatedNvfp4, WeightOnlyNvfp4
 from tensorsmith.passes.quantize import InsertQDQ
 from tensorsmith.runtime.manifest import VariantRecord
 
@@ -108,7 +111,6 @@ def plan_int4(
 
 def tied_projection_names(source: GraphSource) -> set[str]:
     """The output projections QuantizeEmbeddings(int4=True) makes read its INT4 table (tables it stores in INT4)."""
-    from tensorsmith.passes.embeddings import MIN_ROWS, row_block, tied_projections
 
     with source_graph(source) as (graph, _):
         tables = [
@@ -139,9 +141,6 @@ def build_int4_variant(
     precision, fp16); vocabulary tables quantized when `tables`; `stored_nvfp4`: a checkpoint's own NVFP4 weights
     for those layers. Returns the record (its accuracy
     measure_variant's figures) and the passes' reports."""
-    from tensorsmith.passes.embeddings import QuantizeEmbeddings
-    from tensorsmith.passes.fp16 import ConvertToFp16
-    from tensorsmith.passes.nvfp4 import SimulatedNvfp4, WeightOnlyNvfp4
 
     name = recipe.variant
     path = variant_path(directory, name)

@@ -25,7 +25,7 @@ import numpy as np
 
 from tensorsmith.compiler.config import CompileConfig, DimRange
 from tensorsmith.compiler.frontend.decoder import layer_windows, static_cache_io
-from tensorsmith.compiler.frontend.huggingface import HuggingFaceModel
+from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.compiler.variants.kv_fp8 import FP8_CACHE, cache_scales, check_cache_precision, with_fp8_perplexity
 from tensorsmith.compiler.variants.language import text_evaluation

@@ -3,22 +3,29 @@ and the bytes each level stores (compiler/variants/weight_mix.py searches over t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
 from tensorsmith.calibration.weight_search import FLOAT, INT4, INT8_WEIGHT, ONE_BYTE, WITH_ACTIVATIONS, LayerOptions
 from tensorsmith.compiler.variants.int4 import Int4Plan
-from tensorsmith.compiler.variants.weight_matmuls import weight_array, weight_matmuls
+from tensorsmith.compiler.variants.weight_matmuls import Pin, weight_array, weight_matmuls
 from tensorsmith.core.precisions import INT8, NVFP4
 from tensorsmith.passes.int4 import dequantize_int4, quantize_int4
 from tensorsmith.passes.int8_weights import int8_weight
 from tensorsmith.passes.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from tensorsmith.passes.quantize import quantize_weights
 
-if TYPE_CHECKING:
-    from tensorsmith.compiler.variants.weight_mix import WeightLevels
+
+@dataclass(frozen=True)
+class WeightLevels:
+    """What the weight layers may take beyond float, for every target of the INT4 recipes, and the pins."""
+
+    allowed: tuple[str, ...]  # the levels the search may move a layer to
+    notes: dict[str, str]  # level → considered, or why not (precision.json)
+    scales: dict[str, dict[str, float]] = field(default_factory=dict)  # W8A8 level → activation → scale
+    pinned: dict[str, Pin] = field(default_factory=dict)  # layer → its pin
 
 
 def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) -> dict[str, LayerOptions]:

@@ -14,6 +14,8 @@ from tensorsmith.core.mapped_save import save_mapped
 from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
 from tensorsmith.core.precisions import FP16
 from tensorsmith.passes import GraphPass, PassReport, run_passes
+from tensorsmith.passes.embeddings import QuantizeEmbeddings
+from tensorsmith.passes.fp16 import ConvertToFp16
 from tensorsmith.passes.quantize import InsertQDQ, Precision
 
 VARIANTS_DIR = "variants"
@@ -66,8 +68,6 @@ def write_quantized(
 ) -> PassReport:
     """Q/DQ on `nodes`; with `embeddings`, vocabulary tables stored in int8 (weight-only); with fp16 floats,
     everything left in float computes in fp16 (LayerNorm in fp32)."""
-    from tensorsmith.passes.embeddings import QuantizeEmbeddings
-    from tensorsmith.passes.fp16 import ConvertToFp16
 
     passes: list[GraphPass] = [InsertQDQ(precision, scales, nodes=nodes)]
     if embeddings:

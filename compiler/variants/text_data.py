@@ -20,6 +20,7 @@ from tensorsmith.calibration import CalibrationData
 from tensorsmith.calibration.data import Feeds
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.sessions import open_session, run_remembered, session_over
 from tensorsmith.runtime.manifest import TensorRecord
 
 WINDOW = 128  # tokens per window (at most the decoder's max sequence length)
@@ -121,8 +122,6 @@ class DecoderFeeds:
     decode_steps: bool = True
 
     def __iter__(self) -> Iterator[Feeds]:
-        from tensorsmith.core.sessions import open_session, run_remembered, session_over
-
         if not self.decode_steps:  # prefills only: nothing to run here (the observer runs them, once)
             for start in range(0, len(self.windows), self.batch_size):
                 yield prefill_feeds(self.windows[start : start + self.batch_size], self.inputs)

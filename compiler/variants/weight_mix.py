@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -30,7 +30,7 @@ from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import Recipe, get_target
 from tensorsmith.compiler.variants.calibrated import collect_statistics, write_table
 from tensorsmith.compiler.variants.int4 import Int4Plan, build_int4_variant, tables_policy
-from tensorsmith.compiler.variants.layer_options import layer_options
+from tensorsmith.compiler.variants.layer_options import WeightLevels, layer_options
 from tensorsmith.compiler.variants.measure import Evaluation
 from tensorsmith.compiler.variants.precision_plan import LayerChoice, RecipePlan
 from tensorsmith.compiler.variants.weight_matmuls import GraphSource, Pin
@@ -46,16 +46,6 @@ from tensorsmith.runtime.manifest import VariantRecord
 logger = logging.getLogger(__name__)
 
 OVERRIDE_LEVELS = {name: FLOAT if name == FP32.name else name for name in overridable()}  # fp32: the float level
-
-
-@dataclass(frozen=True)
-class WeightLevels:
-    """What the weight layers may take beyond float, for every target of the INT4 recipes, and the pins."""
-
-    allowed: tuple[str, ...]  # the levels the search may move a layer to
-    notes: dict[str, str]  # level → considered, or why not (precision.json)
-    scales: dict[str, dict[str, float]] = field(default_factory=dict)  # W8A8 level → activation → scale
-    pinned: dict[str, Pin] = field(default_factory=dict)  # layer → its pin
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tensorsmith.core.metrics import relative_error
+from tensorsmith.runtime import load
 from tensorsmith.samples.minilm.model import build
 
 SAMPLE = Path(__file__).resolve().parent
@@ -22,9 +24,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-
-    from tensorsmith.core.metrics import relative_error
-    from tensorsmith.runtime import load
 
     with np.load(args.feeds) as archive:
         feeds = {name: archive[name] for name in archive.files}

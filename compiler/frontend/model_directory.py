@@ -1,0 +1,54 @@
+"""A Hugging Face model directory as read from its config.json (compiler/frontend/huggingface.py reads it): its
+architecture, config and files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
+
+MAX_SEQUENCE = 2048  # the default max of the sequence dim: the config's positions, capped here
+
+
+def is_decoder(architecture: str) -> bool:
+    return architecture.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+@dataclass(frozen=True)
+class HuggingFaceModel:
+    directory: Path
+    architecture: str  # e.g. "BertModel", from config.json's `architectures`
+    config: dict[str, Any]  # config.json
+    quantized: QuantizedCheckpoint | None = None  # a pre-quantized checkpoint's quantized Linears
+
+    @property
+    def output(self) -> str:
+        return "last_hidden_state" if self.architecture.endswith("Model") else "logits"
+
+    @property
+    def max_sequence(self) -> int:
+        positions = next(
+            (self.config[key] for key in ("max_position_embeddings", "n_positions", "n_ctx") if self.config.get(key)),
+            MAX_SEQUENCE,
+        )
+        return min(int(positions), MAX_SEQUENCE)
+
+    @property
+    def is_decoder(self) -> bool:
+        return is_decoder(self.architecture)
+
+    def generation_config(self) -> dict[str, Any]:
+        path = self.directory / "generation_config.json"
+        return dict(json.loads(path.read_text())) if path.is_file() else {}
+
+    def weights(self) -> list[Path]:
+        return sorted(self.directory.glob("*.safetensors"))
+
+    def tokenizer_files(self) -> list[Path]:
+        return [self.directory / name for name in TOKENIZER_FILES if (self.directory / name).is_file()]
