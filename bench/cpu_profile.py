@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.precision import onnxruntime_dynamic_per_channel  # noqa: E402
 from bench.runner import machine, markdown_table  # noqa: E402
-from tensorsmith.core.sessions import cpu_session  # noqa: E402
+from tensorsmith.core.timing import cpu_session  # noqa: E402
 
 
 def kernel_ms(

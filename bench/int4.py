@@ -105,7 +105,7 @@ def measure(side: str, path: str, layout: str, out: str) -> None:
 
         generate = side_genai(path)
     else:
-        from tensorsmith.core.sessions import cpu_session
+        from tensorsmith.core.timing import cpu_session
         from tensorsmith.runtime.generation import Generator, Sampling
         from tensorsmith.runtime.manifest import GenerationRecord
 

@@ -88,9 +88,9 @@ def modelopt_ptq(fp32: Path, output: Path, mode: str) -> None:
 
 
 def session(path: Path, disabled_optimizers: list[str]):  # type: ignore[no-untyped-def]
-    """2 threads that stop spinning after each run (core.sessions.cpu_session), else the idle spinning threads of
+    """2 threads that stop spinning after each run (core.timing.cpu_session), else the idle spinning threads of
     one model's session slow the next one measured: every figure doubled on 2 cores."""
-    from tensorsmith.core.sessions import cpu_session
+    from tensorsmith.core.timing import cpu_session
 
     return cpu_session(path, disabled_optimizers, threads=2)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -18,13 +17,13 @@ from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.calibration.statistics import Statistics, TensorStatistics
 from tensorsmith.core.errors import CalibrationError
 from tensorsmith.core.progress import LogReporter, Reporter
-from tensorsmith.core.sessions import recall_run, session_for, session_with_outputs
+from tensorsmith.core.sessions import Session, recall_run, session_for, session_with_outputs
 from tensorsmith.runtime.errors import onnxruntime_reason
 
 logger = logging.getLogger(__name__)
 
 
-def _session_observing(model: onnx.ModelProto, tensors: list[str], providers: list[str]) -> Any:
+def _session_observing(model: onnx.ModelProto, tensors: list[str], providers: list[str]) -> Session:
     """The observed tensors as extra outputs, added for the session and taken off again (no copy of the weights)."""
     outputs = {output.name for output in model.graph.output}
     added = [onnx.ValueInfoProto(name=name) for name in tensors if name not in outputs]

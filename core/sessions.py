@@ -1,4 +1,4 @@
-"""ONNX Runtime CPU sessions for the compiler's own work: running a graph for its outputs, and timing variants.
+"""ONNX Runtime CPU sessions for the compiler's own work: running a graph for its outputs (core/timing.py times them).
 
 Every session the compiler opens logs fatal messages only (ONNX Runtime's optimizer warnings are not the
 user's business); onnxruntime is imported inside the functions, so importing this module stays cheap.
@@ -7,13 +7,11 @@ user's business); onnxruntime is imported inside the functions, so importing thi
 from __future__ import annotations
 
 import contextlib
-import statistics
 import tempfile
-import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -27,7 +25,21 @@ from tensorsmith.runtime.errors import onnxruntime_reason
 # ONNX Runtime's log severities run 0 verbose … 3 error, 4 fatal. The compiler's sessions log fatal only: an
 # error comes back as an exception too, which the compiler words as one line (its log line would repeat it raw).
 QUIET_SEVERITY = 4
-LATENCY_RUNS = 7
+
+
+class Runs(Protocol):
+    """What timing asks of a session: ONNX Runtime's `run(names, feeds)`."""
+
+    def run(self, names: Sequence[str] | None, feeds: dict[str, np.ndarray], /) -> list[Any]: ...
+
+
+class Session(Runs, Protocol):
+    """What the compiler asks of a session over a graph: ONNX Runtime's InferenceSession, and
+    core/layerwise.LayerwiseSession, which answers the same."""
+
+    def get_inputs(self) -> Sequence[Any]: ...
+
+    def get_outputs(self) -> Sequence[Any]: ...
 
 
 def quiet_onnxruntime() -> Any:
@@ -63,7 +75,7 @@ def owned(outputs: Sequence[Any]) -> list[Any]:
     ]
 
 
-def _joined_rows(session: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+def _joined_rows(session: Session, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """run_in_rows' outputs written into arrays of every row as they come (joining the parts at the end held them
     twice: at the 1B shape, 8 evaluation windows' logits are 0.5 GB)."""
     rows = max((len(array) for array in session_feeds(session, feeds).values() if array.ndim), default=1)
@@ -77,7 +89,7 @@ def _joined_rows(session: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]
     return joined
 
 
-def open_session(path: Path | onnx.ModelProto) -> Any:
+def open_session(path: Path | onnx.ModelProto) -> Session:
     """A quiet ONNX Runtime CPU session over the file at `path` (its narrow twin where one was written: the same
     outputs, the weights held in 16 bits; run a layer at a time where its weights are large: core/layerwise), or
     over an in-memory graph."""
@@ -118,7 +130,7 @@ def onnx_errors(path: Path | onnx.ModelProto, origin: str | None = None) -> Iter
         ) from err
 
 
-def session_feeds(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def session_feeds(session: Session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The feeds `session` takes (an evaluation's may hold inputs only some graphs have)."""
     names = {value.name for value in session.get_inputs()}
     return {name: array for name, array in feeds.items() if name in names}
@@ -135,7 +147,7 @@ class NotByRow(Exception):
 
 
 def run_in_rows(
-    session: Any, feeds: dict[str, np.ndarray], row_bytes: int | None = None
+    session: Session, feeds: dict[str, np.ndarray], row_bytes: int | None = None
 ) -> Iterator[tuple[slice, list[np.ndarray]]]:
     """`session`'s outputs on `feeds` a few rows (axis 0) at a time, with the rows each run covers: about RUN_BYTES
     of output a run, for outputs of `row_bytes` a row (None: as the first row, run alone, makes). Feeds whose axis
@@ -170,7 +182,7 @@ def run_in_rows(
         yield part, outputs
 
 
-def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> Any:
+def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> Session:
     """A quiet ONNX Runtime session over an in-memory graph (a search's switched graph, an observer's): opened from
     its bytes when small, else from a temporary file with its weights as external data (faster than protobuf's
     serialisation above EXTERNAL_DATA_ABOVE, and the only way over 2 GB); `model` is left as it was. ONNX
@@ -188,7 +200,7 @@ def session_for(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutio
 
 def session_with_outputs(
     path: Path, outputs: Sequence[str], providers: Sequence[str] = ("CPUExecutionProvider",)
-) -> Any:
+) -> Session:
     """A quiet ONNX Runtime session over the graph saved at `path` that also returns `outputs` (tensors inside
     it). Its structure, with the outputs added, is written beside it for the session to open and then removed:
     the weights are read from the graph's own file, never copied into a protobuf. ONNX Runtime's errors propagate."""
@@ -197,7 +209,7 @@ def session_with_outputs(
     options.log_severity_level = QUIET_SEVERITY
     opened, disabled = measured_file(path)
     if (segment_bytes := layerwise_segments(opened)) is not None:
-        session: Any = LayerwiseSession(opened, segment_bytes, outputs, disabled, options)
+        session: Session = LayerwiseSession(opened, segment_bytes, outputs, disabled, options)
         _SESSIONS_OVER[str(path.resolve())] = session
         return session
     structure = onnx.load(str(opened), load_external_data=False)
@@ -216,16 +228,16 @@ def session_with_outputs(
 
 # Sessions this process holds over a saved graph, by its path, while something holds them: a second fp32 session
 # over the same 1B graph is 6 GB more (AWQ's observer and the decoder feeds' prefill run at once).
-_SESSIONS_OVER: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_SESSIONS_OVER: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
 
 
 # The last run a borrower made on an observer's session: (the session, its feeds, every output by name). A
 # decoder's calibration feeds run each prefill for its cache, and the observer would run the same feeds again for
 # its tensors: it takes this run instead (AWQ's statistics pass ran every calibration prefill twice).
-_LAST_RUN: list[tuple[weakref.ref[Any], dict[str, np.ndarray], dict[str, np.ndarray]]] = []
+_LAST_RUN: list[tuple[weakref.ref[Session], dict[str, np.ndarray], dict[str, np.ndarray]]] = []
 
 
-def run_remembered(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_remembered(session: Session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every output of `session` on `feeds`, kept for one recall_run of the same feeds (the next one)."""
     names = [output.name for output in session.get_outputs()]
     outputs = dict(zip(names, session.run(None, feeds), strict=True))
@@ -233,7 +245,7 @@ def run_remembered(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.n
     return outputs
 
 
-def recall_run(session: Any, feeds: dict[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray] | None:
+def recall_run(session: Session, feeds: dict[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray] | None:
     """`names`' values from the run_remembered on this very `session` with these feeds (compared by value:
     batching re-wraps them), else None; forgotten once asked."""
     if not _LAST_RUN:
@@ -246,55 +258,7 @@ def recall_run(session: Any, feeds: dict[str, np.ndarray], names: Sequence[str])
     return [outputs[name] for name in names]
 
 
-def session_over(path: Path) -> Any | None:
+def session_over(path: Path) -> Session | None:
     """A session already open over the graph at `path` (session_with_outputs': every graph output among its
     outputs), or None. Borrow it for a run; do not keep it (it goes when its owner drops it)."""
     return _SESSIONS_OVER.get(str(path.resolve()))
-
-
-def cpu_session(
-    path: Path,
-    disabled_optimizers: tuple[str, ...] | list[str] = (),
-    threads: int = 0,
-    profile: Path | None = None,
-    config: dict[str, str] | None = None,
-) -> Any:
-    """An ONNX Runtime CPU session for timing (and, with `profile`, ONNX Runtime's profiler writing files with
-    that prefix). Its threads stop spinning after each run: idle spinning threads of one session otherwise take
-    the cores from the next one measured (it doubled every figure on 2 cores)."""
-    onnxruntime = quiet_onnxruntime()
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = QUIET_SEVERITY
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.force_spinning_stop", "1")
-    for key, value in (config or {}).items():  # e.g. MatMulNBits' accuracy level
-        options.add_session_config_entry(key, value)
-    if profile is not None:
-        options.enable_profiling = True
-        options.profile_file_prefix = str(profile)
-    return onnxruntime.InferenceSession(
-        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled_optimizers)
-    )
-
-
-def latency_ms_in_turn(opened: dict[str, Callable[[], Any]], feeds: dict[str, np.ndarray]) -> dict[str, float]:
-    """`latency_ms` of sessions over the same weights, each opened (by its callable), timed and dropped before the
-    next opens: one session's memory at a time, and the next one's pages are the ones just freed (fresh pages cost
-    up to 8 s a GB on a VM whose host reclaims free memory; two sessions at once took 0.5 and 5 s to open here)."""
-    measured: dict[str, float] = {}
-    for name, open_one in opened.items():
-        measured.update(latency_ms({name: open_one()}, feeds))
-    return measured
-
-
-def latency_ms(sessions: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, float]:
-    """Median CPU latency of each session over a few runs, interleaved (after one warm-up each)."""
-    for session in sessions.values():
-        session.run(None, feeds)
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(LATENCY_RUNS):
-        for name, session in sessions.items():
-            started = time.perf_counter()
-            session.run(None, feeds)
-            times[name].append((time.perf_counter() - started) * 1e3)
-    return {name: round(statistics.median(values), 3) for name, values in times.items()}

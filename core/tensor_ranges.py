@@ -14,14 +14,13 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 
 from tensorsmith.core.checkpoint_references import REFERENCE_NODE
 from tensorsmith.core.layerwise import LayerwiseSession, layerwise_segments
-from tensorsmith.core.sessions import QUIET_SEVERITY, measured_file, owned, quiet_onnxruntime
+from tensorsmith.core.sessions import QUIET_SEVERITY, Session, measured_file, owned, quiet_onnxruntime
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ def outputs_and_ranges(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[n
     options = onnxruntime.SessionOptions()
     options.log_severity_level = QUIET_SEVERITY
     started = time.perf_counter()
-    session: Any
+    session: Session
     if (segment_bytes := layerwise_segments(opened)) is not None:
         session = LayerwiseSession(opened, segment_bytes, (), disabled, options, structure=model)
     else:

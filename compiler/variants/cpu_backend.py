@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from tensorsmith.core.metrics import accuracy
-from tensorsmith.core.sessions import cpu_session, latency_ms
+from tensorsmith.core.sessions import Runs
+from tensorsmith.core.timing import cpu_session, latency_ms
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.backends import ONNX_RUNTIME, OPENVINO
 from tensorsmith.runtime.errors import TensorsmithError
@@ -38,11 +38,11 @@ class _BackendSession:
     def __init__(self, backend: Backend) -> None:
         self.outputs = backend.run_checked_once()  # {output name: values} of feeds
 
-    def run(self, names: None, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def run(self, names: Sequence[str] | None, feeds: dict[str, np.ndarray], /) -> list[np.ndarray]:
         return list(self.outputs(feeds).values())
 
 
-def _openvino(path: Path, specs: Specs, feeds: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> Any:
+def _openvino(path: Path, specs: Specs, feeds: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> Runs | None:
     """OpenVINO's session over the variant at `path` where it runs it and agrees with ONNX Runtime, else None."""
 
     unavailable = openvino_unavailable()
@@ -62,12 +62,12 @@ def _openvino(path: Path, specs: Specs, feeds: dict[str, np.ndarray], expected: 
     return session
 
 
-def _opened(record: VariantRecord, directory: Path, specs: Specs, feeds: dict, openvino: bool) -> dict[str, Any]:
+def _opened(record: VariantRecord, directory: Path, specs: Specs, feeds: dict, openvino: bool) -> dict[str, Runs]:
     """The variant's sessions by backend name: ONNX Runtime's with its recorded settings, and OpenVINO's where
     it is timed and qualifies."""
     path = directory / record.path
     onnxruntime = cpu_session(path, record.onnxruntime_disabled_optimizers, config=record.onnxruntime_session_config)
-    sessions = {ONNX_RUNTIME.name: onnxruntime}
+    sessions: dict[str, Runs] = {ONNX_RUNTIME.name: onnxruntime}
     if openvino:
         names = [output.name for output in onnxruntime.get_outputs()]
         expected = dict(zip(names, onnxruntime.run(None, feeds), strict=True))

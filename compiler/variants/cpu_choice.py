@@ -23,7 +23,8 @@ from tensorsmith.compiler.variants.quantized import flops_fraction
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.metrics import Budget
-from tensorsmith.core.sessions import cpu_session, latency_ms_in_turn, run_onnx
+from tensorsmith.core.sessions import run_onnx
+from tensorsmith.core.timing import cpu_session, latency_ms_in_turn
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.backends import ONNX_RUNTIME
 from tensorsmith.runtime.manifest import VariantRecord, external_data_path

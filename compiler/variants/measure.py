@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -19,7 +18,7 @@ import onnx
 from tensorsmith.calibration.data import Feeds
 from tensorsmith.core.language import TokenFigures, language_model_metrics, reference_figures
 from tensorsmith.core.metrics import METRICS, Budget, RunningAccuracy, accuracy
-from tensorsmith.core.sessions import NotByRow, onnx_errors, open_session, run_in_rows, session_feeds
+from tensorsmith.core.sessions import NotByRow, Session, onnx_errors, open_session, run_in_rows, session_feeds
 from tensorsmith.runtime.manifest import VariantRecord
 
 Figures = dict[str, float]
@@ -52,7 +51,7 @@ def measure_variant(path: Path | onnx.ModelProto, evaluation: Evaluation) -> Fig
         return measure_session(open_session(path), evaluation)
 
 
-def measure_session(session: Any, evaluation: Evaluation) -> Figures:
+def measure_session(session: Session, evaluation: Evaluation) -> Figures:
     """The figures of a variant record's accuracy for `session` on `evaluation`: cosine, min-cosine, sqnr-db and
     max_relative_error of every output against the reference, a decoder's perplexity, perplexity-ratio and
     next-token-agreement, and the budget's metric where it is none of these."""
@@ -84,7 +83,7 @@ def measure_session(session: Any, evaluation: Evaluation) -> Figures:
     return figures
 
 
-def _whole(session: Any, evaluation: Evaluation) -> Figures:
+def _whole(session: Session, evaluation: Evaluation) -> Figures:
     return whole_figures(evaluation, list(session.run(None, session_feeds(session, evaluation.feeds))))
 
 

@@ -20,7 +20,7 @@ from tensorsmith.calibration import CalibrationData
 from tensorsmith.calibration.data import Feeds
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.core.sessions import open_session, run_remembered, session_over
+from tensorsmith.core.sessions import Session, open_session, run_remembered, session_over
 from tensorsmith.runtime.manifest import TensorRecord
 
 WINDOW = 128  # tokens per window (at most the decoder's max sequence length)
@@ -118,7 +118,7 @@ class DecoderFeeds:
     windows: np.ndarray
     inputs: list[TensorRecord]
     batch_size: int
-    _session: Any = None
+    _session: Session | None = None
     decode_steps: bool = True
 
     def __iter__(self) -> Iterator[Feeds]:
