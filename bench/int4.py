@@ -106,19 +106,27 @@ def measure(side: str, path: str, layout: str, out: str) -> None:
         generate = side_genai(path)
     else:
         from tensorsmith.core.timing import cpu_session
-        from tensorsmith.runtime.generation import Generator, Sampling
+        from tensorsmith.runtime.generation import Generator
+        from tensorsmith.runtime.generation_request import Request
+        from tensorsmith.runtime.kv_cache import CacheShape, DynamicCacheSession
         from tensorsmith.runtime.manifest import GenerationRecord
+        from tensorsmith.runtime.sampling import Sampling
 
         session = cpu_session(Path(path))
         names = [output.name for output in session.get_outputs()]
         logits = list(session.run(["logits"], prefill_feeds(tokens, shape))[0])
         record = GenerationRecord(layers=shape["layers"], kv_heads=shape["kv_heads"], head_dim=shape["head_dim"],
                                   max_sequence_length=512)  # fmt: skip
-        generator = Generator(lambda feeds: dict(zip(names, session.run(None, feeds), strict=True)), record,
-                              "float32", lambda _: None)  # fmt: skip
+
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return dict(zip(names, session.run(None, feeds), strict=True))
+
+        def open_cache(rows: int, capacity: int) -> DynamicCacheSession:
+            return DynamicCacheSession(run, CacheShape(record, rows, capacity, np.dtype("float32")))
 
         def generate(batch: np.ndarray, stamp: Any) -> np.ndarray:
-            return generator.generate(batch, None, NEW_TOKENS, Sampling(), 1, [], 0, None, lambda _: stamp())
+            request = Request(record, batch, np.ones_like(batch), NEW_TOKENS, Sampling(), 1, [], 0, None)
+            return Generator(open_cache).generate(request, lambda _: stamp())
 
     prompt = prompts()[:1]
     _timed(generate, prompt)

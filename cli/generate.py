@@ -54,9 +54,9 @@ def generate_command(
 ) -> None:
     """Generate from the decoder artifact ARTIFACT: prefill the prompt, then one token per step."""
     from tensorsmith.runtime import load
-    from tensorsmith.runtime.generation import Sampling
     from tensorsmith.runtime.generation_request import check_request
     from tensorsmith.runtime.manifest import read_manifest
+    from tensorsmith.runtime.sampling import Sampling
 
     if (prompt is None) == (prompt_ids is None):
         raise TensorsmithError("give one of --prompt TEXT or --prompt-ids 1,2,3", hint="see tensorsmith generate -h")

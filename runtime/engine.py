@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tensorsmith.runtime.errors import InferenceError, InputError
-from tensorsmith.runtime.generation import Sampling
 from tensorsmith.runtime.generation_request import check_request
 from tensorsmith.runtime.manifest import Manifest
+from tensorsmith.runtime.sampling import Sampling
 from tensorsmith.runtime.slots import SlotCache, SlotFeeds
 from tensorsmith.runtime.token_stream import TokenStream
 

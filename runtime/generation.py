@@ -12,48 +12,13 @@ here, not torch's).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tensorsmith.runtime.generation_request import Request
 from tensorsmith.runtime.kv_cache import CacheSession, StepFeeds
-
-
-@dataclass(frozen=True)
-class Sampling:
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def choose(self, logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One token per row of `logits` [rows, vocab]."""
-        if not self.do_sample:
-            return logits.argmax(-1)
-        scores = logits.astype(np.float64) / max(self.temperature, 1e-6)
-        if 0 < self.top_k < scores.shape[-1]:
-            kth = np.sort(scores, axis=-1)[:, -self.top_k][:, None]
-            scores = np.where(scores < kth, -np.inf, scores)
-        if self.top_p < 1.0:
-            order = np.argsort(scores, axis=-1)  # ascending, as transformers' TopPLogitsWarper
-            probabilities = _softmax(np.take_along_axis(scores, order, -1))
-            removed = np.cumsum(probabilities, axis=-1) <= 1 - self.top_p
-            removed[:, -1] = False  # keep at least one token
-            np.put_along_axis(scores, order, np.where(removed, -np.inf, np.take_along_axis(scores, order, -1)), -1)
-        probabilities = _softmax(scores)
-        return np.array([rng.choice(len(row), p=row) for row in probabilities])
-
-
-def _softmax(scores: np.ndarray) -> np.ndarray:
-    shifted = np.exp(scores - scores.max(-1, keepdims=True))
-    return shifted / shifted.sum(-1, keepdims=True)
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    scores = logits.astype(np.float64)
-    shifted = scores - scores.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+from tensorsmith.runtime.sampling import Sampling, log_softmax
 
 
 class Generator:
@@ -63,26 +28,14 @@ class Generator:
     def __init__(self, open_cache: Callable[[int, int], CacheSession]) -> None:
         self._open_cache = open_cache
 
-    def generate(
-        self,
-        input_ids: np.ndarray,
-        attention_mask: np.ndarray | None,
-        max_new_tokens: int,
-        sampling: Sampling,
-        num_beams: int,
-        eos_token_id: list[int],
-        pad_token_id: int,
-        seed: int | None,
-        streamer: Any,
-    ) -> np.ndarray:
-        """Run a request as given: `Model.generate` checks it first (generation_request.check_request)."""
-        prompt = np.asarray(input_ids, dtype=np.int64)
-        if prompt.ndim == 1:
-            prompt = prompt[None, :]
-        mask = np.ones_like(prompt) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
-        if num_beams > 1:
-            return self._beam_search(prompt, mask, max_new_tokens, num_beams)
-        return self._sample(prompt, mask, max_new_tokens, sampling, eos_token_id, pad_token_id, seed, streamer)
+    def generate(self, request: Request, streamer: Any = None) -> np.ndarray:
+        """Run a request as checked (generation_request.check_request): its sequences, prompt included."""
+        prompt, mask = request.prompt, request.mask
+        if request.num_beams > 1:
+            return self._beam_search(prompt, mask, request.max_new_tokens, request.num_beams)
+        return self._sample(
+            prompt, mask, request.max_new_tokens, request.sampling, request.eos, request.pad, request.seed, streamer
+        )
 
     def _sample(
         self,

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from tensorsmith.runtime.errors import InputError
-from tensorsmith.runtime.generation import Sampling
 from tensorsmith.runtime.manifest import GenerationRecord, Manifest
+from tensorsmith.runtime.sampling import Sampling
 
 
 @dataclass(frozen=True)

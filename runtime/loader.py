@@ -17,10 +17,11 @@ from tensorsmith.runtime.backends import AUTO, BackendSpec, backend_named, cpu_b
 from tensorsmith.runtime.device import Device, detect_device
 from tensorsmith.runtime.engine import GenerationEngine
 from tensorsmith.runtime.errors import ArtifactError, BackendUnavailable, InputError, RuntimeLoadError
-from tensorsmith.runtime.generation import Generator, Sampling
+from tensorsmith.runtime.generation import Generator
 from tensorsmith.runtime.generation_request import check_request
 from tensorsmith.runtime.kv_cache import CacheSession, CacheShape, past_name
 from tensorsmith.runtime.manifest import Manifest, read_manifest
+from tensorsmith.runtime.sampling import Sampling
 from tensorsmith.runtime.specs import TensorSpec
 
 if TYPE_CHECKING:
@@ -111,18 +112,7 @@ class Model:
         def open_cache(rows: int, capacity: int) -> CacheSession:
             return self._backend.open_cache(CacheShape(request.layout, rows, capacity, dtype), static)
 
-        generator = Generator(open_cache)
-        return generator.generate(
-            request.prompt,
-            request.mask,
-            request.max_new_tokens,
-            request.sampling,
-            request.num_beams,
-            request.eos,
-            request.pad,
-            request.seed,
-            streamer,
-        )
+        return Generator(open_cache).generate(request, streamer)
 
     def engine(
         self, slots: int = 8, max_sequence_length: int | None = None, max_queue: int = 256, prefill_chunk: int = 256

@@ -24,9 +24,11 @@ from tensorsmith.runtime.buffer_pool import BufferPool
 from tensorsmith.runtime.copy_plan import LOGITS, MASK, step_copies
 from tensorsmith.runtime.cuda_graphs import DecodeGraph
 from tensorsmith.runtime.cuda_runtime import CopyCount, CopyMeter
-from tensorsmith.runtime.generation import Generator, Sampling
+from tensorsmith.runtime.generation import Generator
+from tensorsmith.runtime.generation_request import Request
 from tensorsmith.runtime.kv_cache import WRITE_INDICES, CacheSession, CacheShape, StepFeeds, present_of
 from tensorsmith.runtime.manifest import GenerationRecord, read_manifest
+from tensorsmith.runtime.sampling import Sampling
 from tensorsmith.runtime.tensorrt_backend import uses_own_cuda_graphs
 from tensorsmith.runtime.tensorrt_cache import CacheRuntime, TensorRTStaticCache, moved_rows, step_shapes
 from tensorsmith.runtime.tensorrt_engine import (
@@ -412,7 +414,8 @@ class FakeGpu:
         return session
 
     def generate(self, prompt: np.ndarray, mask: np.ndarray, new_tokens: int, beams: int = 1) -> np.ndarray:
-        return Generator(self.open_cache).generate(prompt, mask, new_tokens, Sampling(), beams, [], 0, None, None)
+        request = Request(self.layout, prompt, mask, new_tokens, Sampling(), beams, [], 0, None)
+        return Generator(self.open_cache).generate(request)
 
 
 def _prompts() -> tuple[np.ndarray, np.ndarray]:
