@@ -88,6 +88,9 @@ METRICS: dict[str, tuple[Metric, bool]] = {  # name → (function, higher is bet
     "max-abs": (_figure("max-abs"), False),
     "sqnr-db": (_figure("sqnr-db"), True),
 }
+# A metric's value for a variant equal to its reference: how far a layer's sensitivity is from it is what quantizing
+# that layer alone costs (the report's sensitivity chart); a metric without one (sqnr-db, perplexity) is ranked only.
+LOSSLESS = {"cosine": 1.0, "min-cosine": 1.0, "max-abs": 0.0, "perplexity-ratio": 1.0, "next-token-agreement": 1.0}
 LANGUAGE_METRICS = {"perplexity-ratio": False, "next-token-agreement": True, "perplexity": False}  # higher better?
 
 
@@ -231,3 +234,12 @@ class Budget:
 
     def __str__(self) -> str:
         return f"{self.metric}{self.comparison}{self.value:g}"
+
+
+def loss(metric: str, higher_is_better: bool, value: float) -> float | None:
+    """What `value` of `metric` costs against the reference (negative: better than it), None where the metric
+    has no lossless value."""
+    lossless = LOSSLESS.get(metric)
+    if lossless is None:
+        return None
+    return lossless - value if higher_is_better else value - lossless

@@ -16,7 +16,8 @@ from tensorsmith.calibration.statistics import load_histograms
 from tensorsmith.compiler.report.html import render_html
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.core.files import replace_file
-from tensorsmith.core.metrics import budget_terms
+from tensorsmith.core.metrics import budget_terms, loss
+from tensorsmith.core.precisions import precision
 from tensorsmith.runtime.manifest import Manifest, read_manifest, resolve_inside
 
 logger = logging.getLogger(__name__)
@@ -60,20 +61,28 @@ def _fusion(manifest: Manifest) -> list[dict[str, Any]]:
 
 
 def _sensitivity(plan: PrecisionPlan | None) -> dict[str, list[dict[str, Any]]]:
-    """Per precision (its variants share one search), the layers with a measured sensitivity, most sensitive
-    first."""
+    """Per precision (its variants share one search), the layers with a measured sensitivity, most costly first,
+    each with what quantizing it alone costs against the reference (`cost`: negative where it measured better;
+    None for a metric without a lossless value, core/metrics.LOSSLESS)."""
     if plan is None:
         return {}
     terms = budget_terms(plan.budget or "")
-    lower_is_better = terms is not None and terms[1] == "<="
+    metric, higher_is_better = (terms[0], terms[1] == ">=") if terms is not None else ("cosine", True)
     result = {}
     for recipe in plan.recipes.values():
-        measured = [layer for layer in recipe.layers if layer.sensitivity is not None]
-        measured.sort(key=lambda layer: layer.sensitivity or 0.0, reverse=lower_is_better)
-        if measured and recipe.precision not in result:
-            result[recipe.precision] = [
-                {"name": layer.name, "module": layer.module, "sensitivity": layer.sensitivity} for layer in measured
-            ]
+        rows = [
+            {
+                "name": layer.name,
+                "module": layer.module,
+                "sensitivity": layer.sensitivity,
+                "cost": loss(metric, higher_is_better, layer.sensitivity),
+            }
+            for layer in recipe.layers
+            if layer.sensitivity is not None
+        ]
+        rows.sort(key=lambda row: -row["sensitivity"] if higher_is_better else row["sensitivity"], reverse=True)
+        if rows and recipe.precision not in result:
+            result[recipe.precision] = rows
     return result
 
 
@@ -89,8 +98,25 @@ def _sensitive_tensors(plan: PrecisionPlan | None, sensitivity: dict[str, list[d
     return list(dict.fromkeys(tensors))
 
 
-def _histograms(directory: Path, calibration: dict[str, Any] | None, tensors: list[str]) -> list[dict[str, Any]]:
-    """Histogram summaries with the chosen thresholds: the most sensitive tensors that were calibrated."""
+def _quantized_activations(plan: PrecisionPlan | None) -> set[str]:
+    """The activations some variant's plan quantizes: the inputs of its layers at a precision that quantizes
+    activations (a weight-only plan's calibrated activations stay float)."""
+    if plan is None:
+        return set()
+    return {
+        tensor
+        for recipe in plan.recipes.values()
+        for layer in recipe.layers
+        if precision(layer.precision).quantizes_activations
+        for tensor in layer.inputs
+    }
+
+
+def _histograms(
+    directory: Path, calibration: dict[str, Any] | None, tensors: list[str], quantized: set[str]
+) -> list[dict[str, Any]]:
+    """Histogram summaries with the chosen thresholds: the most sensitive tensors that were calibrated, and
+    whether a variant quantizes them."""
     path = directory / HISTOGRAMS
     if calibration is None or not path.is_file():
         return []
@@ -108,7 +134,7 @@ def _histograms(directory: Path, calibration: dict[str, Any] | None, tensors: li
                 "range": statistics[name].histogram_range,  # what the bins cover: [0, 2^e) ⊇ [0, amax]
                 "threshold": entry["threshold"],
                 "method": entry["method"],
-                "quantized": entry["quantize"],
+                "quantized": entry["quantize"] and name in quantized,
                 "counts": statistics[name].histogram.reshape(PLOTTED_BINS, -1).sum(axis=1).tolist(),
             }
         )
@@ -193,7 +219,9 @@ def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
         "calibration": (
             {"method": calibration["method"], "samples": calibration["samples"]} if calibration is not None else None
         ),
-        "histograms": _histograms(directory, calibration, _sensitive_tensors(plan, sensitivity)),
+        "histograms": _histograms(
+            directory, calibration, _sensitive_tensors(plan, sensitivity), _quantized_activations(plan)
+        ),
         "budget": plan.budget if plan is not None else None,
         "budget_outcomes": {
             name: {"met": recipe.met, "achieved": recipe.achieved}

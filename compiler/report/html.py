@@ -129,7 +129,8 @@ def _calibration(report: dict[str, Any]) -> str:
     )
     plots = "".join(
         _plot(
-            report_plots.histogram_chart(entry), f"{entry['tensor']} ({'quantized' if entry['quantized'] else 'kept'})"
+            report_plots.histogram_chart(entry),
+            f"{entry['tensor']} ({'quantized' if entry['quantized'] else 'observed, kept in float'})",
         )
         for entry in report["histograms"]
     )
@@ -143,8 +144,15 @@ def _sensitivity(report: dict[str, Any]) -> str:
     metric = terms[0] if terms is not None else "cosine"
     parts = ["<h2>Sensitivity</h2>", f"<p>Budget: <code>{escape(str(report['budget']))}</code>.</p>"]
     for precision, layers in report["sensitivity"].items():
-        svg = report_plots.sensitivity_chart(layers, metric)
-        parts.append(_plot(svg, f"{precision}: the layers whose quantization alone costs the most"))
+        costly = [layer for layer in layers if layer.get("cost") is None or layer["cost"] > 0]
+        better = len(layers) - len(costly)
+        caption = f"{precision}: the layers whose quantization alone costs the most"
+        if better:
+            caption += f" ({better} measured no worse than the reference when quantized alone: not shown)"
+        if costly:
+            parts.append(_plot(report_plots.sensitivity_chart(costly, metric), caption))
+        else:
+            parts.append(f"<p>{escape(precision)}: no layer costs {escape(metric)} when quantized alone.</p>")
     return "".join(parts)
 
 

@@ -38,6 +38,16 @@ def _number(value: float) -> str:
     return f"{value:.3g}"
 
 
+def tick_labels(ticks: Sequence[float]) -> list[str]:
+    """The ticks as numbers with as few significant digits (3 at least) as keep them apart: a narrow accuracy axis
+    (0.998 to 1) needs 4."""
+    for digits in range(3, 10):
+        labels = [f"{tick:.{digits}g}" for tick in ticks]
+        if len(set(labels)) == len(labels):
+            return labels
+    return labels
+
+
 def _svg(width: int, height: int, body: list[str]) -> str:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -93,10 +103,11 @@ def bar_chart(
         )
         body.append(_text(left - 6, y + ROW - 5, label, "end"))
     body.append(f'<line x1="{left}" y1="{bottom}" x2="{left + PLOT}" y2="{bottom}" stroke="{AXIS_COLOUR}"/>')
-    for tick in _ticks(lo, hi, log):
+    ticks = _ticks(lo, hi, log)
+    for tick, label in zip(ticks, tick_labels(ticks), strict=True):
         x = left + place(tick)
         body.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="{AXIS_COLOUR}"/>')
-        body.append(_text(x, bottom + 16, _number(tick), "middle"))
+        body.append(_text(x, bottom + 16, label, "middle"))
     body.append(_text(left + PLOT / 2, bottom + 32, xlabel, "middle"))
     return _svg(left + PLOT + 20, bottom + 40, body)
 
@@ -109,8 +120,10 @@ def sensitivity_chart(layers: Sequence[dict[str, Any]], metric: str) -> str:
         return bar_chart(names, [layer["sensitivity"] for layer in shown], "max |diff| with only this layer quantized")
     if metric == "sqnr-db":
         return bar_chart(names, [layer["sensitivity"] for layer in shown], "SQNR (dB) with only this layer quantized")
-    losses = [max(abs(1.0 - layer["sensitivity"]), 1e-9) for layer in shown]
-    return bar_chart(names, losses, f"|1 − {metric}| with only this layer quantized (log scale)", log=True)
+    if all(layer.get("cost") is not None for layer in shown):  # what each costs against the reference
+        losses = [max(layer["cost"], 1e-9) for layer in shown]
+        return bar_chart(names, losses, f"{metric} lost with only this layer quantized (log scale)", log=True)
+    return bar_chart(names, [layer["sensitivity"] for layer in shown], f"{metric} with only this layer quantized")
 
 
 def histogram_chart(entry: dict[str, Any]) -> str:

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tensorsmith.compiler.report.collect import _quantized_activations, _sensitivity
+from tensorsmith.compiler.report.html import _sensitivity as sensitivity_section
+from tensorsmith.compiler.variants.precision_plan import LayerChoice, PrecisionPlan, RecipePlan
 from tests.conftest import compile_small_mlp, run_cli, run_cli_json
 from tests.report_rendering import check_report_renders
 
@@ -87,3 +90,41 @@ def test_the_accuracy_chart_plots_the_budget_metric(artifact: Path) -> None:
     assert "perplexity over fp32" in page and "cosine against fp32" not in page
     report["budget"] = "cosine>=0.99"
     assert "cosine against fp32" in render_html(report)
+
+
+def _plan(budget: str, sensitivities: dict[str, float], precision: str = "int4") -> PrecisionPlan:
+    layers = [
+        LayerChoice(name=name, module=name, op="MatMul", inputs=[f"{name}_in"], flops=1, precision=precision,
+                    sensitivity=value, reason="search")
+        for name, value in sensitivities.items()
+    ]  # fmt: skip
+    recipe = RecipePlan(precision=precision, float_regions="fp16", met=True, quantized_flops_fraction=1.0,
+                        evaluations=1, embeddings="fp16", layers=layers)  # fmt: skip
+    return PrecisionPlan(precision="auto", budget=budget, recipes={f"cpu-{precision}": recipe})
+
+
+def test_the_sensitivity_chart_ranks_by_cost_and_leaves_out_layers_that_measured_better() -> None:
+    """A perplexity budget: the layer that raised perplexity most (lm_head) on top; one that lowered it is not
+    charted as a cost, and the caption says so."""
+    plan = _plan("perplexity-ratio<=1.05", {"q_proj": 1.004, "lm_head": 1.031, "down_proj": 0.993})
+    ranked = _sensitivity(plan)["int4"]
+    assert [row["name"] for row in ranked] == ["lm_head", "q_proj", "down_proj"]
+    assert ranked[0]["cost"] == pytest.approx(0.031) and ranked[2]["cost"] < 0
+    html = sensitivity_section({"sensitivity": {"int4": ranked}, "budget": plan.budget})
+    assert "lm_head" in html and "q_proj" in html and "down_proj" not in html
+    assert "1 measured no worse than the reference" in html
+    cosine = _sensitivity(_plan("cosine>=0.99", {"a": 0.999, "b": 0.97}))["int4"]
+    assert [row["name"] for row in cosine] == ["b", "a"] and cosine[0]["cost"] == pytest.approx(0.03)
+
+
+def test_a_weight_only_plan_s_histograms_are_not_captioned_quantized() -> None:
+    """Activations calibrated for a decoder's search but left in float by a weight-only plan are not "quantized"."""
+    assert _quantized_activations(_plan("cosine>=0.99", {"q": 0.99}, precision="int4")) == set()
+    assert _quantized_activations(_plan("cosine>=0.99", {"q": 0.99}, precision="int8")) == {"q_in"}
+
+
+def test_an_axis_never_repeats_a_tick() -> None:
+    from tensorsmith.compiler.report.plots import tick_labels
+
+    assert tick_labels([0.998, 0.9985, 0.999, 0.9995, 1.0]) == ["0.998", "0.9985", "0.999", "0.9995", "1"]
+    assert tick_labels([0.0, 25.0, 50.0]) == ["0", "25", "50"]
