@@ -17,7 +17,6 @@ from tensorsmith.passes.quantize import activation_inputs, quantizable_nodes
 
 def tensors_to_observe(model: onnx.ModelProto) -> list[str]:
     """The activations that feed MatMul/Gemm/Conv: the tensors the Q/DQ pass quantizes per tensor."""
-
     graph = gs.import_onnx(model)
     names = [tensor.name for node in quantizable_nodes(graph) for tensor in activation_inputs(node)]
     return list(dict.fromkeys(names))

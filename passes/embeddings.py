@@ -121,7 +121,6 @@ def row_block(width: int) -> int | None:
 def _int4_table(graph: gs.Graph, name: str, values: np.ndarray, block: int) -> tuple[list[gs.Variable], int]:
     """DequantizeLinear(INT4 table, scale per `block` of a row, axis 1) (TensorRT for RTX builds it before a Gather
     for sm_86, checked); returns its output and the bytes stored."""
-
     q, scale = quantize_int4(np.asarray(values, np.float32).T, block)  # blocks along a row: the transposed K axis
     prefix = f"{name}/int4"
     outputs = graph.layer(

@@ -86,7 +86,6 @@ class Model:
         """A decoder artifact's sequences, prompt included, as transformers' `generate` returns them: prefill,
         then one token per step with the KV cache kept here. A batch of prompts is left padded (`attention_mask`
         zeros first). `eos_token_id` defaults to the checkpoint's; rows that finish are padded."""
-
         # every setting and token id checked before anything runs (InputError, a ValueError, naming it)
         request = check_request(
             self.manifest,
@@ -120,7 +119,6 @@ class Model:
         """A continuous-batching engine over this decoder (runtime/engine.py): `slots` requests decode together,
         each of at most `max_sequence_length` tokens (the compile's by default), with `max_queue` more waiting.
         Up to `prefill_chunk` prompt tokens are read a turn. Close it (or use it as a context manager) when done."""
-
         layout = self.manifest.generation
         if layout is None or layout.kv_cache != "static":
             what = "not a decoder artifact" if layout is None else "compiled with the dynamic KV cache"
@@ -148,7 +146,6 @@ class Model:
 
     def _cache_dtype(self) -> np.dtype:
         """The dtype the backend's graph takes for the cache (fp16 in a GPU engine where the manifest says fp32)."""
-
         assert self.manifest.generation is not None
         layout = self.manifest.generation
         first = layout.attention_layers[0] if layout.attention_layers else 0

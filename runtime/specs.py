@@ -23,6 +23,14 @@ class TensorSpec:
         return f"{self.name}:{self.dtype}:[{dims}]"
 
 
+@dataclass(frozen=True)
+class Signature:
+    """A model's inputs and outputs."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+
 Limits = Mapping[str, Mapping[str, int | None]]  # dynamic dim name → {"min": ..., "max": ...}
 
 

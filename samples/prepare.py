@@ -45,7 +45,6 @@ def encode(texts: list[str]) -> dict[str, np.ndarray]:
 
 def prepare_minilm(directory: Path) -> list[Path]:
     """Calibration and evaluation sets from disjoint sentences (evaluation is never calibrated on)."""
-
     texts = sentences()
     calibration = texts[:CALIBRATION_SENTENCES]
     evaluation = texts[CALIBRATION_SENTENCES : CALIBRATION_SENTENCES + EVALUATION_SENTENCES]

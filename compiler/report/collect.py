@@ -237,7 +237,6 @@ def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
 
 def write_report(directory: Path, name: str | None = None) -> dict[str, Any]:
     """Write report.json and report.html into the artifact at `directory` (each replaced atomically)."""
-
     report = collect_report(directory, name)
     replace_file(directory / REPORT_JSON, (json.dumps(report) + "\n").encode())  # compact: histograms are long
     replace_file(directory / REPORT_HTML, render_html(report).encode())

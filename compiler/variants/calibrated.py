@@ -42,7 +42,6 @@ class Calibrated:
 
 def channel_tensors(model: onnx.ModelProto) -> list[str]:
     """The activations whose per-channel ranges a compile may need: those read by weight MatMuls."""
-
     return list(smoothable_activations(gs.import_onnx(model)))
 
 
@@ -105,6 +104,5 @@ def _statistics_of(model: onnx.ModelProto, statistics: Statistics) -> Statistics
 
 def _smooth(model: onnx.ModelProto, amax: dict[str, np.ndarray], alpha: float) -> tuple[onnx.ModelProto, PassReport]:
     """The fused graph with SmoothQuant scaling (x/s, s·W): equal in fp32, kinder to per-tensor int8."""
-
     smoothed, (report,) = rewritten(model, [SmoothActivations(amax, alpha)])
     return smoothed, report

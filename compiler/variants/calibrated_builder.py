@@ -20,6 +20,7 @@ from tensorsmith.compiler.variants.quantized import build_quantized, search_laye
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.precisions import INT8, Family, precision
 from tensorsmith.core.sessions import run_onnx
+from tensorsmith.runtime.specs import Signature
 
 
 @registered(Family.CALIBRATED)
@@ -71,7 +72,7 @@ def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
                 reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
                 alpha = config.smoothing_alpha if config.smoothing else None
                 source = dynamic_source(fused_model, calibrated.channel_amax, alpha)
-                specs = ([r.spec() for r in fused.inputs], [r.spec() for r in fused.outputs])
+                specs = Signature([r.spec() for r in fused.inputs], [r.spec() for r in fused.outputs])
                 outcome = choose_cpu_variant(source, layers, search.order, record, evaluation, budget, directory, specs)
                 tuned.add(outcome.chosen.name)
                 records += [outcome.static] if outcome.chosen is outcome.static else [outcome.static, outcome.chosen]

@@ -19,7 +19,7 @@ from tensorsmith.runtime.backends import ONNX_RUNTIME, OPENVINO
 from tensorsmith.runtime.errors import TensorsmithError
 from tensorsmith.runtime.manifest import VariantRecord, external_data_path
 from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
-from tensorsmith.runtime.specs import TensorSpec
+from tensorsmith.runtime.specs import Signature
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,6 @@ MIN_GAIN = 0.05  # a non-default choice (session setting, backend) must be this 
 MIN_COSINE = 0.9999  # a backend's outputs against ONNX Runtime's on the timing batch, or it is not a candidate
 TOGETHER_BYTES = 2 << 30  # candidates whose weights add up to less are timed interleaved; larger ones in turn
 
-Specs = tuple[list[TensorSpec], list[TensorSpec]]
 Times = dict[str, dict[str, float]]  # variant name → backend name → median ms on the timing batch
 
 
@@ -42,15 +41,16 @@ class _BackendSession:
         return list(self.outputs(feeds).values())
 
 
-def _openvino(path: Path, specs: Specs, feeds: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> Runs | None:
+def _openvino(
+    path: Path, specs: Signature, feeds: dict[str, np.ndarray], expected: dict[str, np.ndarray]
+) -> Runs | None:
     """OpenVINO's session over the variant at `path` where it runs it and agrees with ONNX Runtime, else None."""
-
     unavailable = openvino_unavailable()
     if unavailable is not None:
         logger.info("cpu: OpenVINO not timed: %s", unavailable)
         return None
     try:
-        session = _BackendSession(OpenVinoBackend(path, *specs))
+        session = _BackendSession(OpenVinoBackend(path, specs.inputs, specs.outputs))
         actual = session.outputs(feeds)
     except TensorsmithError as err:  # an op or a kernel OpenVINO lacks (ONNX Runtime's contrib ops, say)
         logger.info("cpu: OpenVINO cannot run %s: %s", path.name, err)
@@ -62,7 +62,7 @@ def _openvino(path: Path, specs: Specs, feeds: dict[str, np.ndarray], expected: 
     return session
 
 
-def _opened(record: VariantRecord, directory: Path, specs: Specs, feeds: dict, openvino: bool) -> dict[str, Runs]:
+def _opened(record: VariantRecord, directory: Path, specs: Signature, feeds: dict, openvino: bool) -> dict[str, Runs]:
     """The variant's sessions by backend name: ONNX Runtime's with its recorded settings, and OpenVINO's where
     it is timed and qualifies."""
     path = directory / record.path
@@ -81,7 +81,7 @@ def time_cpu_pairs(
     records: Sequence[VariantRecord],
     directory: Path,
     feeds: dict[str, np.ndarray],
-    specs: Specs,
+    specs: Signature,
     time_openvino: bool = True,
 ) -> Times:
     """Every candidate's median latency on `feeds` on each cpu backend that runs it (OpenVINO where

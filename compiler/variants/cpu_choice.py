@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from tensorsmith.calibration.layers import Layer
-from tensorsmith.compiler.variants.cpu_backend import MIN_GAIN, Specs, fastest_pair, time_cpu_pairs, with_backend
+from tensorsmith.compiler.variants.cpu_backend import MIN_GAIN, fastest_pair, time_cpu_pairs, with_backend
 from tensorsmith.compiler.variants.cpu_dynamic import build_dynamic_variant
 from tensorsmith.compiler.variants.measure import Evaluation, measure_session, with_text_metrics
 from tensorsmith.compiler.variants.precision_plan import CpuChoice, SessionChoice
@@ -28,6 +28,7 @@ from tensorsmith.core.timing import cpu_session, latency_ms_in_turn
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.backends import ONNX_RUNTIME
 from tensorsmith.runtime.manifest import VariantRecord, external_data_path
+from tensorsmith.runtime.specs import Signature
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def choose_cpu_backend(
     record: VariantRecord,
     directory: Path,
     feeds: dict[str, np.ndarray],
-    specs: Specs,
+    specs: Signature,
     time_openvino: bool = True,
 ) -> VariantRecord:
     """`record` with its ONNX Runtime session settings chosen and the faster cpu backend recorded, with its
@@ -102,7 +103,7 @@ def choose_cpu_variant(
     evaluation: Evaluation,
     budget: Budget,
     directory: Path,
-    specs: Specs,
+    specs: Signature,
 ) -> CpuOutcome:
     """Build the dynamic-quantization variant within the budget (weight MatMuls, in the search's order) from
     `source` (cpu_dynamic.dynamic_source: the graph and what preparing it did); keep it for cpu if it runs faster

@@ -151,7 +151,6 @@ def _with_int8_embeddings(
     path: Path, evaluation: dict[str, np.ndarray], reference: list[np.ndarray], budget: Budget, value: float
 ) -> float:
     """Store the variant's vocabulary tables in int8 (passes/embeddings.py) if it still meets the budget."""
-
     trial = path.with_name(f".{path.name}.embeddings")
     (report,) = rewrite(load_onnx(path), [QuantizeEmbeddings(gather_first=True)], trial)
     if not report.changed:

@@ -79,7 +79,6 @@ def build_float_variant(
     told of the file before it is measured. A variant only engines run (`engines_only`) reads a tied embedding
     table through a Transpose, as its engines' graph will: that graph then adds no weight and shares this file's
     (core/mapped_save.py), and the table's copy is never written."""
-
     path = variant_path(directory, floats.name)
     measured_on: onnx.ModelProto | None = None
     tie = [TiedProjection()] if engines_only else []

@@ -111,7 +111,6 @@ def plan_int4(
 
 def tied_projection_names(source: GraphSource) -> set[str]:
     """The output projections QuantizeEmbeddings(int4=True) makes read its INT4 table (tables it stores in INT4)."""
-
     with source_graph(source) as (graph, _):
         tables = [
             node.inputs[0]
@@ -141,7 +140,6 @@ def build_int4_variant(
     precision, fp16); vocabulary tables quantized when `tables`; `stored_nvfp4`: a checkpoint's own NVFP4 weights
     for those layers. Returns the record (its accuracy
     measure_variant's figures) and the passes' reports."""
-
     name = recipe.variant
     path = variant_path(directory, name)
     levels = assignment if assignment is not None else dict.fromkeys(plan.weights, INT4.name)

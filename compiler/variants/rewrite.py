@@ -68,7 +68,6 @@ def write_quantized(
 ) -> PassReport:
     """Q/DQ on `nodes`; with `embeddings`, vocabulary tables stored in int8 (weight-only); with fp16 floats,
     everything left in float computes in fp16 (LayerNorm in fp32)."""
-
     passes: list[GraphPass] = [InsertQDQ(precision, scales, nodes=nodes)]
     if embeddings:
         passes.append(QuantizeEmbeddings(gather_first=recipe.on_cpu))  # the cpu's backends gather int8 rows first

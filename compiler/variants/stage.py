@@ -32,6 +32,7 @@ from tensorsmith.compiler.variants.resume import LayerRecords
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord
+from tensorsmith.runtime.specs import Signature
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def build_variants(
     cpu = variants.by_target.get(CPU_TARGET)
     if cpu is None or cpu.name in tuned:  # its variant, backend and session chosen together (cpu_choice.py)
         return variants
-    specs = ([record.spec() for record in fused.inputs], [record.spec() for record in fused.outputs])
+    specs = Signature([record.spec() for record in fused.inputs], [record.spec() for record in fused.outputs])
     # OpenVINO has no TensorScatter (opset 24): a decoder's static KV cache runs on ONNX Runtime
     static_cache = config.generation.kv_cache != "dynamic" and any(
         r.name.startswith("past_key_values.") for r in fused.inputs
