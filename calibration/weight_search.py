@@ -39,6 +39,7 @@ FLOAT = precisions.FP16.name  # the float regions' precision (fp32 in the cpu va
 INT8_WEIGHT = precisions.INT8_WEIGHT.name
 INT4 = precisions.INT4.name
 _LEVELS = sorted(precisions.decoder_levels(), key=lambda record: record.quantizes_activations)
+LEVELS = tuple(record.name for record in _LEVELS)
 ONE_BYTE = tuple(record.name for record in _LEVELS if record.element.bits == 8)  # a tie goes to the first
 HALF_BYTE = tuple(record.name for record in _LEVELS if record.element.bits == 4)  # a tie goes to the first
 DEPTH = {FLOAT: 0, **{record.name: 16 // record.element.bits for record in _LEVELS}}  # fewer bytes deeper

@@ -89,7 +89,10 @@ class Precision:
     capabilities: frozenset[int]  # GPUs (compute capability × 10) whose engines run it
     cpu_backends: tuple[BackendSpec, ...] = ()  # the cpu target's backends that run it
     block: int | None = None  # weights per scale along K; None: a scale per output channel (or none)
+    block_from_config: bool = False  # the block is the compile's (`--int4-block-size`), `block` its default
     scale: str = ""  # the scale format, in words
+    scale_element: Element | None = None  # the scales' type; None: the variant's float regions' (fp32, fp16)
+    tensor_scale: Element | None = None  # a second-level scale, one per tensor (NVFP4's float32)
     calibration: Calibration = Calibration.NONE
     min_opset: int = 13  # the ONNX opset its graph form needs
     requestable: bool = True  # `--precision NAME`; False: a level the search and [[overrides]] pick per layer
@@ -108,6 +111,17 @@ class Precision:
     @property
     def quantizes_activations(self) -> bool:
         return self.quantizes is Quantizes.WEIGHTS_AND_ACTIVATIONS
+
+    def stored_bytes(self, rows: int, columns: int, floats: Element, block: int | None = None) -> int:
+        """Bytes of a [rows (K), columns (N)] weight stored in this precision, in a variant whose float regions are
+        of type `floats`: its codes, a scale per block of K (or per column) and column, and the tensor's scale.
+        `block`: the compile's, for a record whose block is configurable."""
+        codes = rows * columns * self.element.bits // 8
+        if self.is_float:
+            return codes
+        along_k = (block if self.block_from_config and block else self.block) or rows
+        scales = rows // along_k * columns * (self.scale_element or floats).bits // 8
+        return codes + scales + (self.tensor_scale.bits // 8 if self.tensor_scale else 0)
 
 
 FP32 = Precision(
@@ -189,6 +203,7 @@ INT4 = Precision(
     from_capability(80),  # tensorrt-rtx builds INT4 MatMuls for SM86/89/120, not SM75 (checked)
     CPU_BACKENDS,
     block=128,
+    block_from_config=True,
     scale="float32 per block of K and output column",
     calibration=Calibration.OPTIONAL_AWQ,
     min_opset=21,
@@ -205,6 +220,8 @@ NVFP4 = Precision(
     frozenset({100, 120, 121}),  # tensorrt-rtx 1.7 builds it for SM120, refuses SM86/SM89 ("fp4_e2m1", checked)
     block=16,
     scale="float8 e4m3 per block of 16 × float32 per tensor (two DequantizeLinear)",
+    scale_element=Element.FP8_E4M3,
+    tensor_scale=Element.FP32,
     min_opset=23,
     overridable=True,
     decoder_level=True,

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from tensorsmith.calibration.weight_search import FLOAT, INT4, INT8_WEIGHT, ONE_BYTE, WITH_ACTIVATIONS, LayerOptions
+from tensorsmith.calibration.weight_search import FLOAT, INT4, INT8_WEIGHT, LEVELS, WITH_ACTIVATIONS, LayerOptions
 from tensorsmith.compiler.variants.int4 import Int4Plan
 from tensorsmith.compiler.variants.weight_matmuls import Pin, weight_array, weight_matmuls
-from tensorsmith.core.precisions import INT8, NVFP4
+from tensorsmith.core.precisions import INT8, NVFP4, Element
 from tensorsmith.passes.int4 import dequantize_int4, quantize_int4
 from tensorsmith.passes.int8_weights import int8_weight
 from tensorsmith.passes.nvfp4 import dequantize_nvfp4, quantize_nvfp4
@@ -56,12 +56,9 @@ def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) 
         rows, columns = weight.shape
         if NVFP4.name in levels.allowed and NVFP4.block and rows % NVFP4.block == 0:
             weights[NVFP4.name] = dequantize_nvfp4(quantize_nvfp4(weight, NVFP4.block))
-        one_byte = rows * columns + 2 * columns
+        # the records say what each level stores, in the GPU variants' fp16 regions (the engines' sizes)
         stored = {
-            FLOAT: 2 * rows * columns,
-            **dict.fromkeys(ONE_BYTE, one_byte),
-            INT4: rows * columns // 2 + 2 * (rows // block) * columns,
-            NVFP4.name: rows * columns // 2 + rows // (NVFP4.block or 1) * columns + 4,
+            level: precision(level).stored_bytes(rows, columns, Element.FP16, block) for level in (FLOAT, *LEVELS)
         }
         pin = levels.pinned.get(name)
         pinned = pin.level if pin is not None else None
