@@ -11,7 +11,7 @@ import onnx
 from tensorsmith.calibration.weight_search import FLOAT, INT4, INT8_WEIGHT, LEVELS, WITH_ACTIVATIONS, LayerOptions
 from tensorsmith.compiler.variants.int4 import Int4Plan
 from tensorsmith.compiler.variants.weight_matmuls import Pin, weight_array, weight_matmuls
-from tensorsmith.core.precisions import INT8, NVFP4, Element
+from tensorsmith.core.precisions import INT8, NVFP4, Element, precision
 from tensorsmith.passes.int4 import dequantize_int4, quantize_int4
 from tensorsmith.passes.int8_weights import int8_weight
 from tensorsmith.passes.nvfp4 import dequantize_nvfp4, quantize_nvfp4
@@ -45,14 +45,14 @@ def layer_options(model: onnx.ModelProto, plan: Int4Plan, levels: WeightLevels) 
         codes, scales = int8_weight(weight)
         weights[INT8_WEIGHT] = codes * scales
         activation_scales = {}
-        for precision in WITH_ACTIVATIONS:
-            if precision in levels.allowed and activation in levels.scales.get(precision, {}):
-                if precision == INT8.name:  # W8A8's weights are the weight-only level's, a scale per column
-                    weights[precision] = weights[INT8_WEIGHT]
+        for level in WITH_ACTIVATIONS:
+            if level in levels.allowed and activation in levels.scales.get(level, {}):
+                if level == INT8.name:  # W8A8's weights are the weight-only level's, a scale per column
+                    weights[level] = weights[INT8_WEIGHT]
                 else:
-                    values, steps = quantize_weights(weight, 1, precision)
-                    weights[precision] = values.astype(np.float32) * steps
-                activation_scales[precision] = levels.scales[precision][activation]
+                    values, steps = quantize_weights(weight, 1, level)
+                    weights[level] = values.astype(np.float32) * steps
+                activation_scales[level] = levels.scales[level][activation]
         rows, columns = weight.shape
         if NVFP4.name in levels.allowed and NVFP4.block and rows % NVFP4.block == 0:
             weights[NVFP4.name] = dequantize_nvfp4(quantize_nvfp4(weight, NVFP4.block))
