@@ -7,7 +7,7 @@ dropped, so memory never grows with the number of samples.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +66,23 @@ class Observer:
         if values is None:
             values = self.session.run(self.tensors, feeds)
         return dict(zip(self.tensors, values, strict=True))
+
+    def observe_each(
+        self, batches: Iterable[dict[str, np.ndarray]], each: Callable[[int, str, np.ndarray], None]
+    ) -> None:
+        """Every batch's observed tensors, handed to `each(batch, name, values)` as they come (in batch order for
+        any one name): through a layerwise session one segment at a time over all the batches, so that its
+        weights are read once; else batch by batch."""
+        if not self.tensors:
+            return
+        run_each = getattr(self.session, "run_each", None)  # core/layerwise.LayerwiseSession
+        if run_each is not None:
+            feeds = [{name: value for name, value in batch.items() if name in self.input_names} for batch in batches]
+            run_each(self.tensors, feeds, each)
+            return
+        for number, batch in enumerate(batches):
+            for name, values in self.run(batch).items():
+                each(number, name, values)
 
     def collect(
         self,

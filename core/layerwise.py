@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -177,6 +177,36 @@ class LayerwiseSession:
                 trim_heap()  # the session's arena and weights, given back before the next segment's are read
                 advance(1)
         return [values[name] for name in wanted]
+
+    def run_each(
+        self,
+        names: Sequence[str],
+        batches: Sequence[dict[str, np.ndarray]],
+        each: Callable[[int, str, np.ndarray], None],
+    ) -> None:
+        """`names` on every batch, one segment at a time over all the batches: each segment's weights are read
+        once, not once a batch (a calibration pass over a decoder the size of the machine's memory reads them once
+        instead of 56 times). `each(batch, name, value)` gets every value as its segment makes it, in batch order
+        for any one name, and the value is dropped after unless a later segment reads it."""
+        wanted = set(names)
+        held = [{value.name: feeds[value.name] for value in self._inputs} for feeds in batches]
+        reporter = _LAYERWISE[0][1] or LogReporter()
+        title = f"{self.path.name}, a segment of layers at a time over {len(batches)} batches"
+        with reporter.task(title, len(self.segments)) as advance:
+            for index, segment in enumerate(self.segments):
+                session = self._open(segment)
+                later = set().union(*(following.inputs for following in self.segments[index + 1 :]))
+                for number, values in enumerate(held):
+                    outputs = session.run(segment.outputs, {name: values[name] for name in segment.inputs})
+                    # arrays that own their bytes: ONNX Runtime's outputs are views into the segment session's
+                    # arena, and one kept for a later segment keeps that whole arena after the session is gone
+                    made = dict(zip(segment.outputs, (np.array(output) for output in outputs), strict=True))
+                    for name in (name for name in segment.outputs if name in wanted):
+                        each(number, name, made[name])
+                    held[number] = {name: value for name, value in {**values, **made}.items() if name in later}
+                del session
+                trim_heap()
+                advance(1)
 
     def _open(self, segment: Segment) -> Any:
         import onnxruntime  # heavy: only where a session opens

@@ -9,7 +9,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from tensorsmith.calibration import CalibrationData, Observer
-from tensorsmith.calibration.awq import ActivationStatistics, collect_statistics, search_clip, search_scale
+from tensorsmith.calibration.awq import ActivationStatistics, search_clip, search_scale
 from tensorsmith.compiler.variants.resume import LayerRecords
 from tensorsmith.compiler.variants.text_data import prefills_only
 from tensorsmith.compiler.variants.weight_matmuls import GraphSource
@@ -34,7 +34,12 @@ def awq_statistics(
         }
     observer = Observer(source, activations)
     reporter.stage(f"int4 awq: activation statistics of {len(activations)} inputs (one pass over the prefills)")
-    statistics = collect_statistics(observer.run(batch) for batch in prefills_only(data).batches())
+    statistics: dict[str, ActivationStatistics] = {}
+
+    def observe(_: int, name: str, values: np.ndarray) -> None:
+        statistics.setdefault(name, ActivationStatistics()).observe(values)
+
+    observer.observe_each(prefills_only(data).batches(), observe)  # a layerwise graph's weights read once
     del observer  # its session holds the fp32 weights
     for name, found in statistics.items() if records is not None else ():
         assert records is not None and found.total is not None

@@ -1,12 +1,18 @@
 """AWQ's searches (calibration/awq.py) against their definitions written out the slow way: the scale search's error
 is the quantized product's distance from x·W, the clip search's per-block error is the sum over sample rows of the
-block's output error (the Gram-matrix form must choose the same ratios), and column chunks change nothing."""
+block's output error (the Gram-matrix form must choose the same ratios), and column chunks change nothing; the
+statistics of a graph run a segment at a time over every batch are those of a whole session, bit for bit."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tensorsmith.calibration import awq
+from tensorsmith.calibration import Observer, awq
+from tensorsmith.calibration.awq import ActivationStatistics, collect_statistics
+from tensorsmith.core.layerwise import LayerwiseSession, layerwise
 from tensorsmith.passes.int4 import dequantize_int4, quantize_int4
+from tests.core.test_layerwise import _layers
 
 BLOCK = 32
 
@@ -71,3 +77,27 @@ def test_column_chunks_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chunked_alpha == whole_alpha
     np.testing.assert_array_equal(chunked_scale, whole_scale)
     np.testing.assert_array_equal(awq.search_clip(observed, w, whole_scale, BLOCK), whole_clip)
+
+
+def test_awq_statistics_a_segment_at_a_time_equal_a_batch_at_a_time(tmp_path: Path) -> None:
+    """AWQ's observed pass over a graph run layerwise (every batch through one segment before the next, so that
+    the weights are read once) gives the statistics of the whole graph's session, batch by batch, bit for bit."""
+    path = _layers(tmp_path / "model.onnx", layers=4, hidden=64, inner=256)
+    batches = [{"x": np.random.default_rng(seed).standard_normal((40, 64)).astype(np.float32)} for seed in range(6)]
+    activations = ["0/out", "1/r", "2/r", "3/out"]
+    found: dict[str, dict[str, ActivationStatistics]] = {}
+    for mode in ("always", "never"):
+        with layerwise(mode):
+            observer = Observer(path, activations)
+            assert isinstance(observer.session, LayerwiseSession) == (mode == "always")
+            found[mode] = statistics = {}
+
+            def observe(_: int, name: str, values: np.ndarray, into: dict = statistics) -> None:
+                into.setdefault(name, ActivationStatistics()).observe(values)
+
+            observer.observe_each(batches, observe)
+    whole = collect_statistics(Observer(path, activations).run(batch) for batch in batches)
+    for name in activations:
+        for statistics in (found["always"][name], found["never"][name]):
+            np.testing.assert_array_equal(statistics.mean_abs, whole[name].mean_abs)
+            np.testing.assert_array_equal(statistics.sample, whole[name].sample)

@@ -79,6 +79,34 @@ def test_a_layerwise_run_gives_the_whole_graph_s_outputs(tmp_path: Path) -> None
     assert np.allclose([r.high for r in ranges], [r.high for r in expected_ranges], rtol=1e-5)
 
 
+def test_a_pass_over_many_batches_reads_each_segment_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An observer's pass (AWQ's statistics) over several batches: the values of one run a batch, each segment's
+    session opened once for all of them, and every value handed over in batch order."""
+    path = _layers(tmp_path / "model.onnx", layers=4, hidden=64, inner=256)
+    batches = [{"x": np.random.default_rng(seed).standard_normal((3, 64)).astype(np.float32)} for seed in range(5)]
+    observed = ["0/h", "2/r", "3/out"]  # inside segments, and a value a later segment reads too
+    with layerwise("always"):
+        session = session_with_outputs(path, observed)
+        assert isinstance(session, LayerwiseSession)
+        opened = []
+        real_open = session._open
+        monkeypatch.setattr(session, "_open", lambda segment: opened.append(segment) or real_open(segment))
+        got: list[tuple[int, str, np.ndarray]] = []
+        session.run_each(observed, batches, lambda number, name, value: got.append((number, name, value)))
+        assert len(opened) == len(session.segments) == 4
+        expected = [dict(zip(observed, session.run(observed, batch), strict=True)) for batch in batches]
+    assert sorted((number, name) for number, name, _ in got) == [
+        (n, name) for n in range(5) for name in sorted(observed)
+    ]
+    for name in observed:  # in batch order for any one name
+        assert [number for number, seen, _ in got if seen == name] == list(range(5))
+    for number, name, value in got:
+        np.testing.assert_array_equal(value, expected[number][name])
+        # its own bytes: a view into a segment session's arena, kept for a later segment, would keep the arena
+        # (at Llama-3.1-8B's shape the pass grew from 8.2 to 12.6 GB in 14 minutes)
+        assert value.flags.owndata
+
+
 def test_a_graph_without_module_paths_is_cut_by_weight(tmp_path: Path) -> None:
     path = _layers(tmp_path / "model.onnx", layers=32, hidden=128, inner=512, named=False)
     cut = segments(onnx.load(str(path), load_external_data=False), 0)
