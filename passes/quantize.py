@@ -22,9 +22,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from tensorsmith.core import precisions
 from tensorsmith.core.errors import PassError
-from tensorsmith.core.formats import FP8_E4M3_MAX, INT8_MAX, per_channel_amax
-from tensorsmith.core.precisions import FP8, INT8
+from tensorsmith.core.formats import per_channel_amax
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.matching import constant_value
 
@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 
 Precision = str  # the name of a calibrated precision of the table: int8 or fp8
 QUANTIZABLE_OPS = ("MatMul", "Gemm", "Conv")
-FP8_MIN_OPSET = FP8.min_opset
 FLOAT_TYPES = (np.float32, np.float16)
 
 
@@ -59,29 +58,24 @@ def activation_inputs(node: gs.Node) -> list[gs.Tensor]:
     ]
 
 
-def _fp8_dtype() -> np.dtype:
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.float8_e4m3fn)
-
-
 def quantize_weights(weights: np.ndarray, axis: int, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
-    """(quantized weights, per-channel scales): int8 in [-127, 127], or float8e4m3fn saturating at ±448."""
-    limit = INT8_MAX if precision == INT8.name else FP8_E4M3_MAX
+    """(quantized weights, per-channel scales) in the element of `precision` (its record says): int8 rounded into
+    [-127, 127], or float8e4m3fn saturating at ±448."""
+    element = precisions.precision(precision).element
+    limit = element.maximum
     weights = np.asarray(weights, dtype=np.float32)  # no copy of fp32 weights: one scaled copy, rounded in place
     amax = per_channel_amax(weights, axis)
     scales = np.where(amax > 0, amax / limit, 1.0).astype(np.float32)  # an all-zero channel: any positive scale
     shape = [1] * weights.ndim
     shape[axis % weights.ndim] = -1
     scaled = weights / scales.reshape(shape)
-    if precision == INT8.name:
+    if element.is_integer:
         np.rint(scaled, out=scaled)
-        return np.clip(scaled, -limit, limit, out=scaled).astype(np.int8), scales
-    return np.clip(scaled, -limit, limit, out=scaled).astype(_fp8_dtype()), scales
+    return np.clip(scaled, -limit, limit, out=scaled).astype(element.numpy_dtype()), scales
 
 
 def _zero(precision: Precision, shape: tuple[int, ...] = ()) -> np.ndarray:
-    return np.zeros(shape, dtype=np.int8 if precision == INT8.name else _fp8_dtype())
+    return np.zeros(shape, dtype=precisions.precision(precision).element.numpy_dtype())
 
 
 def quantize_activation(
@@ -129,10 +123,11 @@ class InsertQDQ:
     name: str = "insert_qdq"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
-        if self.precision == FP8.name and graph.opset < FP8_MIN_OPSET:
+        needs = precisions.precision(self.precision).min_opset
+        if graph.opset < needs:
             raise PassError(
-                f"fp8 Q/DQ needs opset {FP8_MIN_OPSET}, the graph has {graph.opset}",
-                hint=f"compile with --opset {FP8_MIN_OPSET} or newer",
+                f"{self.precision} Q/DQ needs opset {needs}, the graph has {graph.opset}",
+                hint=f"compile with --opset {needs} or newer",
             )
         dequantized: dict[str, gs.Variable] = {}
         activations_quantized: set[str] = set()

@@ -30,3 +30,15 @@ def test_every_decoder_level_says_its_bytes_and_fewer_bits_store_less() -> None:
     sizes = {record.name: record.stored_bytes(K, N, Element.FP16, 128) for record in decoder_levels()}
     assert sizes[INT4.name] < sizes[INT8_WEIGHT.name] < FP16.stored_bytes(K, N, Element.FP16)
     assert INT8_WEIGHT.stored_bytes(K, N, Element.FP32) == K * N + 4 * N  # the cpu variant's fp32 scales
+
+
+def test_an_element_says_its_range_rounding_and_dtype() -> None:
+    """What quantize_weights asks instead of branching on names: int8 rounds into ±127, float8 e4m3 saturates at
+    ±448 in ml_dtypes' float8_e4m3fn."""
+    import ml_dtypes
+    import numpy as np
+
+    assert (Element.INT8.maximum, Element.INT8.is_integer, Element.INT8.numpy_dtype()) == (127.0, True, np.int8)
+    assert (Element.FP8_E4M3.maximum, Element.FP8_E4M3.is_integer) == (448.0, False)
+    assert Element.FP8_E4M3.numpy_dtype() == np.dtype(ml_dtypes.float8_e4m3fn)
+    assert float(np.array(Element.FP8_E4M3.maximum).astype(ml_dtypes.float8_e4m3fn)) == 448.0  # finite, the largest
