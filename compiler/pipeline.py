@@ -151,7 +151,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         manifest = _manifest(source, fused, variants, targets, timed.finish(), tokenizer, layout)
         write_manifest(staging, manifest)
         timed.stage(f"writing the report and {out}")
-        write_report(staging, out.resolve().name)
+        write_report(staging, out.resolve().name, manifest)  # the manifest as written, not read back
     resumable.remove()  # published: nothing is left to resume
     return CompileResult(out, manifest, round(time.perf_counter() - started, 3), config.opset, variants.unmet)
 

@@ -199,10 +199,10 @@ def _variants(directory: Path, manifest: Manifest) -> list[dict[str, Any]]:
     return rows
 
 
-def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
-    """The report's data (report.json), from the files of the artifact at `directory` (named `name`: a compile
-    writes the report in a temporary directory before it is renamed)."""
-    manifest = read_manifest(directory)
+def collect_report(directory: Path, name: str | None = None, manifest: Manifest | None = None) -> dict[str, Any]:
+    """The report's data (report.json), from the artifact at `directory` (named `name`: a compile writes the
+    report in a temporary directory before it is renamed): its `manifest` as the compile holds it, else read."""
+    manifest = manifest if manifest is not None else read_manifest(directory)
     plan = PrecisionPlan.read(directory)
     calibration = _read_json(directory, "calibration.json")
     sensitivity = _sensitivity(plan)
@@ -235,9 +235,9 @@ def collect_report(directory: Path, name: str | None = None) -> dict[str, Any]:
     }
 
 
-def write_report(directory: Path, name: str | None = None) -> dict[str, Any]:
+def write_report(directory: Path, name: str | None = None, manifest: Manifest | None = None) -> dict[str, Any]:
     """Write report.json and report.html into the artifact at `directory` (each replaced atomically)."""
-    report = collect_report(directory, name)
+    report = collect_report(directory, name, manifest)
     replace_file(directory / REPORT_JSON, (json.dumps(report) + "\n").encode())  # compact: histograms are long
     replace_file(directory / REPORT_HTML, render_html(report).encode())
     logger.info("wrote %s and %s", directory / REPORT_JSON, directory / REPORT_HTML)
