@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -136,6 +137,7 @@ class PlainReporter(LogReporter):
     def __init__(self, first_beat: float = FIRST_BEAT) -> None:
         self._first_beat = first_beat
         self._current: tuple[str, float] | None = None
+        self._tasks: list[_Counted] = []  # the counted tasks running, innermost last: the beat says how far
         self._closed = False
         self._changed = threading.Event()
         self._beats = threading.Thread(target=self._beat, name="tensorsmith-progress", daemon=True)
@@ -154,6 +156,20 @@ class PlainReporter(LogReporter):
         self._current = (text, time.perf_counter())
         self._changed.set()
 
+    @contextlib.contextmanager
+    def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+        counted = _Counted(description, total, time.perf_counter())
+        self._tasks.append(counted)
+
+        def advance(steps: int = 1) -> None:
+            counted.done += steps
+
+        try:
+            yield advance
+        finally:
+            self._tasks.remove(counted)
+            progress_logger.info("%s: %d%s done", description, counted.done, f"/{total}" if total else "")
+
     def _beat(self) -> None:
         while True:
             self._changed.wait()  # a stage began, or the compile ended
@@ -163,8 +179,27 @@ class PlainReporter(LogReporter):
             text, started = self._current
             wait = self._first_beat
             while not self._changed.wait(wait):  # the stage still runs
-                progress_logger.info("%s: still running (%.0f s)", text, time.perf_counter() - started)
+                how_far = self._tasks[-1].how_far() if self._tasks else ""
+                progress_logger.info("%s: still running (%.0f s%s)", text, time.perf_counter() - started, how_far)
                 wait = min(wait * 2, self.LONGEST_BEAT)
+
+
+@dataclass
+class _Counted:
+    """A counted task under way: how many of its steps are done, and since when."""
+
+    description: str
+    total: int | None
+    started: float
+    done: int = 0
+
+    def how_far(self) -> str:
+        """'; DESCRIPTION 32/129, about 12 min left' (the rate so far), or what is known of it."""
+        text = f"; {self.description} {self.done}" + (f"/{self.total}" if self.total else "")
+        if self.total and 0 < self.done < self.total:
+            left = (time.perf_counter() - self.started) / self.done * (self.total - self.done)
+            text += f", about {left / 60:.0f} min left" if left >= 90 else f", about {left:.0f} s left"
+        return text
 
 
 def emit_json(payload: dict[str, Any]) -> None:

@@ -76,6 +76,22 @@ def test_a_long_stage_off_a_terminal_logs_that_it_still_runs(caplog: pytest.LogC
     assert len(lines) >= 3
 
 
+def test_a_long_counted_step_off_a_terminal_says_how_far_and_how_long_is_left(caplog: pytest.LogCaptureFixture) -> None:
+    """AWQ's search at 8B runs for half an hour under one stage: its beat names the task, its count and the time
+    left at the rate so far."""
+    with caplog.at_level(logging.INFO, logger="tensorsmith.progress"), PlainReporter(first_beat=0.05) as reporter:
+        reporter.stage("int4 awq")
+        with reporter.task("scale and clipping search", 4) as advance:
+            advance(1)
+            time.sleep(0.2)
+    lines = [record.getMessage() for record in caplog.records]
+    assert any(
+        re.fullmatch(r"int4 awq: still running \(\d+ s; scale and clipping search 1/4, about \d+ s left\)", line)
+        for line in lines
+    ), lines
+    assert lines[-1] == "scale and clipping search: 1/4 done"
+
+
 def test_targets_that_did_not_build_say_why_in_a_sentence() -> None:
     from tensorsmith.compiler.report.summary import target_sentence
     from tensorsmith.runtime.manifest import TargetRecord
