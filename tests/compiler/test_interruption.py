@@ -202,7 +202,16 @@ def test_a_compile_stopped_in_an_engine_build_cleans_up_and_says_so(tmp_path: Pa
     scratch.mkdir()
     out = tmp_path / "out"
     environment = {**os.environ, "TMPDIR": str(scratch)}
-    process = subprocess.Popen(compile_command(source, out), stdout=PIPE, stderr=PIPE, text=True, env=environment)
+    # Ctrl-C's default action restored: a job started in the background (`make test &`, some CI runners) has SIGINT
+    # ignored, which its children inherit, and Python then leaves it ignored
+    process = subprocess.Popen(
+        compile_command(source, out),
+        stdout=PIPE,
+        stderr=PIPE,
+        text=True,
+        env=environment,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
+    )
     assert process.stderr is not None
     for line in process.stderr:
         if "building the sm_86 engine" in line:
