@@ -30,6 +30,23 @@ class Segment:
     initializers: list[onnx.TensorProto]  # without their data: it stays in the graph's external data file
     weight_bytes: int
 
+    def narrowed(self, outputs: Iterable[str]) -> Segment:
+        """The segment with only the nodes, inputs and weights that `outputs` need: a pass that observes the last
+        layer's values need not compute the logits (at Llama-3.1-8B's shape, 2 GB of fp32 weights and 7.5 TFLOP
+        over 56 windows). A segment with subgraphs (If, Loop) is kept whole: their outer reads are not walked."""
+        if any(attribute.g.node or attribute.graphs for node in self.nodes for attribute in node.attribute):
+            return self
+        needed, kept = set(outputs), []
+        wanted = list(needed)
+        for node in reversed(self.nodes):
+            if any(name in needed for name in node.output):
+                kept.append(node)
+                needed.update(name for name in node.input if name)
+        initializers = [tensor for tensor in self.initializers if tensor.name in needed]
+        weights = sum(_stored_bytes(tensor) for tensor in initializers)
+        inputs = [name for name in self.inputs if name in needed]
+        return Segment(kept[::-1], inputs, [name for name in self.outputs if name in wanted], initializers, weights)
+
 
 def layer_of(node: onnx.NodeProto) -> str | None:
     """The decoder layer (or any numbered module) `node` belongs to, from its module path; None where it has none."""

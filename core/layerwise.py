@@ -193,9 +193,13 @@ class LayerwiseSession:
         reporter = _LAYERWISE[0][1] or LogReporter()
         title = f"{self.path.name}, a segment of layers at a time over {len(batches)} batches"
         with reporter.task(title, len(self.segments)) as advance:
-            for index, segment in enumerate(self.segments):
+            plan = self._narrowed(wanted)
+            for index, segment in enumerate(plan):
+                if segment is None:  # nothing wanted from it (the logits after the last observed layer)
+                    advance(1)
+                    continue
+                later = set().union(*(following.inputs for following in plan[index + 1 :] if following is not None))
                 session = self._open(segment)
-                later = set().union(*(following.inputs for following in self.segments[index + 1 :]))
                 for number, values in enumerate(held):
                     outputs = session.run(segment.outputs, {name: values[name] for name in segment.inputs})
                     # arrays that own their bytes: ONNX Runtime's outputs are views into the segment session's
@@ -207,6 +211,17 @@ class LayerwiseSession:
                 del session
                 trim_heap()
                 advance(1)
+
+    def _narrowed(self, wanted: set[str]) -> list[Segment | None]:
+        """Each segment narrowed to what `wanted` needs of it, walked from the last (None: none of it is needed)."""
+        plan: list[Segment | None] = []
+        needed = set(wanted)
+        for whole in reversed(self.segments):
+            outputs = [name for name in whole.outputs if name in needed]
+            segment = whole.narrowed(outputs) if outputs else None
+            needed.update(segment.inputs if segment is not None else ())
+            plan.append(segment)
+        return plan[::-1]
 
     def _open(self, segment: Segment) -> Any:
         import onnxruntime  # heavy: only where a session opens

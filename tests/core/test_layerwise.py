@@ -107,6 +107,27 @@ def test_a_pass_over_many_batches_reads_each_segment_once(tmp_path: Path, monkey
         assert value.flags.owndata
 
 
+def test_a_pass_computes_only_what_it_observes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Observing layer 1's values: the segments after it are never opened, and layer 1's own segment is narrowed
+    to what those values need (its down projection's weight not read), as the logits after the last observed layer
+    of a decoder are not computed."""
+    path = _layers(tmp_path / "model.onnx", layers=4, hidden=64, inner=256)
+    batches = [{"x": np.random.default_rng(seed).standard_normal((3, 64)).astype(np.float32)} for seed in range(3)]
+    with layerwise("always"):
+        session = session_with_outputs(path, ["1/r"])
+        assert isinstance(session, LayerwiseSession)
+        expected = [session.run(["1/r"], batch)[0] for batch in batches]
+        opened: list = []
+        real_open = session._open
+        monkeypatch.setattr(session, "_open", lambda segment: opened.append(segment) or real_open(segment))
+        got: list[tuple[int, str, np.ndarray]] = []
+        session.run_each(["1/r"], batches, lambda number, name, value: got.append((number, name, value)))
+    assert len(opened) == 2 and opened[-1].outputs == ["1/r"]
+    assert [tensor.name for tensor in opened[-1].initializers] == ["layers.1.up"]
+    for number, _, value in got:
+        np.testing.assert_array_equal(value, expected[number])
+
+
 def test_a_graph_without_module_paths_is_cut_by_weight(tmp_path: Path) -> None:
     path = _layers(tmp_path / "model.onnx", layers=32, hidden=128, inner=512, named=False)
     cut = segments(onnx.load(str(path), load_external_data=False), 0)
