@@ -167,12 +167,16 @@ class LayerwiseSession:
         values: dict[str, Any] = {value.name: feeds[value.name] for value in self._inputs}
         reporter = _LAYERWISE[0][1] or LogReporter()
         with reporter.task(f"{self.path.name}, a segment of layers at a time", len(self.segments)) as advance:
-            for index, segment in enumerate(self.segments):
+            plan = self._narrowed(set(wanted))
+            for index, segment in enumerate(plan):
+                if segment is None:  # nothing wanted from it
+                    advance(1)
+                    continue
                 session = self._open(segment)
                 outputs = session.run(segment.outputs, {name: values[name] for name in segment.inputs}, run_options)
                 del session
                 values.update(zip(segment.outputs, (np.array(output) for output in outputs), strict=True))
-                needed = set(wanted).union(*(later.inputs for later in self.segments[index + 1 :]))
+                needed = set(wanted).union(*(later.inputs for later in plan[index + 1 :] if later is not None))
                 values = {name: value for name, value in values.items() if name in needed}
                 trim_heap()  # the session's arena and weights, given back before the next segment's are read
                 advance(1)
