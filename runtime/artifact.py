@@ -43,7 +43,12 @@ class Artifact:
             )
         return verified_file(self.directory, self.manifest.model.path, self.manifest.model.sha256), None
 
+    def cpu_record(self) -> VariantRecord | None:
+        """The cpu target's variant record, unverified (None: no cpu target): what the compile recorded for it."""
+        variant = next((t.variant for t in self.manifest.targets if t.name == CPU_TARGET), None)
+        return self.manifest.variant(variant) if variant is not None else None
+
     def recorded_cpu_backend(self) -> str | None:
         """The backend the compile measured fastest for the cpu variant (None: no cpu target)."""
-        variant = next((t.variant for t in self.manifest.targets if t.name == CPU_TARGET), None)
-        return self.manifest.variant(variant).backend if variant is not None else None
+        record = self.cpu_record()
+        return record.backend if record is not None else None
