@@ -13,7 +13,7 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import click
 from pydantic import BaseModel
@@ -21,6 +21,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from tensorsmith.compiler.config import CompileConfig
+
+Command = TypeVar("Command", bound=Callable[..., object])
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,9 @@ class Flag:
     field: str  # "precision", "generation.max_batch", "build.engine_cache_dir"
     name: str | None = None
     metavar: str | None = None
-    convert: Callable[[Any], Any] | None = None
+    convert: Callable[[str], object] | None = None
     choices: Callable[[], Sequence[str]] | None = None
-    collect: Callable[[list[Any]], Any] | None = None  # a repeated flag's converted values into the field (a list)
+    collect: Callable[[list[Any]], object] | None = None  # a repeated flag's converted values into the field
 
     @property
     def parameter(self) -> str:
@@ -52,13 +54,13 @@ def field_info(path: str, model: type[BaseModel] = CompileConfig) -> FieldInfo:
     return field_info(rest, nested)
 
 
-def default_of(info: FieldInfo) -> Any:
+def default_of(info: FieldInfo) -> object:
     if info.default_factory is not None:
         return info.default_factory()  # type: ignore[call-arg]
     return None if info.default is PydanticUndefined else info.default
 
 
-def option(flag: Flag) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def option(flag: Flag) -> Callable[[Command], Command]:
     """The click option of `flag`, typed and described by its field."""
     info = field_info(flag.field)
     annotation, default = _unwrapped(info.annotation), default_of(info)
@@ -69,7 +71,7 @@ def option(flag: Flag) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         help_text = f"off: {described} (on by default)." if default else f"{described}."
         return click.option(name, flag.parameter, is_flag=True, default=None, flag_value=not default, help=help_text)
     multiple = typing.get_origin(annotation) in (list, dict)
-    kind: Any = None
+    kind: click.ParamType | type | None = None
     if flag.choices is not None:
         kind = click.Choice(list(flag.choices()))
     elif typing.get_origin(annotation) is Literal:
@@ -91,10 +93,10 @@ def option(flag: Flag) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     )
 
 
-def options(flags: Sequence[Flag]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def options(flags: Sequence[Flag]) -> Callable[[Command], Command]:
     """Every flag's option on a command, in the order given."""
 
-    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(function: Command) -> Command:
         for flag in reversed(flags):
             function = option(flag)(function)
         return function
@@ -102,10 +104,10 @@ def options(flags: Sequence[Flag]) -> Callable[[Callable[..., Any]], Callable[..
     return decorate
 
 
-def overrides(flags: Sequence[Flag], values: dict[str, Any]) -> dict[str, Any]:
+def overrides(flags: Sequence[Flag], values: dict[str, object]) -> dict[str, object]:
     """The config overrides of the flags given on the command line (taken out of `values`): nested by the
     fields' dotted paths, each value converted to its field's."""
-    found: dict[str, Any] = {}
+    found: dict[str, Any] = {}  # nested tables
     for flag in flags:
         value = values.pop(flag.parameter)
         if value is None or value == ():
@@ -116,9 +118,9 @@ def overrides(flags: Sequence[Flag], values: dict[str, Any]) -> dict[str, Any]:
             converted = [flag.convert(item) if flag.convert else item for item in value]
             value = flag.collect(converted) if flag.collect else converted
         elif flag.convert is not None:
-            value = flag.convert(value)
+            value = flag.convert(str(value))
         elif annotation is Path:
-            value = str(Path(value).expanduser().resolve())  # a flag's path is the caller's, not the TOML's
+            value = str(Path(str(value)).expanduser().resolve())  # a flag's path is the caller's, not the TOML's
         elif typing.get_origin(annotation) is Literal:
             value = next(choice for choice in typing.get_args(annotation) if str(choice) == value)
         *parents, last = flag.field.split(".")
@@ -129,7 +131,7 @@ def overrides(flags: Sequence[Flag], values: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-def _unwrapped(annotation: Any) -> Any:
+def _unwrapped(annotation: object) -> object:
     """`X` of `X | None`."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         kept = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
@@ -137,7 +139,7 @@ def _unwrapped(annotation: Any) -> Any:
     return annotation
 
 
-def _shown(default: Any) -> str:
+def _shown(default: object) -> str:
     """A default as the help states it; empty where there is none to state (None, empty, False)."""
     if default is None or default is False or default == [] or default == {}:
         return ""
