@@ -26,10 +26,11 @@ from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.engines.builder import BuiltEngine, build_engine
 from tensorsmith.compiler.engines.profile import Profile
 from tensorsmith.compiler.engines.profiles import decoder_profiles
-from tensorsmith.compiler.engines.records import builds_that_fit, choose_builder, graph_bytes, memory_factor
+from tensorsmith.compiler.engines.records import builds_that_fit, choose_builder, memory_factor
 from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel
 from tensorsmith.compiler.variants.kv_cache import EarlyGraph, early_graph, static_layout
 from tensorsmith.core.errors import BuildError
+from tensorsmith.core.external_bytes import graph_bytes
 from tensorsmith.core.ir import GraphIO
 from tensorsmith.runtime.manifest import sha256_of
 

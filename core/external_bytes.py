@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from tensorsmith.core.mapped_graph import MappedValues
+from tensorsmith.runtime.manifest import external_data_path
 
 CHUNK = 16 << 20  # float32 values read at a time while a weight is checked and converted
 
@@ -72,3 +73,9 @@ def point_to(tensor: onnx.TensorProto, location: str, offset: int, length: int) 
     del tensor.external_data[:]
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
         tensor.external_data.add(key=key, value=value)
+
+
+def graph_bytes(path: Path) -> int:
+    """An ONNX file's bytes with its external data's."""
+    sidecar = external_data_path(path)
+    return path.stat().st_size + (sidecar.stat().st_size if sidecar.is_file() else 0)

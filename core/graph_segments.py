@@ -36,8 +36,8 @@ class Segment:
         over 56 windows). A segment with subgraphs (If, Loop) is kept whole: their outer reads are not walked."""
         if any(attribute.g.node or attribute.graphs for node in self.nodes for attribute in node.attribute):
             return self
-        needed, kept = set(outputs), []
-        wanted = list(needed)
+        wanted = set(outputs)
+        needed, kept = set(wanted), []
         for node in reversed(self.nodes):
             if any(name in needed for name in node.output):
                 kept.append(node)

@@ -20,6 +20,7 @@ from tensorsmith.compiler.engines.profiles import decoder_profiles, profile_for
 from tensorsmith.compiler.targets import RTX_TARGETS, Builder, get_target
 from tensorsmith.core import memory
 from tensorsmith.core.errors import BuildError
+from tensorsmith.core.external_bytes import graph_bytes
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.progress import Reporter
 from tensorsmith.runtime.backends import backend_named
@@ -30,7 +31,6 @@ from tensorsmith.runtime.manifest import (
     TargetRecord,
     TensorRecord,
     VariantRecord,
-    external_data_path,
     sha256_of,
 )
 
@@ -143,12 +143,6 @@ def build_engines(
     with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
         records.update(zip(builds, pool.map(build, builds), strict=True))
     return [records[name] for name in targets]
-
-
-def graph_bytes(path: Path) -> int:
-    """An ONNX file's bytes with its external data's."""
-    sidecar = external_data_path(path)
-    return path.stat().st_size + (sidecar.stat().st_size if sidecar.is_file() else 0)
 
 
 def parallel_builds(count: int, model_bytes: int, factor: int = BUILD_MEMORY_FACTOR["tensorrt"]) -> int:

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
+from tensorsmith.core.external_bytes import graph_bytes
 from tensorsmith.core.metrics import accuracy
 from tensorsmith.core.sessions import Runs
 from tensorsmith.core.timing import cpu_session, latency_ms
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.backends import ONNX_RUNTIME, OPENVINO
 from tensorsmith.runtime.errors import TensorsmithError
-from tensorsmith.runtime.manifest import VariantRecord, external_data_path
+from tensorsmith.runtime.manifest import VariantRecord
 from tensorsmith.runtime.openvino_backend import OpenVinoBackend, openvino_unavailable
 from tensorsmith.runtime.specs import Signature
 
@@ -86,7 +87,7 @@ def time_cpu_pairs(
 ) -> Times:
     """Every candidate's median latency on `feeds` on each cpu backend that runs it (OpenVINO where
     `time_openvino`: a graph it can read), all interleaved where their weights are small, else a variant at a time."""
-    stored = sum(_stored_bytes(directory / record.path) for record in records)
+    stored = sum(graph_bytes(directory / record.path) for record in records)
     times: Times = {}
     if stored < TOGETHER_BYTES:
         sessions = {
@@ -120,8 +121,3 @@ def with_backend(record: VariantRecord, backend: str, times: Times) -> VariantRe
     """`record` with the backend chosen for it and its latency on each."""
     logger.info("cpu: %s ms per run by backend: %s runs %s", times.get(record.name, {}), backend, record.name)
     return record.model_copy(update={"backend": backend, "backend_latency_ms": times.get(record.name, {})})
-
-
-def _stored_bytes(path: Path) -> int:
-    data = external_data_path(path)
-    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)

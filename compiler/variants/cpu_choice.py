@@ -20,6 +20,7 @@ from tensorsmith.compiler.variants.cpu_dynamic import build_dynamic_variant
 from tensorsmith.compiler.variants.measure import Evaluation, measure_session, with_text_metrics
 from tensorsmith.compiler.variants.precision_plan import CpuChoice, SessionChoice
 from tensorsmith.compiler.variants.quantized import flops_fraction
+from tensorsmith.core.external_bytes import graph_bytes
 from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.metrics import Budget
@@ -27,7 +28,7 @@ from tensorsmith.core.sessions import run_onnx
 from tensorsmith.core.timing import cpu_session, latency_ms_in_turn
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.backends import ONNX_RUNTIME
-from tensorsmith.runtime.manifest import VariantRecord, external_data_path
+from tensorsmith.runtime.manifest import VariantRecord
 from tensorsmith.runtime.specs import Signature
 
 logger = logging.getLogger(__name__)
@@ -62,9 +63,9 @@ def tuned(variant: VariantRecord, directory: Path, feeds: dict[str, np.ndarray])
     """`variant` with the ONNX Runtime optimizers that run it slower on this CPU recorded (unchanged for a model
     too large to open a session per candidate)."""
     path = directory / variant.path
-    weights = external_data_path(path)  # a large graph's weights are beside it
-    stored = path.stat().st_size + (weights.stat().st_size if weights.is_file() else 0)
-    if stored > MAX_TUNED_BYTES or layerwise_segments(path) is not None:  # measured layerwise: no whole session
+    if (
+        graph_bytes(path) > MAX_TUNED_BYTES or layerwise_segments(path) is not None
+    ):  # measured layerwise: no whole session
         logger.info("cpu: ONNX Runtime's defaults kept for %s: too large to open a session per candidate", path.name)
         return variant
     disabled, latency = tune_session(path, feeds)
