@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 Precision = str  # the name of a calibrated precision of the table: int8 or fp8
 QUANTIZABLE_OPS = ("MatMul", "Gemm", "Conv")
 FLOAT_TYPES = (np.float32, np.float16)
+# float32 bytes of weights scaled and rounded at a time: a block stays in the cache across its three passes
+QUANTIZED_BLOCK_BYTES = 1 << 20
 
 
 def quantizable_nodes(graph: gs.Graph) -> list[gs.Node]:
@@ -60,18 +62,25 @@ def activation_inputs(node: gs.Node) -> list[gs.Tensor]:
 
 def quantize_weights(weights: np.ndarray, axis: int, precision: Precision) -> tuple[np.ndarray, np.ndarray]:
     """(quantized weights, per-channel scales) in the element of `precision` (its record says): int8 rounded into
-    [-127, 127], or float8e4m3fn saturating at ±448."""
+    [-127, 127], or float8e4m3fn saturating at ±448. Scaled, rounded and clipped a block of rows at a time, in the
+    cache: whole, a vocabulary table (Llama-3.2-1B's, 1 GB of fp32) took 5.4 s in four passes over fresh memory."""
     element = precisions.precision(precision).element
     limit = element.maximum
-    weights = np.asarray(weights, dtype=np.float32)  # no copy of fp32 weights: one scaled copy, rounded in place
+    weights = np.asarray(weights, dtype=np.float32)  # no copy of fp32 weights
     amax = per_channel_amax(weights, axis)
     scales = np.where(amax > 0, amax / limit, 1.0).astype(np.float32)  # an all-zero channel: any positive scale
     shape = [1] * weights.ndim
     shape[axis % weights.ndim] = -1
-    scaled = weights / scales.reshape(shape)
-    if element.is_integer:
-        np.rint(scaled, out=scaled)
-    return np.clip(scaled, -limit, limit, out=scaled).astype(element.numpy_dtype()), scales
+    divisors = scales.reshape(shape)
+    by_row = weights.ndim > 1 and axis % weights.ndim == 0  # a scale per row: a block of rows takes its own
+    codes = np.empty(weights.shape, element.numpy_dtype())
+    rows = max(1, QUANTIZED_BLOCK_BYTES // max(1, weights[0].nbytes)) if weights.ndim > 1 else max(1, len(weights))
+    for start in range(0, max(1, len(weights)), rows):
+        block = weights[start : start + rows] / (divisors[start : start + rows] if by_row else divisors)
+        if element.is_integer:
+            np.rint(block, out=block)
+        codes[start : start + rows] = np.clip(block, -limit, limit, out=block)
+    return codes, scales
 
 
 def _zero(precision: Precision, shape: tuple[int, ...] = ()) -> np.ndarray:

@@ -98,16 +98,6 @@ def configured_cache(directory: Path | None) -> ExportCache | None:
     return ExportCache(directory) if directory is not None else None
 
 
-def source_files(config: CompileConfig) -> dict[str, str] | None:
-    """The sha256 of each file of a Hugging Face directory (config, weights, index, tokenizer) or of a .pt2 file, by
-    name: hashed once, for the key and the manifest's source record. None for a factory or an ONNX file."""
-    if config.source_kind not in ("huggingface", "exported_program"):
-        return None
-    path = config.resolve(config.source)
-    files = sorted(child for child in path.iterdir() if child.is_file()) if path.is_dir() else [path]
-    return {file.name: sha256_of(file) for file in files}
-
-
 def cache_key(
     config: CompileConfig,
     passes: list[GraphPass],
@@ -115,7 +105,7 @@ def cache_key(
     files: Mapping[str, str] | None = None,
 ) -> str | None:
     """The fused graph's key, or None for an ONNX source. A factory source's key needs its built `module`, a
-    directory's or a .pt2's its `files` (source_files)."""
+    directory's or a .pt2's its `files` (source_digests.source_files)."""
     if config.source_kind == "factory":
         assert module is not None, "a factory's key is its module's"
         source: object = _module_digest(config.source, module)

@@ -22,13 +22,13 @@ from tensorsmith.compiler.frontend.export_cache import (
     cache_key,
     configured_cache,
     restore,
-    source_files,
     store,
 )
 from tensorsmith.compiler.frontend.exported import ExportedModel
 from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
 from tensorsmith.compiler.frontend.quantized_checkpoint import stored_weights
 from tensorsmith.compiler.frontend.source import Source
+from tensorsmith.compiler.frontend.source_digests import SourceDigests, source_files
 from tensorsmith.compiler.frontend.verify import compare_outputs
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
@@ -119,9 +119,15 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
     reporter.stage(f"exporting {config.source}")
     scratch = directory / ".export"  # a large export's weights, read by canonicalize, then deleted
     scratch.mkdir()
-    exported = export_source(source, example_feeds(config) if config.inputs else {}, scratch, module, reporter)
+    digests = SourceDigests(config) if files is None else None  # on the other core, while the export traces
+    try:
+        exported = export_source(source, example_feeds(config) if config.inputs else {}, scratch, module, reporter)
+    except BaseException:
+        if digests is not None:
+            digests.stop()
+        raise
     del module
-    described = source_record(config, exported, files)
+    described = source_record(config, exported, digests.result() if digests is not None else files)
     # The source's outputs now, so that the source model (a torch module: the fp32 weights again) and the
     # exported graph go before the passes make their copies.
     expected = expected_outputs(config, exported) if config.verify else None
@@ -214,7 +220,7 @@ def source_record(
     config: CompileConfig, exported: ExportedModel, files: Mapping[str, str] | None = None
 ) -> SourceRecord:
     """What the manifest says of the source. `files`: the sha256 of its files by name, where already computed
-    (export_cache.source_files)."""
+    (source_digests.source_files)."""
     if config.source_kind == "factory":
         checkpoint = config.resolve(config.checkpoint) if config.checkpoint else None
         return SourceRecord(

@@ -33,10 +33,23 @@ from tensorsmith.runtime.specs import Signature
 
 logger = logging.getLogger(__name__)
 
-# ONNX Runtime graph optimizers worth switching off for a variant, tried one set at a time. Its CPU
-# SkipLayerNormalization kernel took 3-4x the time of the Adds + LayerNormalization it replaces on MiniLM
-# (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32: docs/benchmark-history.md), so whether to fuse is measured.
-SESSION_CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("SkipLayerNormFusion",))
+
+@dataclass(frozen=True)
+class SessionCandidate:
+    """ONNX Runtime graph optimizers to switch off together, and the ops they rewrite: on a graph without any of
+    those ops the session is the same either way, and the candidate is not timed."""
+
+    disabled: tuple[str, ...]
+    rewrites: frozenset[str]
+
+
+# Tried one set at a time. ONNX Runtime's CPU SkipLayerNormalization kernel took 3-4x the time of the Adds +
+# LayerNormalization it replaces on MiniLM (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32:
+# docs/benchmark-history.md), so whether to fuse is measured; a decoder's RMSNormalization is left as it is
+# (checked: Llama-3.2-1B's INT4 variant optimizes to the same graph either way).
+SESSION_CANDIDATES = (
+    SessionCandidate(("SkipLayerNormFusion",), frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})),
+)
 MAX_TUNED_BYTES = 2 << 30  # each candidate's session opens its weights again: not for models above 2 GiB
 TIMING_BATCH = 8
 
@@ -45,15 +58,23 @@ def session_label(disabled_optimizers: tuple[str, ...] | list[str]) -> str:
     return "defaults" if not disabled_optimizers else "without " + ", ".join(disabled_optimizers)
 
 
+def applicable_candidates(path: Path) -> list[tuple[str, ...]]:
+    """The disabled-optimizer sets of SESSION_CANDIDATES that change the session of the graph at `path`."""
+    ops = {node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node}
+    return [candidate.disabled for candidate in SESSION_CANDIDATES if candidate.rewrites & ops]
+
+
 def tune_session(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[str], dict[str, float]]:
-    """The ONNX Runtime optimizers to disable for the variant at `path` (the fastest of SESSION_CANDIDATES, if
-    it beats the defaults by MIN_GAIN), with every candidate's latency."""
+    """The ONNX Runtime optimizers to disable for the variant at `path` (the fastest of the candidates that apply
+    to it, if it beats the defaults by MIN_GAIN), with every timed candidate's latency ({} where none applies)."""
+    candidates: list[tuple[str, ...]] = [(), *applicable_candidates(path)]
+    if len(candidates) == 1:
+        return [], {}
     measured = latency_ms_in_turn(
-        {session_label(disabled): functools.partial(cpu_session, path, disabled) for disabled in SESSION_CANDIDATES},
-        feeds,
+        {session_label(disabled): functools.partial(cpu_session, path, disabled) for disabled in candidates}, feeds
     )
     default = measured[session_label(())]
-    best = min(SESSION_CANDIDATES, key=lambda disabled: measured[session_label(disabled)])
+    best = min(candidates, key=lambda disabled: measured[session_label(disabled)])
     if measured[session_label(best)] > default * (1 - MIN_GAIN):
         best = ()
     return list(best), measured
@@ -69,6 +90,9 @@ def tuned(variant: VariantRecord, directory: Path, feeds: dict[str, np.ndarray])
         logger.info("cpu: ONNX Runtime's defaults kept for %s: too large to open a session per candidate", path.name)
         return variant
     disabled, latency = tune_session(path, feeds)
+    if not latency:
+        logger.info("cpu: ONNX Runtime's defaults kept for %s: no optimizer to try changes its graph", path.name)
+        return variant
     logger.info(
         "cpu: %s ms per run by ONNX Runtime session setting; optimizers switched off: %s", latency, disabled or "none"
     )

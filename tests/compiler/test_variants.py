@@ -4,13 +4,15 @@ measured on ONNX Runtime, and precision.json read back typed."""
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
 from tensorsmith.compiler.frontend.source import open_source
 from tensorsmith.compiler.targets import Recipe
-from tensorsmith.compiler.variants.cpu_choice import within_tolerance
+from tensorsmith.compiler.variants.cpu_choice import tune_session, within_tolerance
 from tensorsmith.compiler.variants.plan import plan_variants
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.stage import build_variants
@@ -100,3 +102,23 @@ def test_int8_activations_are_judged_against_the_variant_s_own_loss() -> None:
     assert within_tolerance(fast=0.99990, exact=0.99995)  # within 0.1 % of a near-lossless metric
     assert within_tolerance(fast=1.0740, exact=1.0714)  # perplexity-ratio: 3.6 % more loss
     assert not within_tolerance(fast=1.0900, exact=1.0714)
+
+
+def _normalized(path: Path, op: str) -> Path:
+    """x + y, then `op` over the sum: the shape SkipLayerNormFusion rewrites when `op` is LayerNormalization."""
+    scale = numpy_helper.from_array(np.ones(16, np.float32), "scale")
+    nodes = [helper.make_node("Add", ["x", "y"], ["sum"]), helper.make_node(op, ["sum", "scale"], ["out"], axis=-1)]
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [4, 16]) for name in ("x", "y", "out")]
+    graph = helper.make_graph(nodes, "normalized", values[:2], values[2:], [scale])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), path)
+    return path
+
+
+def test_session_settings_are_timed_only_where_they_change_the_graph(tmp_path: Path) -> None:
+    """A graph with LayerNormalization times ONNX Runtime's defaults against SkipLayerNormFusion switched off; a
+    decoder's RMSNormalization is not rewritten by it, so nothing is timed and the defaults stay."""
+    feeds = {name: np.ones((4, 16), np.float32) for name in ("x", "y")}
+    disabled, timed = tune_session(_normalized(tmp_path / "rms.onnx", "RMSNormalization"), feeds)
+    assert (disabled, timed) == ([], {})
+    disabled, timed = tune_session(_normalized(tmp_path / "layer.onnx", "LayerNormalization"), feeds)
+    assert set(timed) == {"defaults", "without SkipLayerNormFusion"}

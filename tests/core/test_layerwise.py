@@ -90,7 +90,9 @@ def test_a_pass_over_many_batches_reads_each_segment_once(tmp_path: Path, monkey
         assert isinstance(session, LayerwiseSession)
         opened = []
         real_open = session._open
-        monkeypatch.setattr(session, "_open", lambda segment: opened.append(segment) or real_open(segment))
+        monkeypatch.setattr(
+            session, "_open", lambda segment, **how: opened.append(segment) or real_open(segment, **how)
+        )
         got: list[tuple[int, str, np.ndarray]] = []
         session.run_each(observed, batches, lambda number, name, value: got.append((number, name, value)))
         assert len(opened) == len(session.segments) == 4
@@ -119,13 +121,42 @@ def test_a_pass_computes_only_what_it_observes(tmp_path: Path, monkeypatch: pyte
         expected = [session.run(["1/r"], batch)[0] for batch in batches]
         opened: list = []
         real_open = session._open
-        monkeypatch.setattr(session, "_open", lambda segment: opened.append(segment) or real_open(segment))
+        monkeypatch.setattr(
+            session, "_open", lambda segment, **how: opened.append(segment) or real_open(segment, **how)
+        )
         got: list[tuple[int, str, np.ndarray]] = []
         session.run_each(["1/r"], batches, lambda number, name, value: got.append((number, name, value)))
     assert len(opened) == 2 and opened[-1].outputs == ["1/r"]
     assert [tensor.name for tensor in opened[-1].initializers] == ["layers.1.up"]
     for number, _, value in got:
         np.testing.assert_array_equal(value, expected[number])
+
+
+def test_a_segment_run_once_opens_without_graph_optimizations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run opens each segment for one run: without ONNX Runtime's graph optimizations and memory arena (folding and
+    prepacking every weight cost more than running it once); a pass over many batches opens them with the caller's
+    options. The outputs are the same either way."""
+    path = _layers(tmp_path / "model.onnx", layers=3, hidden=64, inner=256)
+    batches = [{"x": np.random.default_rng(seed).standard_normal((3, 64)).astype(np.float32)} for seed in range(2)]
+    real = onnxruntime.InferenceSession
+    levels: list[tuple[object, bool]] = []
+
+    def recorded(path: str, options: onnxruntime.SessionOptions | None = None, **how: object) -> object:
+        levels.append((options.graph_optimization_level, options.enable_cpu_mem_arena) if options else (None, True))
+        return real(path, options, **how)
+
+    with layerwise("always"):
+        session = open_session(path)
+        assert isinstance(session, LayerwiseSession)
+        monkeypatch.setattr(onnxruntime, "InferenceSession", recorded)
+        once = [session.run(["y"], batch)[0] for batch in batches]
+        assert set(levels) == {(onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL, False)} and len(levels) == 6
+        levels.clear()
+        many: list[np.ndarray] = []
+        session.run_each(["y"], batches, lambda _, __, value: many.append(value))
+    assert len(levels) == 3 and all(level != onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL for level, _ in levels)
+    for ran_once, ran_with_others in zip(once, many, strict=True):
+        np.testing.assert_allclose(ran_once, ran_with_others, rtol=1e-6, atol=1e-6)
 
 
 def test_a_graph_without_module_paths_is_cut_by_weight(tmp_path: Path) -> None:
