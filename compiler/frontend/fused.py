@@ -4,10 +4,8 @@ source on ONNX Runtime."""
 from __future__ import annotations
 
 import gc
-import hashlib
 import logging
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,14 +24,13 @@ from tensorsmith.compiler.frontend.export_cache import (
 )
 from tensorsmith.compiler.frontend.exported import ExportedModel
 from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
-from tensorsmith.compiler.frontend.quantized_checkpoint import stored_weights
 from tensorsmith.compiler.frontend.source import Source
-from tensorsmith.compiler.frontend.source_digests import SourceDigests, source_files
+from tensorsmith.compiler.frontend.source_digests import SourceDigests, source_files, source_record
 from tensorsmith.compiler.frontend.verify import compare_outputs
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.importing import first_line
-from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
+from tensorsmith.core.ir import io_records, load_onnx
 from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.mapped_graph import mapped
 from tensorsmith.core.mapped_save import save_mapped
@@ -214,45 +211,6 @@ def _verification_run(
         except Exception as err:  # onnxruntime's own exception types: the plain run says what is wrong, if anything
             logger.info("verification: ranges not measured with the outputs: %s", first_line(err)[:200])
     return run_onnx(path, feeds), None
-
-
-def source_record(
-    config: CompileConfig, exported: ExportedModel, files: Mapping[str, str] | None = None
-) -> SourceRecord:
-    """What the manifest says of the source. `files`: the sha256 of its files by name, where already computed
-    (source_digests.source_files)."""
-    if config.source_kind == "factory":
-        checkpoint = config.resolve(config.checkpoint) if config.checkpoint else None
-        return SourceRecord(
-            kind="factory",
-            path=config.source,
-            sha256=sha256_of(checkpoint) if checkpoint else None,
-            checkpoint=str(checkpoint) if checkpoint else None,
-            exporter=exported.exporter,
-            fallback_reason=exported.fallback_reason,
-            opset=ai_onnx_opset(exported.model),
-            warnings=exported.warnings,
-        )
-    path = config.resolve(config.source)
-    return SourceRecord(
-        kind=config.source_kind,
-        path=str(path),
-        sha256=_directory_digest(path, files) if path.is_dir() else files[path.name] if files else sha256_of(path),
-        weights=stored_weights(path) if config.source_kind == "huggingface" else None,
-        exporter=exported.exporter,
-        fallback_reason=exported.fallback_reason,
-        traced_layers=exported.traced_layers,
-        opset=ai_onnx_opset(exported.model),
-        warnings=exported.warnings,
-    )
-
-
-def _directory_digest(path: Path, files: Mapping[str, str] | None = None) -> str:
-    """A model directory's: over its config and weights files' own sha256s, in name order (taken from `files`
-    where given)."""
-    names = ["config.json", *sorted(f.name for f in path.glob("*.safetensors"))]
-    digests = files if files is not None else {name: sha256_of(path / name) for name in names}
-    return hashlib.sha256("".join(f"{name}:{digests[name]}\n" for name in names).encode()).hexdigest()
 
 
 def expected_outputs(

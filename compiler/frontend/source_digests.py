@@ -1,4 +1,5 @@
-"""The sha256 of a source's files: the manifest's record of what was compiled, and the export cache's key.
+"""What the manifest says of the source (`source_record`), and the sha256 of its files: that record's, and the
+export cache's key.
 
 A Hugging Face directory is the largest input a compile reads (2.5 GB at Llama-3.2-1B's shape, 29.5 GB at
 Qwen2.5-14B's), and hashing it took 4.4 s of a 1B compile's 91 s. hashlib releases the GIL while it hashes, so the
@@ -8,10 +9,16 @@ when the source's record is written.
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from collections.abc import Mapping
+from pathlib import Path
 
 from tensorsmith.compiler.config import CompileConfig
-from tensorsmith.runtime.manifest import sha256_of
+from tensorsmith.compiler.frontend.exported import ExportedModel
+from tensorsmith.compiler.frontend.quantized_checkpoint import stored_weights
+from tensorsmith.core.ir import ai_onnx_opset
+from tensorsmith.runtime.manifest import SourceRecord, sha256_of
 
 
 def source_files(config: CompileConfig, stop: threading.Event | None = None) -> dict[str, str] | None:
@@ -55,3 +62,42 @@ class SourceDigests:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def source_record(
+    config: CompileConfig, exported: ExportedModel, files: Mapping[str, str] | None = None
+) -> SourceRecord:
+    """What the manifest says of the source. `files`: the sha256 of its files by name, where already computed
+    (source_digests.source_files)."""
+    if config.source_kind == "factory":
+        checkpoint = config.resolve(config.checkpoint) if config.checkpoint else None
+        return SourceRecord(
+            kind="factory",
+            path=config.source,
+            sha256=sha256_of(checkpoint) if checkpoint else None,
+            checkpoint=str(checkpoint) if checkpoint else None,
+            exporter=exported.exporter,
+            fallback_reason=exported.fallback_reason,
+            opset=ai_onnx_opset(exported.model),
+            warnings=exported.warnings,
+        )
+    path = config.resolve(config.source)
+    return SourceRecord(
+        kind=config.source_kind,
+        path=str(path),
+        sha256=_directory_digest(path, files) if path.is_dir() else files[path.name] if files else sha256_of(path),
+        weights=stored_weights(path) if config.source_kind == "huggingface" else None,
+        exporter=exported.exporter,
+        fallback_reason=exported.fallback_reason,
+        traced_layers=exported.traced_layers,
+        opset=ai_onnx_opset(exported.model),
+        warnings=exported.warnings,
+    )
+
+
+def _directory_digest(path: Path, files: Mapping[str, str] | None = None) -> str:
+    """A model directory's: over its config and weights files' own sha256s, in name order (taken from `files`
+    where given)."""
+    names = ["config.json", *sorted(f.name for f in path.glob("*.safetensors"))]
+    digests = files if files is not None else {name: sha256_of(path / name) for name in names}
+    return hashlib.sha256("".join(f"{name}:{digests[name]}\n" for name in names).encode()).hexdigest()
