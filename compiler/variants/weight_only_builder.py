@@ -50,6 +50,8 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
             "decoder's auto read the calibration data itself (AWQ's statistics are not in the files)",
             hint="pass --calibration PATH instead",
         )
+    # named: at 8B it takes minutes, and the verification's stage took the blame
+    reporter.stage("the fp32 graph's outputs on the evaluation data, what every variant is measured against")
     split = calibration_split(config, fused) if config.calibration is not None else None  # AWQ's, W8A8's scales
     evaluation = weight_only_evaluation(config, fused, split)
     model = without_gemm(fused, directory)  # the same function; Gemm weights become INT4-able
