@@ -25,7 +25,7 @@ from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.sessions import run_onnx
-from tensorsmith.core.timing import cpu_session, latency_ms_in_turn
+from tensorsmith.core.timing import cpu_session, latency_ms, latency_ms_in_turn
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.backends import ONNX_RUNTIME
 from tensorsmith.runtime.manifest import VariantRecord
@@ -218,16 +218,16 @@ def choose_accuracy_level(
         return updated, CpuChoice(variant=record.name, reason=reason)
     timed = evaluation.timing if evaluation.timing is not None else evaluation.feeds
     batch = {name: array[:TIMING_BATCH] for name, array in timed.items()}
-    # one session at a time: each holds the variant's weights and MatMulNBits' packed copy (at the 8B shape,
-    # two at once held 18 GB)
-    opened = {level: functools.partial(cpu_session, path, config={ACCURACY_LEVEL: level}) for level in ACCURACY_LEVELS}
-    latency = latency_ms_in_turn(opened, batch)
+    # one session at a time, timed and measured before the next opens: each holds the variant's weights and
+    # MatMulNBits' packed copy (at the 8B shape, two at once held 18 GB)
+    latency: dict[str, float] = {}
     figures: dict[str, dict[str, float]] = {}
-    for level, open_session in opened.items():
-        if level == DEFAULT_ACCURACY_LEVEL and _metric_name(evaluation) in record.accuracy:
-            figures[level] = dict(record.accuracy)
-            continue
-        figures[level] = measure_session(open_session(), evaluation)
+    for level in ACCURACY_LEVELS:
+        session = cpu_session(path, config={ACCURACY_LEVEL: level})
+        latency.update(latency_ms({level: session}, batch))
+        known = level == DEFAULT_ACCURACY_LEVEL and _metric_name(evaluation) in record.accuracy
+        figures[level] = dict(record.accuracy) if known else measure_session(session, evaluation)
+        del session
     metric = {level: figures[level][_metric_name(evaluation)] for level in ACCURACY_LEVELS}
     fast, exact = "4", "1"
     faster = latency[fast] < latency[exact] * (1 - MIN_GAIN)
