@@ -13,11 +13,11 @@ from tensorsmith.compiler.declarations import DimRange, InputDecl, StrictModel
 from tensorsmith.compiler.settings import BuildConfig, GenerationConfig
 from tensorsmith.compiler.targets import TARGETS, Request, check_precision, unknown_targets
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.core.grouped_int4 import declares_quantization
 from tensorsmith.core.layerwise import Layerwise
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.overrides import Override
 from tensorsmith.core.precisions import AUTO, CAPABILITIES, FP32, INT4, Calibration, Family, precision, requestable
+from tensorsmith.core.quantization_declared import declares_quantization
 
 SourceKind = Literal["factory", "exported_program", "onnx", "huggingface"]
 

@@ -19,23 +19,12 @@ TensorRT's INT4 DequantizeLinear takes (passes/int4.py).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the column of each nibble within a word, lowest nibble first
 NIBBLES = np.arange(8, dtype=np.uint32) * 4
-
-
-def declares_quantization(directory: Path) -> bool:
-    """Whether a checkpoint directory's config.json says its weights are quantized (`quantization_config`): its
-    own codes are then the default (compiler/frontend/quantized_checkpoint.py reads them)."""
-    try:
-        return bool(json.loads((directory / "config.json").read_text()).get("quantization_config"))
-    except (OSError, ValueError, AttributeError):
-        return False  # not a checkpoint directory, or refused naming the file when the source is read
 
 
 @dataclass(frozen=True)

@@ -83,8 +83,8 @@ MODELOPT_NVFP4_ALGORITHMS = ("NVFP4", "W4A16_NVFP4")  # NVFP4 weights (the activ
 
 
 def _modelopt(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
-    """Model Optimizer's Hugging Face export: `quant_algo` names the format (as config.json's `quantization_config`
-    writes it; the older hf_quant_config.json alone is not read)."""
+    """Model Optimizer's Hugging Face export: `quant_algo` names the format (in config.json's `quantization_config`,
+    or the older hf_quant_config.json's `quantization`: core/quantization_declared.py)."""
     algorithm = str(settings.get("quant_algo", "")).upper()
     if algorithm in MODELOPT_NVFP4_ALGORITHMS:
         return MODELOPT_NVFP4, f"modelopt {algorithm.lower()} (nvfp4, blocks of {NVFP4_BLOCK})"

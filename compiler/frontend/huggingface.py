@@ -225,8 +225,8 @@ def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "l
     try:
         try:
             config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
-            if model.quantized is not None:  # its weights arrive dequantized: no quantizer of transformers' to run
-                del config.quantization_config
+            if model.quantized is not None and hasattr(config, "quantization_config"):  # its weights arrive
+                del config.quantization_config  # dequantized: no quantizer of transformers' to run
             loaded = cls.from_pretrained(None, config=config, state_dict=_read_as_needed(model), **options)
         except Exception as err:  # an older safetensors (no pread) or transformers (no lazy slices): its own reader
             if model.quantized is not None:

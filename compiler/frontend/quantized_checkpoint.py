@@ -28,6 +28,7 @@ from tensorsmith.compiler.frontend.layout_record import HINT, Layout, StoredWeig
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.precisions import AUTO, BF16, Calibration, Element, precision, storing
+from tensorsmith.core.quantization_declared import FIELD, declared_quantization
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FIELD = "quantization_config"
 # a dequantized weight is rounded to its scales' type, as the formats' own code computes it
 ROUNDING = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}
 
@@ -124,10 +124,10 @@ def quantized_checkpoint_of(directory: Path) -> QuantizedCheckpoint | None:
 
 def read_quantized_checkpoint(directory: Path, config: Mapping[str, Any]) -> QuantizedCheckpoint | None:
     """The directory's quantization, checked before any work; None for an unquantized checkpoint."""
-    settings = config.get(FIELD)
-    if not settings:
+    declared = declared_quantization(directory, config)
+    if declared is None:
         return None
-    where = f"{directory / 'config.json'} {FIELD}"
+    settings, where = declared.settings, declared.where
     if not isinstance(settings, dict):
         raise ConfigError(f"{where} is not a mapping", hint=HINT)
     method = str(settings.get("quant_method", "unnamed"))

@@ -63,8 +63,8 @@ def build_empty_decoder(
     cls = model_class(model)
     try:
         config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
-        if model.quantized is not None:  # its weights are read dequantized (quantized_checkpoint.DequantizedWeights)
-            del config.quantization_config
+        if model.quantized is not None and hasattr(config, "quantization_config"):  # read dequantized
+            del config.quantization_config  # (quantized_checkpoint.DequantizedWeights): no quantizer to run
         with parameters_on_meta():
             loaded = cls._from_config(config, dtype=torch.float32, attn_implementation="eager", **experts_option())
     except Exception as err:  # transformers raises many types for a config it cannot build

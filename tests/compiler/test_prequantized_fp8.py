@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.quantization_declared import declares_quantization
 from tests.compiler.test_decoders import assert_greedy_tokens_match
 from tests.compiler.test_prequantized import (
     LINEARS,
@@ -90,6 +91,19 @@ def per_tensor_modelopt(directory: Path) -> dict[str, np.ndarray]:
     return modelopt_fp8_checkpoint(directory, "FP8")
 
 
+def older_modelopt(directory: Path, algorithm: str = "FP8") -> dict[str, np.ndarray]:
+    """The same export in Model Optimizer's older form: config.json without `quantization_config`, the settings in
+    `hf_quant_config.json` beside it (as vLLM and TensorRT-LLM read such a checkpoint)."""
+    dequantized = modelopt_fp8_checkpoint(directory, algorithm)
+    config = json.loads((directory / "config.json").read_text())
+    settings = config.pop("quantization_config")
+    (directory / "config.json").write_text(json.dumps(config))
+    quantization = {"quant_algo": settings["quant_algo"], "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}
+    published = {"producer": {"name": "modelopt", "version": "0.19.0"}, "quantization": quantization}
+    (directory / "hf_quant_config.json").write_text(json.dumps(published))
+    return dequantized
+
+
 def compressed_tensors_fp8_checkpoint(directory: Path) -> None:
     """llm-compressor's FP8_DYNAMIC scheme (a scale per output channel, activations quantized per token when
     run), packed by compressed-tensors' float-quantized compressor."""
@@ -131,8 +145,8 @@ def transformers_dequantized(directory: Path) -> Any:
     from transformers import AutoModelForCausalLM
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
-    method = json.loads((directory / "config.json").read_text())["quantization_config"]["quant_method"]
-    if method == "modelopt":
+    method = json.loads((directory / "config.json").read_text()).get("quantization_config", {}).get("quant_method")
+    if method in ("modelopt", None):  # None: Model Optimizer's older hf_quant_config.json
         return dequantized_reference(directory)
     options = {"quantization_config": CompressedTensorsConfig(run_compressed=False)} if method != "fp8" else {}
     return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **options).eval()
@@ -159,6 +173,18 @@ def test_model_optimizer_fp8_dequantizes_by_its_definition(algorithm: str, tmp_p
     )
     for module, weight in expected.items():
         assert np.array_equal(quantized.float_weight(module), weight), module
+
+
+@pytest.mark.parametrize("algorithm", ["FP8", "FP8_PB_WO"])
+def test_model_optimizer_s_older_hf_quant_config_is_read(algorithm: str, tmp_path: Path) -> None:
+    """A checkpoint whose quantization is declared only in hf_quant_config.json reads as the config.json form does
+    (it was read as unquantized, and its float8 tensors refused with the generic dtype message)."""
+    expected = older_modelopt(tmp_path, algorithm)
+    quantized = read(tmp_path)
+    assert quantized.described == f"modelopt {algorithm.lower()} (fp8 e4m3)"
+    for module, weight in expected.items():
+        assert np.array_equal(quantized.float_weight(module), weight), module
+    assert declares_quantization(tmp_path)  # its own codes are the compile's default, as for the config.json form
 
 
 @pytest.mark.slow
@@ -190,8 +216,11 @@ def test_block_fp8_codes_are_the_stored_codes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("write", [block_fp8_checkpoint, compressed_tensors_fp8_checkpoint, per_tensor_modelopt],
-                         ids=["blocks", "ct", "modelopt"])  # fmt: skip
+@pytest.mark.parametrize(
+    "write",
+    [block_fp8_checkpoint, compressed_tensors_fp8_checkpoint, per_tensor_modelopt, older_modelopt],
+    ids=["blocks", "ct", "modelopt", "modelopt hf_quant_config"],
+)
 def test_an_fp8_checkpoint_compiles_and_generates_its_tokens(write: Callable[[Path], Any], tmp_path: Path) -> None:
     """Each layout on Ampere (its dequantized weights, in the type of the rest of the checkpoint), the per-channel
     and per-tensor ones also on Ada, where one DequantizeLinear per axis (a block spanning K) builds."""

@@ -1,0 +1,46 @@
+"""Where a checkpoint directory declares that its weights are quantized: config.json's `quantization_config`, or,
+for Model Optimizer's older exports that carry none, `hf_quant_config.json` beside it (`{"producer": ...,
+"quantization": {"quant_algo": "FP8" | "NVFP4" | ..., "exclude_modules": [...]}}`, the file vLLM and TensorRT-LLM
+read for such a checkpoint), read as a `modelopt` quantization_config.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FIELD = "quantization_config"
+MODELOPT_FILE = "hf_quant_config.json"
+
+
+@dataclass(frozen=True)
+class Declared:
+    settings: Any  # the quantization_config mapping as published (checked by its reader)
+    where: str  # the file and field, for messages
+
+
+def declared_quantization(directory: Path, config: Mapping[str, Any]) -> Declared | None:
+    """The quantization `config` (the directory's config.json) or Model Optimizer's file declares; None for none."""
+    if config.get(FIELD):
+        return Declared(config[FIELD], f"{directory / 'config.json'} {FIELD}")
+    path = directory / MODELOPT_FILE
+    if not path.is_file():
+        return None
+    published = json.loads(path.read_text())
+    settings = published.get("quantization") if isinstance(published, dict) else None
+    if not settings:
+        return None
+    settings = {"quant_method": "modelopt", **settings} if isinstance(settings, dict) else settings
+    return Declared(settings, f"{path} quantization")
+
+
+def declares_quantization(directory: Path) -> bool:
+    """Whether a checkpoint directory declares quantized weights: its own codes are then the default
+    (compiler/frontend/quantized_checkpoint.py reads them)."""
+    try:
+        return declared_quantization(directory, json.loads((directory / "config.json").read_text())) is not None
+    except (OSError, ValueError, AttributeError):
+        return False  # not a checkpoint directory, or refused naming the file when the source is read
