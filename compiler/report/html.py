@@ -80,8 +80,20 @@ def _steps(report: dict[str, Any]) -> str:
     return (
         "<h2>Pipeline</h2>"
         + chart
+        + _memory(report)
         + _table(("step", "seconds", "peak resident GB"), table + [(name, seconds, "") for name, seconds in passes])
     )
+
+
+def _memory(report: dict[str, Any]) -> str:
+    """Each step's peak resident memory beside the largest variant's size: a compile whose memory follows its output,
+    not its source, stays within a few GB of that line at any model size."""
+    measured = [(step["name"], step["peak_rss_bytes"] / 1e9) for step in report["steps"] if step.get("peak_rss_bytes")]
+    if not measured:
+        return ""
+    largest = max((variant["bytes"] or 0 for variant in report["variants"]), default=0) / 1e9
+    chart = report_plots.bar_chart([name for name, _ in measured], [gb for _, gb in measured], "GB (10^9 bytes)")
+    return _plot(chart, f"peak resident memory per step; the largest variant is {largest:.2f} GB")
 
 
 def _fusion(report: dict[str, Any]) -> str:

@@ -27,6 +27,12 @@ def test_every_compile_writes_a_report_with_its_steps_and_engines(artifact: Path
     # each stage's peak resident memory (this process holds torch: well over 50 MB in every stage)
     assert all(step["peak_rss_bytes"] > 50 << 20 for step in report["steps"])
     assert "peak resident GB" in (artifact / "report.html").read_text()
+    # ... and plotted beside the largest variant's size, which a compile's memory should follow
+    largest = max(variant["bytes"] for variant in report["variants"]) / 1e9
+    assert (
+        f"peak resident memory per step; the largest variant is {largest:.2f} GB"
+        in (artifact / "report.html").read_text()
+    )
     assert {row["rule"] for row in report["fusion"]} >= {"layernorm", "gelu_erf", "attention_scale"}
     assert [row["target"] for row in report["engines"]] == ["cpu"]
     assert report["variants"][0]["name"] == "fp32" and report["variants"][0]["bytes"] > 0
@@ -75,8 +81,9 @@ def test_the_pipeline_chart_keeps_each_step_whole(artifact: Path) -> None:
     report = json.loads((artifact / "report.json").read_text())
     for step in report["steps"]:
         name = step["name"] if len(step["name"]) <= LONGEST_LABEL else step["name"][: LONGEST_LABEL - 1] + "…"
-        (x,) = re.findall(rf'<text x="([\d.]+)" y="[\d.]+" text-anchor="end"[^>]*>{re.escape(escape(name))}<', page)
-        assert float(x) >= LABEL_CHARACTER * len(name), name
+        # the seconds chart and the memory chart
+        found = re.findall(rf'<text x="([\d.]+)" y="[\d.]+" text-anchor="end"[^>]*>{re.escape(escape(name))}<', page)
+        assert len(found) == 2 and all(float(x) >= LABEL_CHARACTER * len(name) for x in found), name
 
 
 def test_the_accuracy_chart_plots_the_budget_metric(artifact: Path) -> None:
