@@ -12,14 +12,17 @@ from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
 from tensorsmith.compiler.frontend.source import open_source
 from tensorsmith.compiler.targets import Recipe
-from tensorsmith.compiler.variants.cpu_choice import tune_session, within_tolerance
+from tensorsmith.compiler.variants import cpu_backend, cpu_choice
+from tensorsmith.compiler.variants.cpu_choice import choose_cpu_backend, tune_session, within_tolerance
 from tensorsmith.compiler.variants.plan import plan_variants
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.stage import build_variants
+from tensorsmith.core.layerwise import layerwise
 from tensorsmith.core.precisions import FP8, FP16, FP32, INT8, Family
 from tensorsmith.core.progress import LogReporter
 from tensorsmith.runtime.backends import ONNX_RUNTIME
-from tensorsmith.runtime.manifest import sha256_of
+from tensorsmith.runtime.manifest import VariantRecord, sha256_of
+from tensorsmith.runtime.specs import Signature
 
 FACTORY = "tests.compiler.test_frontend:build_layernorm_mlp"
 INPUTS = [{"name": "x", "dtype": "float32", "dims": ["batch", 8]}]
@@ -122,3 +125,25 @@ def test_session_settings_are_timed_only_where_they_change_the_graph(tmp_path: P
     assert (disabled, timed) == ([], {})
     disabled, timed = tune_session(_normalized(tmp_path / "layer.onnx", "LayerNormalization"), feeds)
     assert set(timed) == {"defaults", "without SkipLayerNormFusion"}
+
+
+def test_a_variant_measured_a_layer_at_a_time_is_not_timed_on_the_cpu_backends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole session of such a variant would hold more than the compile may (Llama-3.1-8B's INT4 variant: 10.9 GB
+    for its 4.5 GB): it runs on ONNX Runtime, untimed, and no session is opened to time it."""
+    path = _normalized(tmp_path / "variant.onnx", "LayerNormalization")
+    record = VariantRecord(path=path.name, sha256="0" * 64, name="cpu-int4", precisions=["int4"])
+    specs = Signature(inputs=[], outputs=[])
+    feeds = {name: np.ones((4, 16), np.float32) for name in ("x", "y")}
+
+    def refused(*_: object, **__: object) -> None:
+        raise AssertionError("a session was opened to time a variant measured a layer at a time")
+
+    monkeypatch.setattr(cpu_choice, "cpu_session", refused)
+    monkeypatch.setattr(cpu_backend, "cpu_session", refused)
+    with layerwise("always"):
+        chosen = choose_cpu_backend(record, tmp_path, feeds, specs)
+    assert chosen.backend == ONNX_RUNTIME.name and chosen.backend_latency_ms == {}
+    with pytest.raises(AssertionError, match="a session was opened"):  # held whole, it is timed as before
+        choose_cpu_backend(record, tmp_path, feeds, specs)
