@@ -16,7 +16,8 @@ Runtime session (`run`, `get_inputs`, `get_outputs`).
 A segment run once (`run`, or `run_each` over one batch) opens without ONNX Runtime's graph optimizations and memory
 arena: folding each weight's Transpose and Cast and prepacking it cost more than running them once (Llama-3.2-1B's
 verification: sessions opened in 17.2 s and ran in 0.3 s; unoptimized, 0.3 s and 7.6 s), and without the arena
-each weight's widened copy goes back to the system after its MatMul (the stage's peak 3.05 -> 2.73 GB).
+each weight's widened copy goes back to the system after its MatMul (the stage's peak 3.05 -> 2.73 GB). A segment
+holding (de)quantization nodes is opened optimized: the optimizers make the kernels its variant ships with.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def _argument(value: onnx.ValueInfoProto) -> Argument:
 Layerwise = Literal["auto", "always", "never"]
 LAYERWISE_SHARE = 1 / 6
 LAYERWISE_SEGMENT_BYTES = 512 << 20
+# ONNX Runtime's optimizers turn these into the kernels a quantized variant runs with (DequantizeLinear -> MatMul
+# into MatMulNBits at its accuracy level, Q/DQ pairs into int8 kernels): a segment holding them is measured optimized
+QUANTIZATION_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 _LAYERWISE: list[tuple[str, Reporter | None]] = [("auto", None)]
 
 
@@ -252,15 +256,17 @@ class LayerwiseSession:
         ) as written:
             written.write(model.SerializeToString())
             written.flush()
+            unoptimized = runs_once and not any(node.op_type in QUANTIZATION_OPS for node in segment.nodes)
             return onnxruntime.InferenceSession(
                 written.name,
-                self._unoptimized() if runs_once else self._options,
+                self._unoptimized() if unoptimized else self._options,
                 providers=["CPUExecutionProvider"],
                 disabled_optimizers=self._disabled,
             )
 
     def _unoptimized(self) -> Any:
-        """The caller's session options (its logging and threads) with ONNX Runtime's graph optimizations off."""
+        """The caller's session options with ONNX Runtime's graph optimizations and arena off. Its logging and threads
+        are copied: the only settings callers give today (core/sessions.py, core/tensor_ranges.py)."""
         import onnxruntime
 
         options = onnxruntime.SessionOptions()

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tensorsmith.core.errors import ConfigError
+
 FIELD = "quantization_config"
 MODELOPT_FILE = "hf_quant_config.json"
 
@@ -29,10 +31,13 @@ def declared_quantization(directory: Path, config: Mapping[str, Any]) -> Declare
     path = directory / MODELOPT_FILE
     if not path.is_file():
         return None
-    published = json.loads(path.read_text())
+    try:
+        published = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(f"{path} is not readable JSON: {err}", hint="the file Model Optimizer exported") from err
     settings = published.get("quantization") if isinstance(published, dict) else None
-    if not settings:
-        return None
+    if not settings or (isinstance(settings, dict) and not settings.get("quant_algo")):
+        return None  # none declared, or only the KV cache's (`kv_cache_quant_algo`): the weights are as stored
     settings = {"quant_method": "modelopt", **settings} if isinstance(settings, dict) else settings
     return Declared(settings, f"{path} quantization")
 
@@ -42,5 +47,5 @@ def declares_quantization(directory: Path) -> bool:
     (compiler/frontend/quantized_checkpoint.py reads them)."""
     try:
         return declared_quantization(directory, json.loads((directory / "config.json").read_text())) is not None
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, ConfigError):
         return False  # not a checkpoint directory, or refused naming the file when the source is read

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tensorsmith.compiler.config import CompileConfig
@@ -21,14 +22,22 @@ from tensorsmith.core.ir import ai_onnx_opset
 from tensorsmith.runtime.manifest import SourceRecord, sha256_of
 
 
-def source_files(config: CompileConfig, stop: threading.Event | None = None) -> dict[str, str] | None:
+def source_files(
+    config: CompileConfig, stop: threading.Event | None = None, record_only: bool = False
+) -> dict[str, str] | None:
     """The sha256 of each file of a Hugging Face directory (config, weights, index, tokenizer) or of a .pt2 file, by
-    name: hashed once, for the key and the manifest's source record. None for a factory or an ONNX file, and where
-    `stop` is set before the last file is hashed."""
+    name: hashed once, for the key and the manifest's source record. `record_only`: the files the record's digest
+    covers (config.json and the safetensors shards), for a compile without the export cache. None for a factory or
+    an ONNX file, and where `stop` is set before the last file is hashed."""
     if config.source_kind not in ("huggingface", "exported_program"):
         return None
     path = config.resolve(config.source)
-    files = sorted(child for child in path.iterdir() if child.is_file()) if path.is_dir() else [path]
+    if not path.is_dir():
+        files = [path]
+    elif record_only:
+        files = [path / name for name in _recorded_names(path)]
+    else:
+        files = sorted(child for child in path.iterdir() if child.is_file())
     digests: dict[str, str] = {}
     for file in files:
         if stop is not None and stop.is_set():
@@ -38,27 +47,17 @@ def source_files(config: CompileConfig, stop: threading.Event | None = None) -> 
 
 
 class SourceDigests:
-    """`source_files(config)`, computed on a thread from construction; `result()` waits for it. `stop()` ends the
-    thread after the file it is hashing (a compile that failed does not wait for the rest of a checkpoint)."""
+    """`source_files(config, record_only=True)`, computed on a thread from construction; `result()` waits for it.
+    `stop()` ends the thread after the file it is hashing (a compile that failed does not wait for the rest)."""
 
     def __init__(self, config: CompileConfig) -> None:
         self._stop = threading.Event()
-        self._digests: dict[str, str] | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._hash, args=(config,), name="source-sha256", daemon=True)
-        self._thread.start()
-
-    def _hash(self, config: CompileConfig) -> None:
-        try:
-            self._digests = source_files(config, self._stop)
-        except BaseException as error:  # raised where the result is asked for
-            self._error = error
+        pool = ThreadPoolExecutor(1, thread_name_prefix="source-sha256")
+        self._digests = pool.submit(source_files, config, self._stop, record_only=True)
+        pool.shutdown(wait=False)
 
     def result(self) -> dict[str, str] | None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._digests
+        return self._digests.result()
 
     def stop(self) -> None:
         self._stop.set()
@@ -95,9 +94,14 @@ def source_record(
     )
 
 
+def _recorded_names(path: Path) -> list[str]:
+    """The files of a model directory its record's digest covers, in order."""
+    return ["config.json", *sorted(f.name for f in path.glob("*.safetensors"))]
+
+
 def _directory_digest(path: Path, files: Mapping[str, str] | None = None) -> str:
     """A model directory's: over its config and weights files' own sha256s, in name order (taken from `files`
     where given)."""
-    names = ["config.json", *sorted(f.name for f in path.glob("*.safetensors"))]
+    names = _recorded_names(path)
     digests = files if files is not None else {name: sha256_of(path / name) for name in names}
     return hashlib.sha256("".join(f"{name}:{digests[name]}\n" for name in names).encode()).hexdigest()

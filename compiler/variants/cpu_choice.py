@@ -47,8 +47,11 @@ class SessionCandidate:
 # LayerNormalization it replaces on MiniLM (x86-64 with AVX-512, 1 or 2 threads, batch 1 to 32:
 # docs/benchmark-history.md), so whether to fuse is measured; a decoder's RMSNormalization is left as it is
 # (checked: Llama-3.2-1B's INT4 variant optimizes to the same graph either way).
+# ReduceMean: ONNX Runtime first fuses a norm written as its pieces (an unfused export, `fuse = false`), then skips it.
 SESSION_CANDIDATES = (
-    SessionCandidate(("SkipLayerNormFusion",), frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})),
+    SessionCandidate(
+        ("SkipLayerNormFusion",), frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "ReduceMean"})
+    ),
 )
 MAX_TUNED_BYTES = 2 << 30  # each candidate's session opens its weights again: not for models above 2 GiB
 TIMING_BATCH = 8

@@ -19,6 +19,7 @@ from onnx import numpy_helper
 from safetensors.torch import load_file, save_file
 
 from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.compiler.frontend.quantized_checkpoint import read_quantized_checkpoint
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.quantization_declared import declares_quantization
 from tests.compiler.test_decoders import assert_greedy_tokens_match
@@ -185,6 +186,19 @@ def test_model_optimizer_s_older_hf_quant_config_is_read(algorithm: str, tmp_pat
     for module, weight in expected.items():
         assert np.array_equal(quantized.float_weight(module), weight), module
     assert declares_quantization(tmp_path)  # its own codes are the compile's default, as for the config.json form
+
+
+def test_an_hf_quant_config_without_weight_quantization_or_readable_json(tmp_path: Path) -> None:
+    """Only the KV cache's quantization declared (`quant_algo` null): the weights are read as stored; a file that is
+    not JSON: one line naming it."""
+    tiny_llama(torch.bfloat16).save_pretrained(tmp_path)
+    kv_only = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": None, "kv_cache_quant_algo": "FP8"}}
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(kv_only))
+    assert read_quantized_checkpoint(tmp_path, json.loads((tmp_path / "config.json").read_text())) is None
+    assert not declares_quantization(tmp_path)
+    (tmp_path / "hf_quant_config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="hf_quant_config.json is not readable JSON"):
+        read_quantized_checkpoint(tmp_path, json.loads((tmp_path / "config.json").read_text()))
 
 
 @pytest.mark.slow

@@ -157,6 +157,22 @@ def test_a_segment_run_once_opens_without_graph_optimizations(tmp_path: Path, mo
     assert len(levels) == 3 and all(level != onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL for level, _ in levels)
     for ran_once, ran_with_others in zip(once, many, strict=True):
         np.testing.assert_allclose(ran_once, ran_with_others, rtol=1e-6, atol=1e-6)
+    # a quantized variant's segment is measured as it ships: ONNX Runtime's optimizers make its kernels
+    # (DequantizeLinear -> MatMul becomes MatMulNBits at the variant's accuracy level)
+    codes = numpy_helper.from_array(np.ones((64, 64), np.int8), "codes")
+    scale = numpy_helper.from_array(np.array(0.01, np.float32), "scale")
+    nodes = [
+        helper.make_node("DequantizeLinear", ["codes", "scale"], ["w"]),
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+    ]
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["rows", 64]) for name in ("x", "y")]
+    graph = helper.make_graph(nodes, "quantized", values[:1], values[1:], [codes, scale])
+    quantized = tmp_path / "quantized.onnx"
+    save_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), quantized)
+    levels.clear()
+    with layerwise("always"):
+        open_session(quantized).run(["y"], _feeds(64))
+    assert levels and all(level != onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL for level, _ in levels)
 
 
 def test_a_graph_without_module_paths_is_cut_by_weight(tmp_path: Path) -> None:

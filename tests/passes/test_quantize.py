@@ -12,8 +12,10 @@ from tensorsmith.calibration import CalibrationData, calibrate
 from tensorsmith.calibration.table import float32_hex
 from tensorsmith.compiler.engines.builder import build_engine
 from tensorsmith.compiler.engines.profiles import Profile
+from tensorsmith.core import precisions
 from tensorsmith.core.errors import BuildError, PassError
 from tensorsmith.core.metrics import mean_cosine
+from tensorsmith.core.precisions import FP8, INT8
 from tensorsmith.passes.quantize import InsertQDQ, quantize_weights
 from tensorsmith.runtime.specs import TensorSpec
 from tests.passes.graphs import apply, ops, run_onnx
@@ -157,3 +159,24 @@ def test_the_switched_graph_quantizes_exactly_the_nodes_switched_on(opset20: onn
         (actual,) = run_onnx(switched, {"images": IMAGES, SWITCHES: np.eye(len(names), dtype=np.float32)[index]})
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-7, err_msg=name)
         assert np.max(np.abs(actual - floats)) > 1e-4 * np.max(np.abs(floats)), name  # quantized: it moved
+
+
+def test_weights_are_quantized_a_block_of_rows_at_a_time_as_a_whole() -> None:
+    """Blocks of rows give the codes and scales the whole array would, for every rank and axis (the fp8 saturation
+    and the int8 rounding included), and a weight without rows gives none."""
+    rng = np.random.default_rng(3)
+    for shape in [(7,), (3000, 700), (5, 600, 300), (0, 16)]:
+        weights = (rng.standard_normal(shape) * 3).astype(np.float32)
+        for axis in range(-1, len(shape)):
+            for name in (INT8.name, FP8.name):
+                if shape[0] == 0 and axis % len(shape) != 0:
+                    continue  # no rows to take a maximum over
+                element = precisions.precision(name).element
+                codes, scales = quantize_weights(weights, axis, name)
+                layout = [1] * weights.ndim
+                layout[axis % weights.ndim] = -1
+                whole = weights / scales.reshape(layout)
+                if element.is_integer:
+                    whole = np.rint(whole)
+                expected = np.clip(whole, -element.maximum, element.maximum).astype(element.numpy_dtype())
+                assert codes.tobytes() == expected.tobytes() and codes.shape == shape, (shape, axis, name)
