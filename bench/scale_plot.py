@@ -1,5 +1,6 @@
 """Peak RSS against parameters: tensorsmith's compile beside ONNX Runtime GenAI's builder, from `bench.scale`'s
-JSON (one file or several, each `{shape: {side: figures}}`), drawn as an SVG for docs/.
+JSON (one file or several, each `{shape: {side: figures}}`; a later file's side replaces an earlier one's), drawn
+as an SVG for docs/.
 
     .venv/bin/python -m bench.scale smollm-135m qwen2.5-0.5b ... --skip-decode \
         '--sides=tensorsmith int4 RTN (cpu),GenAI -p int4' > scale.json
@@ -120,8 +121,9 @@ def main() -> None:
     out = Path(arguments[arguments.index("-o") + 1])
     inputs = [Path(name) for name in arguments[: arguments.index("-o")]]
     results: dict[str, dict[str, Any]] = {}
-    for path in inputs:
-        results.update(json.loads(path.read_text()))
+    for path in inputs:  # a later file's side replaces an earlier one's at the same shape (a rerun)
+        for shape, sides in json.loads(path.read_text()).items():
+            results.setdefault(shape, {}).update(sides)
     out.write_text(chart(points(results)))
     print(f"wrote {out}: {len(results)} shapes", file=sys.stderr)
 
