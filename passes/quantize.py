@@ -72,12 +72,11 @@ def quantize_weights(weights: np.ndarray, axis: int, precision: Precision) -> tu
     shape = [1] * weights.ndim
     shape[axis % weights.ndim] = -1
     divisors = scales.reshape(shape)
-    by_row = weights.ndim > 1 and axis % weights.ndim == 0  # a scale per row: a block of rows takes its own
+    per_row = len(divisors) > 1  # a scale per row (axis 0): a block of rows takes its own
     codes = np.empty(weights.shape, element.numpy_dtype())
-    row_bytes = 4 * int(np.prod(weights.shape[1:], dtype=np.int64))
-    rows = max(1, QUANTIZED_BLOCK_BYTES // max(1, row_bytes)) if weights.ndim > 1 else max(1, len(weights))
+    rows = max(1, QUANTIZED_BLOCK_BYTES // max(1, 4 * int(np.prod(weights.shape[1:], dtype=np.int64))))
     for start in range(0, max(1, len(weights)), rows):
-        block = weights[start : start + rows] / (divisors[start : start + rows] if by_row else divisors)
+        block = weights[start : start + rows] / (divisors[start : start + rows] if per_row else divisors)
         if element.is_integer:
             np.rint(block, out=block)
         codes[start : start + rows] = np.clip(block, -limit, limit, out=block)

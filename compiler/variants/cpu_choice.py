@@ -85,11 +85,9 @@ def tune_session(path: Path, feeds: dict[str, np.ndarray]) -> tuple[list[str], d
 
 def tuned(variant: VariantRecord, directory: Path, feeds: dict[str, np.ndarray]) -> VariantRecord:
     """`variant` with the ONNX Runtime optimizers that run it slower on this CPU recorded (unchanged for a model
-    too large to open a session per candidate)."""
+    too large to open a session per candidate; choose_cpu_backend keeps variants measured layerwise from here)."""
     path = directory / variant.path
-    if (
-        graph_bytes(path) > MAX_TUNED_BYTES or layerwise_segments(path) is not None
-    ):  # measured layerwise: no whole session
+    if graph_bytes(path) > MAX_TUNED_BYTES:
         logger.info("cpu: ONNX Runtime's defaults kept for %s: too large to open a session per candidate", path.name)
         return variant
     disabled, latency = tune_session(path, feeds)
