@@ -103,6 +103,10 @@ def _sides(checkpoint: Path, work: Path) -> dict[str, list[str]]:
                                    "--calibration", str(TEXT)],
         "tensorsmith int4 (AWQ) from the export cache": [*ours, "-o", str(work / "ts-int4-cached"), "--precision",
                                                          "int4", "--calibration", str(TEXT), *cached],
+        # beside GenAI's `-p int4 -e cpu` too: issue 39's 4x aim for AWQ (a calibration pass and the search)
+        "tensorsmith int4 AWQ (cpu)": [tensorsmith, "compile", str(checkpoint), "--target", "cpu", "--json",
+                                       "-o", str(work / "ts-int4-awq-cpu-only"), "--precision", "int4",
+                                       "--calibration", str(TEXT)],
         "tensorsmith int4 RTN (sm_86)": [tensorsmith, "compile", str(checkpoint), "--target", "sm_86", "--json",
                                          "-o", str(work / "ts-int4-rtn"), "--precision", "int4",
                                          "--int4-algorithm", "rtn"],

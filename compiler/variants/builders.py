@@ -76,4 +76,4 @@ def calibration_split(config: CompileConfig, fused: FusedGraph) -> SplitData:
     if not is_decoder_graph(fused.inputs):
         return split_data(config, fused.inputs)
     text = text_split(config, fused.inputs, fused.path)
-    return SplitData(text.calibration, text.evaluation, text.evaluated_on, text.tokens, text.decode_step)
+    return SplitData(text.calibration, text.evaluation, text.evaluated_on, text.tokens)

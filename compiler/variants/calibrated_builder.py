@@ -17,6 +17,7 @@ from tensorsmith.compiler.variants.float_builder import reference_variant
 from tensorsmith.compiler.variants.measure import Evaluation, with_text_metrics
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.quantized import build_quantized, search_layers
+from tensorsmith.compiler.variants.text_data import decode_timing_step
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.precisions import INT8, Family, precision
 from tensorsmith.core.sessions import run_onnx
@@ -52,7 +53,12 @@ def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
     shapes = activation_shapes(Observer(model, tensors_to_observe(model)).run(one_sample))
     layers = list_layers(model, shapes, config.overrides)
     reference_outputs = run_onnx(fused.path, split.evaluation, in_rows=True)
-    evaluation = Evaluation(split.evaluation, reference_outputs, budget, split.evaluated_on, split.tokens, split.timing)
+    timing = (
+        None
+        if split.tokens is None
+        else decode_timing_step(split.tokens, fused.inputs, fused.outputs, reference_outputs)
+    )
+    evaluation = Evaluation(split.evaluation, reference_outputs, budget, split.evaluated_on, split.tokens, timing)
 
     reference = with_text_metrics(reference_variant(fused), evaluation, reference_outputs)
     records, by_target = [], {}

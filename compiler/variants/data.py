@@ -22,7 +22,6 @@ class SplitData:
     evaluation: Feeds
     evaluated_on: str  # what the evaluation is, for the manifest and precision.json
     tokens: np.ndarray | None = None  # a decoder's evaluation windows (the feeds are their prefill)
-    timing: Feeds | None = None  # a decoder's decode step, what its cpu variant is timed on
 
 
 def concatenated(data: CalibrationData) -> Feeds:

@@ -173,7 +173,6 @@ class TextSplit:
     tokens: np.ndarray  # the evaluation windows [rows, length]
     evaluation: Feeds  # their prefill
     evaluated_on: str
-    decode_step: Feeds  # one token over the cache of half a window: what generation runs most
 
 
 def evaluation_windows(reference: Path, length: int) -> int:
@@ -212,9 +211,31 @@ def text_split(config: CompileConfig, inputs: list[TensorRecord], reference: Pat
         windows, tokens = windows[:-held], windows[-held:]
         described = f"{held} windows of {length} tokens held out of {source.name} (its last)"
     data = _calibration_feeds(config, inputs, reference, windows) if windows is not None else None
-    steps = iter(DecoderFeeds(reference, tokens[:DECODE_TIMING_ROWS], inputs, batch_size=DECODE_TIMING_ROWS))
-    _, _, decode_step = next(steps), next(steps), next(steps)  # the prefill, then steps at 1/4 and 1/2
-    return TextSplit(data, tokens, prefill_feeds(tokens, inputs), described, decode_step)
+    return TextSplit(data, tokens, prefill_feeds(tokens, inputs), described)
+
+
+def decode_timing_step(
+    tokens: np.ndarray, inputs: list[TensorRecord], outputs: list[TensorRecord], prefilled: list[np.ndarray]
+) -> Feeds:
+    """What a decoder's cpu recipe is timed on, as generation runs most: one token of DECODE_TIMING_ROWS windows
+    at half their length, over the cache of the tokens before it. The cache is the fp32 graph's own, from its
+    outputs on the windows' prefill (`prefilled`, the evaluation's reference: attention is causal, so a window's
+    first p positions are the cache of its first p tokens), so no model runs for it (at 1B a second prefill was
+    18 s). A state that does not grow with the tokens (a hybrid's) is timed as the whole window left it."""
+    rows, length = min(DECODE_TIMING_ROWS, len(tokens)), tokens.shape[1]
+    past = max(1, min(length - 1, round(DECODE_POINTS[1] * length)))
+    made = {record.name: array for record, array in zip(outputs, prefilled, strict=True)}
+    step = {
+        "input_ids": tokens[:rows, past : past + 1],
+        "attention_mask": np.ones((rows, past + 1), np.int64),
+        "position_ids": np.full((rows, 1), past, np.int64),
+    }
+    for record in inputs:
+        if record.name.startswith(PAST_PREFIX):
+            present = made["present." + record.name.removeprefix(PAST_PREFIX)][:rows]
+            grows = len(record.shape) > 2 and not isinstance(record.shape[2], int)
+            step[record.name] = np.ascontiguousarray(present[:, :, :past] if grows else present)
+    return {record.name: step[record.name] for record in inputs}
 
 
 def decoder_calibration(config: CompileConfig, inputs: list[TensorRecord], reference: Path) -> CalibrationData:

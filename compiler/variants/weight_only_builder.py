@@ -26,6 +26,7 @@ from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.rewrite import rewrite_file
 from tensorsmith.compiler.variants.stored_codes import stored_checkpoint
 from tensorsmith.compiler.variants.stored_int4 import plan_stored, plan_stored_nvfp4
+from tensorsmith.compiler.variants.text_data import decode_timing_step
 from tensorsmith.compiler.variants.weight_matmuls import Pin
 from tensorsmith.compiler.variants.weight_mix import (
     build_mixed_variant,
@@ -133,13 +134,13 @@ def weight_only_evaluation(config: CompileConfig, fused: FusedGraph, split: Spli
     """What a weight-only variant is measured on: AWQ's held-out split, else the evaluation text or arrays, else
     the verification inputs."""
 
-    def measured_on(
-        feeds: Feeds, described: str, tokens: np.ndarray | None = None, timing: Feeds | None = None
-    ) -> Evaluation:
-        return Evaluation(feeds, run_onnx(fused.path, feeds, in_rows=True), None, described, tokens, timing)
+    def measured_on(feeds: Feeds, described: str, tokens: np.ndarray | None = None) -> Evaluation:
+        reference = run_onnx(fused.path, feeds, in_rows=True)
+        timing = decode_timing_step(tokens, fused.inputs, fused.outputs, reference) if tokens is not None else None
+        return Evaluation(feeds, reference, None, described, tokens, timing)
 
     if split is not None:
-        return measured_on(split.evaluation, split.evaluated_on, split.tokens, split.timing)
+        return measured_on(split.evaluation, split.evaluated_on, split.tokens)
     text = text_evaluation(config, fused.inputs, fused.path)
     if text is not None:
         return measured_on(text.feeds, text.described, text.tokens)

@@ -68,10 +68,15 @@ def test_scale_search_error_is_the_quantized_products_distance() -> None:
     assert alpha > 0.0  # outlier channels: some scaling wins
 
 
-def test_column_chunks_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("workers", [1, 3])
+def test_column_chunks_change_nothing(monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
+    """The search's chunks of columns, on one thread or several, find what one chunk of every column finds."""
     observed, w = statistics(64, 64), weight(64, 100)
+    monkeypatch.setattr(awq, "WORKERS", 1)
+    monkeypatch.setattr(awq, "COLUMNS_PER_CHUNK", 100)
     whole_scale, whole_alpha, _ = awq.search_scale(observed, w, BLOCK)
     whole_clip = awq.search_clip(observed, w, whole_scale, BLOCK)
+    monkeypatch.setattr(awq, "WORKERS", workers)
     monkeypatch.setattr(awq, "COLUMNS_PER_CHUNK", 16)  # 100 columns: six whole chunks and a partial one
     chunked_scale, chunked_alpha, _ = awq.search_scale(observed, w, BLOCK)
     assert chunked_alpha == whole_alpha

@@ -12,7 +12,14 @@ import pytest
 
 from tensorsmith.calibration.data import CalibrationData
 from tensorsmith.compiler import CompileConfig, compile
-from tensorsmith.compiler.variants.text_data import DecoderFeeds, prefills_only, token_windows
+from tensorsmith.compiler.variants.text_data import (
+    DECODE_TIMING_ROWS,
+    DecoderFeeds,
+    decode_timing_step,
+    prefill_feeds,
+    prefills_only,
+    token_windows,
+)
 from tensorsmith.core import sessions
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.runtime import load
@@ -71,6 +78,21 @@ def test_decode_calibration_feeds_continue_the_prefill(
         patched.setattr(sessions, "open_session", _never_run)
         patched.setattr(sessions, "run_remembered", _never_run)
         assert [batch["input_ids"].shape for batch in prefills.batches()] == [(2, 32), (1, 32)]
+
+
+def test_the_decode_step_timed_is_made_from_the_evaluations_prefill(fp32_tinylm: Path, tmp_path: Path) -> None:
+    """The cpu recipe's timing step is the decode step calibration makes at half a window (the same feeds, to the
+    byte), from the reference's outputs on the evaluation prefill: no second fp32 prefill runs for it."""
+    manifest = read_manifest(fp32_tinylm)
+    config = CompileConfig.create({"source": str(TINYLM / "checkpoint")})
+    windows = token_windows(config, calibration_text(tmp_path / "c.txt"), 32, 10)
+    model = fp32_tinylm / "model.onnx"
+    prefill = prefill_feeds(windows, manifest.inputs)
+    step = decode_timing_step(windows, manifest.inputs, manifest.outputs, run_onnx(model, prefill))
+    made = list(DecoderFeeds(model, windows[:DECODE_TIMING_ROWS], manifest.inputs, batch_size=DECODE_TIMING_ROWS))
+    assert step.keys() == made[2].keys() and step["past_key_values.0.key"].shape[:3] == (DECODE_TIMING_ROWS, 2, 16)
+    for name, values in made[2].items():  # the prefill, then the steps at a quarter and at half of the window
+        np.testing.assert_array_equal(step[name], values, err_msg=name)
 
 
 def _never_run(*args: object) -> None:
