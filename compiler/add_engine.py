@@ -14,7 +14,7 @@ from tensorsmith.compiler.report.collect import write_report
 from tensorsmith.compiler.targets import Builder, get_target
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.core.errors import BuildError
-from tensorsmith.core.precisions import by_preference
+from tensorsmith.core.precisions import by_preference, precision
 from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.runtime.manifest import Manifest, TargetRecord, VariantRecord, read_manifest
 
@@ -29,7 +29,8 @@ def variant_for(manifest: Manifest, plan: PrecisionPlan | None, target: str) -> 
     names = [variant.name for variant in manifest.variants if variant.shipped]  # one measured, not shipped: none
     row = get_target(target)
     if plan is not None:
-        wanted = row.recipe(plan.precision, weight_only=manifest.generation is not None).variant  # a decoder's auto
+        decoder = manifest.generation is not None  # a decoder's auto
+        wanted = row.recipe(plan.precision, decoder, precision(plan.fallback)).variant
         if wanted in names:
             return manifest.variant(wanted)
         raise BuildError(

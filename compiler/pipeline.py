@@ -20,6 +20,7 @@ from tensorsmith.compiler.early_engines import EarlyEngines
 from tensorsmith.compiler.engines.records import build_engines
 from tensorsmith.compiler.frontend.decoder import generation_record
 from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
+from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_floats
 from tensorsmith.compiler.frontend.source import Source, open_source
 from tensorsmith.compiler.frontend.stamped_export import streams_weights
 from tensorsmith.compiler.report.collect import write_report
@@ -95,7 +96,8 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
             f"budget {budget} is a language-model metric, and {config.source} is no text-generation model",
             hint="use cosine, min-cosine, max-abs or sqnr-db",
         )
-    plan = plan_variants(config, decoder=source.is_decoder)
+    floats = checkpoint_floats(source.huggingface.directory if source.huggingface is not None else None)
+    plan = plan_variants(config, source.is_decoder, floats)
     if source.huggingface is not None and config.check_resources:  # a checkpoint too large fails here, in one line
         check_resources(
             source.huggingface.directory,

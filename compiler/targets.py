@@ -98,12 +98,13 @@ class Target:
         """The builder a pending engine waits for, on a machine with this GPU."""
         return "tensorrt" if self.datacenter else self.builders[0]
 
-    def fallback(self, request: Request, weight_only: bool = False) -> str | None:
+    def fallback(self, request: Request, weight_only: bool = False, floats: Precision = FP16) -> str | None:
         """Why this target gets another variant than `request` asks for, where it does (the manifest says it)."""
         wanted = self._weight_only_request(request, weight_only)
         if wanted is not None and not self.runs_precision(wanted):
             kind = "INT4 weight-only kernels" if wanted is INT4 else f"{wanted.name} kernels"
-            return f"{self.name} ({self.gpus}) has no {kind}: {self.recipe(request, weight_only).variant} instead"
+            instead = self.recipe(request, weight_only, floats).variant
+            return f"{self.name} ({self.gpus}) has no {kind}: {instead} instead"
         if request == BF16.name and self.capability is not None and not self.runs_precision(BF16):
             return f"{self.name} ({self.gpus}) has no bf16 kernels: {self.recipe(request).variant} instead"
         return None
@@ -122,14 +123,16 @@ class Target:
         record = precision(request)
         return record if record.quantizes is Quantizes.WEIGHTS else None
 
-    def recipe(self, request: Request, weight_only: bool = False) -> Recipe:
+    def recipe(self, request: Request, weight_only: bool = False, floats: Precision = FP16) -> Recipe:
         """The variant this target runs for `--precision request`. `weight_only`: a decoder's `auto`, which chooses
-        each weight layer's precision (int4, int8 weight-only, float): an INT4-recipe variant, like `int4`."""
+        each weight layer's precision (int4, int8 weight-only, float): an INT4-recipe variant, like `int4`.
+        `floats`: the float type it takes instead of a weight-only precision it cannot run (a bf16 checkpoint's
+        bf16 where it runs bf16: what it would get alone)."""
         wanted = self._weight_only_request(request, weight_only)
         if wanted is not None:
             if self.runs_precision(wanted):
                 return Recipe(wanted, self.float_regions, self.backend)
-            return self.recipe(FP16.name)  # the best it runs (sm_75, or nvfp4 before Blackwell): `fallback` says why
+            return self.recipe(floats.name)  # the best it runs (sm_75, or nvfp4 before Blackwell): `fallback` says why
         if request == AUTO:
             return Recipe(FP8 if self.runs_precision(FP8) else INT8, self.float_regions, self.backend)
         record = precision(request)

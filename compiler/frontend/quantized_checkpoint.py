@@ -27,7 +27,7 @@ from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.compiler.frontend.layout_record import HINT, Layout, StoredWeight
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.core.precisions import AUTO, BF16, Calibration, Element, precision, storing
+from tensorsmith.core.precisions import AUTO, BF16, FP16, Calibration, Element, Precision, precision, storing
 from tensorsmith.core.quantization_declared import FIELD, declared_quantization
 
 if TYPE_CHECKING:
@@ -211,6 +211,12 @@ def checkpoint_float_precision(config: CompileConfig, directory: Path) -> Compil
         return config
     logger.info("%s: bfloat16 weights, so its GPU variants compute in bf16 (--precision fp16 for fp16)", config.source)
     return config.model_copy(update={"precision": BF16.name})
+
+
+def checkpoint_floats(directory: Path | None) -> Precision:
+    """The float type a target takes that cannot run a weight-only request (Target.recipe): a bfloat16
+    checkpoint's bf16, as its GPU variants get by default (fp16 still where a target has no bf16), else fp16."""
+    return BF16 if directory is not None and stored_float(directory) == "bfloat16" else FP16
 
 
 def source_checkpoint(config: CompileConfig) -> QuantizedCheckpoint:

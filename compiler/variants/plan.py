@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import Recipe, get_target
-from tensorsmith.core.precisions import FP32, Family, Precision
+from tensorsmith.core.precisions import FP16, FP32, Family, Precision
 
 CPU_TARGET = "cpu"
 
@@ -23,6 +23,7 @@ class VariantPlan:
     request: str  # the `--precision` asked for
     by_target: dict[str, Recipe]
     notes: dict[str, str] = field(default_factory=dict)  # target → why it gets another recipe than asked (sm_75)
+    floats: Precision = FP16  # what a target takes that cannot run a weight-only request (a bf16 checkpoint's bf16)
 
     @property
     def ships_reference(self) -> bool:
@@ -44,7 +45,9 @@ class VariantPlan:
         parts: dict[Family, dict[str, Recipe]] = {Family.FLOAT: {}}
         for target, recipe in self.by_target.items():
             parts.setdefault(family_of(recipe), {})[target] = recipe
-        return {family: VariantPlan(self.request, recipes, self.notes) for family, recipes in parts.items()}
+        return {
+            family: VariantPlan(self.request, recipes, self.notes, self.floats) for family, recipes in parts.items()
+        }
 
     def by_precision(self) -> dict[Precision, dict[Recipe, list[str]]]:
         """The quantized recipes grouped by precision (one calibration and one search serve each precision)."""
@@ -55,10 +58,11 @@ class VariantPlan:
         return grouped
 
 
-def plan_variants(config: CompileConfig, decoder: bool = False) -> VariantPlan:
+def plan_variants(config: CompileConfig, decoder: bool = False, floats: Precision = FP16) -> VariantPlan:
     """A decoder's `auto` chooses weight precisions (int4 / int8 / float per layer, bytes being what decoding
-    pays); any other model's chooses int8 or fp8 layers with calibrated activations."""
+    pays); any other model's chooses int8 or fp8 layers with calibrated activations. `floats`: what a target that
+    cannot run a weight-only request takes instead (Target.recipe)."""
     targets = [get_target(name) for name in config.targets]
-    notes = {target.name: note for target in targets if (note := target.fallback(config.precision, decoder))}
-    recipes = {target.name: target.recipe(config.precision, decoder) for target in targets}
-    return VariantPlan(config.precision, recipes, notes)
+    notes = {target.name: note for target in targets if (note := target.fallback(config.precision, decoder, floats))}
+    recipes = {target.name: target.recipe(config.precision, decoder, floats) for target in targets}
+    return VariantPlan(config.precision, recipes, notes, floats)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, ValidationError
 from tensorsmith.compiler.targets import Request
 from tensorsmith.core.errors import ArtifactError
 from tensorsmith.core.files import replace_file
+from tensorsmith.core.precisions import FP16
 
 PRECISION_PLAN = "precision.json"
 SEARCHED = "search"  # how the reason of a layer placed by a budget search begins (the summary names the budget)
@@ -72,6 +73,10 @@ class PrecisionPlan(BaseModel):
     """What `--precision` asked for and, for quantized variants, each layer's precision and why."""
 
     precision: Request = Field(description="the --precision request; `tensorsmith build` gives new targets its recipe")
+    fallback: str = Field(
+        FP16.name,
+        description="the float type a target takes that cannot run a weight-only request (a bf16 checkpoint's bf16)",
+    )
     evaluated_on: str = ""
     budget: str | None = None
     sensitivity_samples: int | None = None

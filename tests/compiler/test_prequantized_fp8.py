@@ -19,7 +19,9 @@ from onnx import numpy_helper
 from safetensors.torch import load_file, save_file
 
 from tensorsmith.compiler import CompileConfig, compile
+from tensorsmith.compiler.add_engine import variant_for
 from tensorsmith.compiler.frontend.quantized_checkpoint import read_quantized_checkpoint
+from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.quantization_declared import declares_quantization
 from tests.compiler.test_decoders import assert_greedy_tokens_match
@@ -247,7 +249,7 @@ def test_an_fp8_checkpoint_compiles_and_generates_its_tokens(write: Callable[[Pa
         read(tmp_path / "checkpoint").described
     )
     variants = {target.name: (target.variant, target.status) for target in manifest.targets}
-    assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("fp16" if ada else "bf16", "built"),
+    assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("bf16", "built"),
                         **({"sm_89": ("fp8-weight", "built")} if ada else {})}  # fmt: skip
     assert_greedy_tokens_match(transformers_dequantized(tmp_path / "checkpoint"), tmp_path / "out")
 
@@ -270,9 +272,12 @@ def test_an_fp8_checkpoint_keeps_its_codes_where_the_target_runs_fp8(tmp_path: P
                                    "targets": ["cpu", "sm_86", "sm_89", "sm_120"]})  # fmt: skip
     manifest = compile(config, tmp_path / "out").manifest
     variants = {target.name: (target.variant, target.status) for target in manifest.targets}
-    assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("fp16", "built"), "sm_89": ("fp8-weight", "built"),
+    assert variants == {"cpu": ("fp32", "not-needed"), "sm_86": ("bf16", "built"), "sm_89": ("fp8-weight", "built"),
                         "sm_120": ("fp8-weight", "built")}  # fmt: skip
-    assert "no fp8-weight kernels" in {target.name: target.reason for target in manifest.targets}["sm_86"]
+    reason = {target.name: target.reason for target in manifest.targets}["sm_86"]
+    assert reason is not None and "no fp8-weight kernels: bf16 instead" in reason  # as sm_86 alone: the rest's type
+    plan = PrecisionPlan.read(tmp_path / "out")
+    assert plan is not None and variant_for(manifest, plan, "sm_80").name == "bf16"  # `tensorsmith build` agrees
     codes = variant_fp8_codes(tmp_path / "out", "fp8-weight")
     assert codes.keys() == stored.keys()
     variant = onnx.load(str(tmp_path / "out" / "variants" / "fp8-weight.onnx"))

@@ -62,6 +62,19 @@ def test_new_precisions_come_from_the_table(target: str, request_: str, variant:
     assert row.fallback(request_) == fallback
 
 
+@pytest.mark.parametrize(
+    ("target", "request_", "variant"),
+    [("sm_89", "nvfp4", "bf16"), ("sm_86", "fp8-weight", "bf16"), ("sm_75", "int4", "fp16"), ("cpu", "nvfp4", "fp32")],
+)
+def test_a_bf16_checkpoint_s_targets_fall_back_to_bf16_where_they_run_it(
+    target: str, request_: str, variant: str
+) -> None:
+    """A weight-only request a target cannot run gives the checkpoint's float type, as the target would get alone."""
+    row = get_target(target)
+    assert row.recipe(request_, floats=BF16).variant == variant
+    assert row.fallback(request_, floats=BF16).endswith(f": {variant} instead")  # type: ignore[union-attr]
+
+
 def test_the_rows_precisions_are_the_tables() -> None:
     assert get_target("sm_75").precisions == ("fp16", "int8", "int8-weight")
     assert "bf16" in get_target("sm_86").precisions and "nvfp4" not in get_target("sm_89").precisions
