@@ -16,6 +16,7 @@ from tensorsmith.core.errors import ConfigError
 
 FIELD = "quantization_config"
 MODELOPT_FILE = "hf_quant_config.json"
+MXFP4 = "mxfp4"  # gpt-oss's experts: read dequantized, no codes of its own to take (compiler/frontend/mxfp4_weights.py)
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,20 @@ def declared_quantization(directory: Path, config: Mapping[str, Any]) -> Declare
     return Declared(settings, f"{path} quantization")
 
 
-def declares_quantization(directory: Path) -> bool:
-    """Whether a checkpoint directory declares quantized weights: its own codes are then the default
-    (compiler/frontend/quantized_checkpoint.py reads them)."""
+def declared_method(directory: Path) -> str | None:
+    """The `quant_method` a checkpoint directory declares; None for none, or where it cannot be read (not a
+    checkpoint directory, or refused naming the file when the source is read)."""
     try:
-        return declared_quantization(directory, json.loads((directory / "config.json").read_text())) is not None
+        declared = declared_quantization(directory, json.loads((directory / "config.json").read_text()))
     except (OSError, ValueError, AttributeError, ConfigError):
-        return False  # not a checkpoint directory, or refused naming the file when the source is read
+        return None
+    if declared is None:
+        return None
+    return str(declared.settings.get("quant_method", "unnamed")) if isinstance(declared.settings, dict) else "unnamed"
+
+
+def declares_quantization(directory: Path) -> bool:
+    """Whether a checkpoint directory declares quantized weights whose codes the compile can take: they are then
+    the default (compiler/frontend/quantized_checkpoint.py reads them). MXFP4's are read dequantized."""
+    method = declared_method(directory)
+    return method is not None and method != MXFP4

@@ -73,6 +73,11 @@ class CheckpointWeights:
     def names(self) -> list[str]:
         return list(self._files)
 
+    def stands_for(self) -> dict[str, tuple[str, ...]]:
+        """Float weights read dequantized from stored codes, each with the stored tensors it stands for (a
+        pre-quantized checkpoint's); none here."""
+        return {}
+
     def dtype_code(self, name: str) -> str:
         """safetensors' dtype code of a tensor ("BF16", "I32", …), from the header."""
         return self._codes[name]

@@ -23,10 +23,11 @@ from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, 
 from tensorsmith.compiler.frontend.checkpoint_weights import shard_owner
 from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, kv_cache_module
 from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel, is_decoder
-from tensorsmith.compiler.frontend.quantized_checkpoint import read_quantized_checkpoint
+from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_weights, read_quantized_checkpoint
 from tensorsmith.compiler.frontend.routed_experts import register_routed_experts
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line
+from tensorsmith.core.quantization_declared import declared_method
 
 if TYPE_CHECKING:
     import torch
@@ -109,8 +110,7 @@ def _check_dtypes(model: HuggingFaceModel) -> None:
             raise ConfigError(
                 f"{model.directory / CONFIG_FILE} gives {key} {declared!r}; {FLOAT_WEIGHTS}", hint=SAVE_FLOAT
             )
-    quantized = model.quantized
-    stored = {name for module in quantized.modules for name in quantized.stored_names(module)} if quantized else set()
+    stored = {part for parts in checkpoint_weights(model.directory).stands_for().values() for part in parts}
     for path in model.weights():
         check_safetensors_dtypes(path, frozenset(stored))
 
@@ -181,7 +181,6 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
     """The checkpoint's tensors as safetensors slices that transformers reads one at a time, with pread: its own
     loader maps the files, and every mapped page it has read stays resident until the last tensor is loaded (at
     the Llama-3.2-1B shape, the 2.5 GB bf16 file on top of the 4.9 GB fp32 module)."""
-    import torch
     from safetensors import safe_open
 
     owner = shard_owner(model.directory)  # a sharded checkpoint's: which file holds each tensor
@@ -193,11 +192,11 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
             for name in opened.keys()  # noqa: SIM118 (not iterable)
             if owner is None or owner.get(name) == path.name
         )
-    if model.quantized is not None:  # each quantized weight as the float weight the format's dequantization gives
-        for module in model.quantized.modules:
-            for name in model.quantized.stored_names(module):
-                del slices[name]
-            slices[f"{module}.weight"] = torch.from_numpy(model.quantized.float_weight(module))
+    weights = checkpoint_weights(model.directory)
+    for name, stored in weights.stands_for().items():  # each quantized weight as its format's dequantization gives
+        for part in stored:
+            del slices[part]
+        slices[name] = weights.tensor(name)
     return slices
 
 
@@ -225,8 +224,8 @@ def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "l
     try:
         try:
             config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
-            if model.quantized is not None and hasattr(config, "quantization_config"):  # its weights arrive
-                del config.quantization_config  # dequantized: no quantizer of transformers' to run
+            if declared_method(model.directory) is not None and hasattr(config, "quantization_config"):
+                del config.quantization_config  # its weights arrive dequantized: no quantizer of transformers' to run
             loaded = cls.from_pretrained(None, config=config, state_dict=_read_as_needed(model), **options)
         except Exception as err:  # an older safetensors (no pread) or transformers (no lazy slices): its own reader
             if model.quantized is not None:

@@ -17,7 +17,7 @@ from tensorsmith.passes.nvfp4 import Nvfp4Weight
 
 TAKEN = (
     "awq (gemm), gptq, compressed-tensors pack-quantized int4, float-quantized fp8 and nvfp4, fp8 blocks, "
-    "modelopt fp8 and nvfp4"
+    "modelopt fp8 and nvfp4, and gpt-oss's mxfp4 experts (read dequantized)"
 )
 HINT = f"tensorsmith takes {TAKEN}; or give the unquantized bf16/fp16 checkpoint and --precision"
 STORED_CODES = {Element.INT4: "I32", Element.FP8_E4M3: "F8_E4M3", Element.FP4_E2M1: "U8"}

@@ -25,10 +25,11 @@ from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.checkpoint_layouts import published_layout
 from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.compiler.frontend.layout_record import HINT, Layout, StoredWeight
+from tensorsmith.compiler.frontend.mxfp4_weights import Mxfp4Weights
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.precisions import AUTO, BF16, FP16, Calibration, Element, Precision, precision, storing
-from tensorsmith.core.quantization_declared import FIELD, declared_quantization
+from tensorsmith.core.quantization_declared import FIELD, MXFP4, declared_method, declared_quantization
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -110,9 +111,15 @@ class DequantizedWeights(CheckpointWeights):
     def lazy(self, name: str, graph_name: str, referable: bool = False) -> ir.TensorProtocol:
         return super().lazy(name, graph_name, referable and name not in self._virtual)
 
+    def stands_for(self) -> dict[str, tuple[str, ...]]:
+        return {name: tuple(self.quantized.stored_names(module)) for name, module in self._virtual.items()}
+
 
 def checkpoint_weights(directory: Path) -> CheckpointWeights:
-    """The directory's tensors by name, a pre-quantized checkpoint's quantized weights among them as float weights."""
+    """The directory's tensors by name, a pre-quantized checkpoint's quantized weights among them as float weights
+    (gpt-oss's MXFP4 experts too: mxfp4_weights.py)."""
+    if declared_method(directory) == MXFP4:
+        return Mxfp4Weights(directory)
     quantized = quantized_checkpoint_of(directory)
     return CheckpointWeights(directory) if quantized is None else DequantizedWeights(quantized)
 
@@ -131,6 +138,8 @@ def read_quantized_checkpoint(directory: Path, config: Mapping[str, Any]) -> Qua
     if not isinstance(settings, dict):
         raise ConfigError(f"{where} is not a mapping", hint=HINT)
     method = str(settings.get("quant_method", "unnamed"))
+    if method == MXFP4:  # stacked experts, not Linears: read dequantized as a float checkpoint (checkpoint_weights)
+        return None
     found, described = published_layout(where, method, settings)
     weights = CheckpointWeights(directory)
     suffix = f".{found.marker}"
@@ -197,6 +206,8 @@ def stored_weights(directory: Path) -> str:
     """How a checkpoint directory stores its weights, for the manifest and the summary: its float type by most
     values ('bfloat16'), after its quantized format where it has one ('awq gemm int4, group 128; bfloat16')."""
     floats = stored_float(directory) or "no float"
+    if declared_method(directory) == MXFP4:
+        return f"mxfp4 experts (e2m1, an e8m0 scale per 32), read dequantized; the rest {floats}"
     quantized = quantized_checkpoint_of(directory)
     return floats if quantized is None else f"{quantized.described}; the rest {floats}"
 

@@ -44,6 +44,7 @@ from tensorsmith.core.errors import ExportError
 from tensorsmith.core.importing import first_line
 from tensorsmith.core.layerwise import runs_layerwise
 from tensorsmith.core.progress import Reporter
+from tensorsmith.core.quantization_declared import declared_method
 
 if TYPE_CHECKING:
     import torch
@@ -63,8 +64,8 @@ def build_empty_decoder(
     cls = model_class(model)
     try:
         config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
-        if model.quantized is not None and hasattr(config, "quantization_config"):  # read dequantized
-            del config.quantization_config  # (quantized_checkpoint.DequantizedWeights): no quantizer to run
+        if declared_method(model.directory) is not None and hasattr(config, "quantization_config"):  # read
+            del config.quantization_config  # dequantized (quantized_checkpoint.checkpoint_weights): no quantizer
         with parameters_on_meta():
             loaded = cls._from_config(config, dtype=torch.float32, attn_implementation="eager", **experts_option())
     except Exception as err:  # transformers raises many types for a config it cannot build
