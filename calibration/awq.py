@@ -73,7 +73,7 @@ def collect_statistics(batches: Iterable[Mapping[str, np.ndarray]]) -> dict[str,
 COLUMNS_PER_CHUNK = 512
 # chunks searched side by side: numpy's elementwise work runs on the calling thread alone, so one thread a core
 # (at most 4: each holds a chunk's temporaries, 90 MB at Llama-3.1-8B's down projection)
-WORKERS = max(1, min(4, len(os.sched_getaffinity(0))))
+WORKERS = max(1, min(4, os.cpu_count() or 1))
 Found = TypeVar("Found")
 
 
@@ -83,8 +83,9 @@ def _column_chunks(columns: int) -> list[slice]:
 
 def _over_chunks(search: Callable[[slice], Found], columns: int) -> list[Found]:
     """`search(chunk)` for every chunk of output columns, in their order, on WORKERS threads. BLAS is held to one
-    thread meanwhile: its own threads beside these would contend for the same cores (two scale searches on two
-    cores: 3.5 s so, 1.9 s with one BLAS thread, against 2.9 s one after the other)."""
+    thread meanwhile (a process-wide setting: nothing else in the compile calls BLAS while the search runs): its
+    own threads beside these would contend for the same cores (two scale searches on two cores: 3.5 s so, 1.9 s
+    with one BLAS thread, against 2.9 s one after the other)."""
     with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(WORKERS) as pool:
         return list(pool.map(search, _column_chunks(columns)))
 

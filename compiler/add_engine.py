@@ -30,7 +30,7 @@ def variant_for(manifest: Manifest, plan: PrecisionPlan | None, target: str) -> 
     row = get_target(target)
     if plan is not None:
         decoder = manifest.generation is not None  # a decoder's auto
-        wanted = row.recipe(plan.precision, decoder, precision(plan.fallback)).variant
+        wanted = row.recipe(plan.precision, decoder, precision(plan.fallback_float)).variant
         if wanted in names:
             return manifest.variant(wanted)
         raise BuildError(

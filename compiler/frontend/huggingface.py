@@ -228,7 +228,7 @@ def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "l
                 del config.quantization_config  # its weights arrive dequantized: no quantizer of transformers' to run
             loaded = cls.from_pretrained(None, config=config, state_dict=_read_as_needed(model), **options)
         except Exception as err:  # an older safetensors (no pread) or transformers (no lazy slices): its own reader
-            if model.quantized is not None:
+            if declared_method(model.directory) is not None:  # its loader would dequantize unchecked (MXFP4's NaN)
                 raise
             logger.info("transformers reads %s with its own loader (%s)", model.directory, first_line(err))
             loaded = cls.from_pretrained(str(model.directory), local_files_only=True, use_safetensors=True, **options)

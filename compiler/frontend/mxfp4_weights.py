@@ -38,7 +38,7 @@ def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     values[..., 1::2] = E2M1_VALUES[blocks >> 4]
     nan = scales == E8M0_NAN
     exponents = np.where(nan, E8M0_BIAS, scales).astype(np.int32) - E8M0_BIAS
-    values = np.ldexp(values, exponents[..., None])
+    np.ldexp(values, exponents[..., None], out=values)
     values[nan] = np.nan
     return values.reshape(*blocks.shape[:-2], -1)
 
@@ -59,10 +59,11 @@ class Mxfp4Weights(CheckpointWeights):
             shape, grid = self.shape(name), self.shape(scales)
             if self.dtype_code(name) != "U8" or self.dtype_code(scales) != "U8":
                 raise ConfigError(f"{directory}: {name} and {scales} must be stored as U8 (uint8)", hint=HINT)
-            if len(shape) < 3 or shape[:-1] != grid or shape[-1] != CODES_PER_BLOCK // 2:
+            if len(shape) != 4 or shape[:-1] != grid or shape[-1] != CODES_PER_BLOCK // 2:
                 raise ConfigError(
-                    f"{directory}: {name} {list(shape)} and {scales} {list(grid)} are not blocks of "
-                    f"{CODES_PER_BLOCK} codes with one exponent each",
+                    f"{directory}: {name} {list(shape)} and {scales} {list(grid)} are not stacked experts' blocks "
+                    f"of {CODES_PER_BLOCK} codes with one exponent each ([experts, N, K/32, 16] and [experts, N, "
+                    "K/32])",
                     hint=HINT,
                 )
             *stack, columns, groups, _ = shape

@@ -236,8 +236,8 @@ def source_checkpoint(config: CompileConfig) -> QuantizedCheckpoint:
     found = quantized_checkpoint_of(directory)
     if found is None:
         raise ConfigError(
-            f"--int4-algorithm checkpoint: {config.source} is not a pre-quantized checkpoint (its "
-            f"config.json has no {FIELD})",
+            f"--int4-algorithm checkpoint: {config.source} has no codes to take as stored (its config.json has "
+            f"no {FIELD}, or one whose weights are read dequantized: {MXFP4})",
             hint="use --int4-algorithm awq or rtn",
         )
     if found.element is not Element.INT4:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from tensorsmith.compiler.targets import Request
 from tensorsmith.core.errors import ArtifactError
 from tensorsmith.core.files import replace_file
-from tensorsmith.core.precisions import FP16
+from tensorsmith.core.precisions import FP16, PRECISIONS
+
+FLOAT_NAMES = tuple(name for name, record in PRECISIONS.items() if record.is_float)
 
 PRECISION_PLAN = "precision.json"
 SEARCHED = "search"  # how the reason of a layer placed by a budget search begins (the summary names the budget)
@@ -73,7 +75,7 @@ class PrecisionPlan(BaseModel):
     """What `--precision` asked for and, for quantized variants, each layer's precision and why."""
 
     precision: Request = Field(description="the --precision request; `tensorsmith build` gives new targets its recipe")
-    fallback: str = Field(
+    fallback_float: str = Field(
         FP16.name,
         description="the float type a target takes that cannot run a weight-only request (a bf16 checkpoint's bf16)",
     )
@@ -81,6 +83,13 @@ class PrecisionPlan(BaseModel):
     budget: str | None = None
     sensitivity_samples: int | None = None
     recipes: dict[str, RecipePlan] = Field(default_factory=dict, description="variant name → its plan")
+
+    @field_validator("fallback_float")
+    @classmethod
+    def _a_float(cls, value: str) -> str:
+        if value not in PRECISIONS or not PRECISIONS[value].is_float:
+            raise ValueError(f"{value!r} is not a float precision ({', '.join(FLOAT_NAMES)})")
+        return value
 
     def write(self, directory: Path) -> None:
         text = json.dumps(self.model_dump(mode="json", exclude_none=True), indent=2) + "\n"

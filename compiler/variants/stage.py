@@ -69,7 +69,7 @@ def build_variants(
     variants, tuned = _merged(parts), {name for part in parts for name in part.tuned}
     plans = [part.plan for part in parts if part.plan is not None]
     written_plan = plans[0] if plans else PrecisionPlan(precision=plan.request)
-    written_plan.model_copy(update={"fallback": plan.floats.name}).write(directory)
+    written_plan.model_copy(update={"fallback_float": plan.floats.name}).write(directory)
     cpu = variants.by_target.get(CPU_TARGET)
     if cpu is None or cpu.name in tuned:  # its variant, backend and session chosen together (cpu_choice.py)
         return variants

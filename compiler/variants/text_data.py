@@ -8,7 +8,7 @@ attention is causal, so its first p positions are exactly the cache of the first
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -146,16 +146,7 @@ class DecoderFeeds:
                 yield prefill
                 outputs = dict(zip(names, session.run(None, prefill), strict=True))
             for past in sorted({max(1, min(length - 1, round(point * length))) for point in DECODE_POINTS}):
-                step = {
-                    "input_ids": tokens[:, past : past + 1],
-                    "attention_mask": np.ones((len(tokens), past + 1), np.int64),
-                    "position_ids": np.full((len(tokens), 1), past, np.int64),
-                }
-                for record in self.inputs:
-                    if record.name.startswith(PAST_PREFIX):
-                        present = "present." + record.name.removeprefix(PAST_PREFIX)
-                        step[record.name] = np.ascontiguousarray(outputs[present][:, :, :past])
-                yield {record.name: step[record.name] for record in self.inputs}
+                yield decode_step(tokens, past, self.inputs, outputs)
 
 
 def prefills_only(data: CalibrationData) -> CalibrationData:
@@ -214,28 +205,34 @@ def text_split(config: CompileConfig, inputs: list[TensorRecord], reference: Pat
     return TextSplit(data, tokens, prefill_feeds(tokens, inputs), described)
 
 
+def decode_step(tokens: np.ndarray, past: int, inputs: list[TensorRecord], presents: Mapping[str, np.ndarray]) -> Feeds:
+    """Each window's token at position `past`, over the cache of the tokens before it: `presents` are the fp32
+    graph's outputs on the windows' prefill (attention is causal, so a window's first p positions are the cache of
+    its first p tokens). A state that does not grow with the tokens (a hybrid's) is the whole window's."""
+    step = {
+        "input_ids": tokens[:, past : past + 1],
+        "attention_mask": np.ones((len(tokens), past + 1), np.int64),
+        "position_ids": np.full((len(tokens), 1), past, np.int64),
+    }
+    for record in inputs:
+        if record.name.startswith(PAST_PREFIX):
+            present = presents["present." + record.name.removeprefix(PAST_PREFIX)][: len(tokens)]
+            grows = len(record.shape) > 2 and not isinstance(record.shape[2], int)
+            step[record.name] = np.ascontiguousarray(present[:, :, :past] if grows else present)
+    return {record.name: step[record.name] for record in inputs}
+
+
 def decode_timing_step(
     tokens: np.ndarray, inputs: list[TensorRecord], outputs: list[TensorRecord], prefilled: list[np.ndarray]
 ) -> Feeds:
     """What a decoder's cpu recipe is timed on, as generation runs most: one token of DECODE_TIMING_ROWS windows
-    at half their length, over the cache of the tokens before it. The cache is the fp32 graph's own, from its
-    outputs on the windows' prefill (`prefilled`, the evaluation's reference: attention is causal, so a window's
-    first p positions are the cache of its first p tokens), so no model runs for it (at 1B a second prefill was
-    18 s). A state that does not grow with the tokens (a hybrid's) is timed as the whole window left it."""
-    rows, length = min(DECODE_TIMING_ROWS, len(tokens)), tokens.shape[1]
+    at half their length (decode_step), the cache taken from the evaluation's reference (`prefilled`: the fp32
+    graph's outputs on the windows' prefill, in `outputs`' order), so that no model runs for it (at 1B a second
+    prefill was 18 s)."""
+    length = tokens.shape[1]
     past = max(1, min(length - 1, round(DECODE_POINTS[1] * length)))
     made = {record.name: array for record, array in zip(outputs, prefilled, strict=True)}
-    step = {
-        "input_ids": tokens[:rows, past : past + 1],
-        "attention_mask": np.ones((rows, past + 1), np.int64),
-        "position_ids": np.full((rows, 1), past, np.int64),
-    }
-    for record in inputs:
-        if record.name.startswith(PAST_PREFIX):
-            present = made["present." + record.name.removeprefix(PAST_PREFIX)][:rows]
-            grows = len(record.shape) > 2 and not isinstance(record.shape[2], int)
-            step[record.name] = np.ascontiguousarray(present[:, :, :past] if grows else present)
-    return {record.name: step[record.name] for record in inputs}
+    return decode_step(tokens[:DECODE_TIMING_ROWS], past, inputs, made)
 
 
 def decoder_calibration(config: CompileConfig, inputs: list[TensorRecord], reference: Path) -> CalibrationData:

@@ -76,12 +76,18 @@ def test_column_chunks_change_nothing(monkeypatch: pytest.MonkeyPatch, workers: 
     monkeypatch.setattr(awq, "COLUMNS_PER_CHUNK", 100)
     whole_scale, whole_alpha, _ = awq.search_scale(observed, w, BLOCK)
     whole_clip = awq.search_clip(observed, w, whole_scale, BLOCK)
-    monkeypatch.setattr(awq, "WORKERS", workers)
     monkeypatch.setattr(awq, "COLUMNS_PER_CHUNK", 16)  # 100 columns: six whole chunks and a partial one
-    chunked_scale, chunked_alpha, _ = awq.search_scale(observed, w, BLOCK)
+    one_thread = awq.search_scale(observed, w, BLOCK)
+    one_thread_clip = awq.search_clip(observed, w, whole_scale, BLOCK)
+    monkeypatch.setattr(awq, "WORKERS", workers)
+    chunked_scale, chunked_alpha, relative = awq.search_scale(observed, w, BLOCK)
+    chunked_clip = awq.search_clip(observed, w, whole_scale, BLOCK)
     assert chunked_alpha == whole_alpha
     np.testing.assert_array_equal(chunked_scale, whole_scale)
-    np.testing.assert_array_equal(awq.search_clip(observed, w, whole_scale, BLOCK), whole_clip)
+    np.testing.assert_array_equal(chunked_clip, whole_clip)
+    # at one chunk size, every figure bit for bit whatever the threads: the errors are summed in chunk order
+    assert relative == one_thread[2] and chunked_alpha == one_thread[1]
+    np.testing.assert_array_equal(chunked_clip, one_thread_clip)
 
 
 def test_awq_statistics_a_segment_at_a_time_equal_a_batch_at_a_time(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.compiler.variants.text_data import (
     DECODE_TIMING_ROWS,
     DecoderFeeds,
+    decode_step,
     decode_timing_step,
     prefill_feeds,
     prefills_only,
@@ -23,7 +24,7 @@ from tensorsmith.compiler.variants.text_data import (
 from tensorsmith.core import sessions
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.runtime import load
-from tensorsmith.runtime.manifest import read_manifest
+from tensorsmith.runtime.manifest import TensorRecord, read_manifest
 from tests.conftest import max_relative_error
 
 TINYLM = Path(__file__).parents[2] / "samples" / "tinylm"
@@ -93,6 +94,27 @@ def test_the_decode_step_timed_is_made_from_the_evaluations_prefill(fp32_tinylm:
     assert step.keys() == made[2].keys() and step["past_key_values.0.key"].shape[:3] == (DECODE_TIMING_ROWS, 2, 16)
     for name, values in made[2].items():  # the prefill, then the steps at a quarter and at half of the window
         np.testing.assert_array_equal(step[name], values, err_msg=name)
+
+
+def test_a_decode_step_keeps_a_hybrid_s_fixed_states_whole() -> None:
+    """Keys and values are cut to the tokens before the step; a linear-attention layer's states (fixed shapes, as
+    Qwen3.5's: a recurrent state whose third axis is its key size) are taken as the prefill left them."""
+    inputs = [
+        TensorRecord(name="input_ids", dtype="int64", shape=["batch", "sequence"]),
+        TensorRecord(name="past_key_values.1.key", dtype="float32", shape=["batch", 2, "past", 16]),
+        TensorRecord(name="past_key_values.0.recurrent", dtype="float32", shape=["batch", 4, 128, 8]),
+        TensorRecord(name="past_key_values.0.conv", dtype="float32", shape=["batch", 96, 3]),
+    ]
+    presents = {
+        "present.1.key": np.zeros((3, 2, 32, 16), np.float32),
+        "present.0.recurrent": np.ones((3, 4, 128, 8), np.float32),
+        "present.0.conv": np.ones((3, 96, 3), np.float32),
+    }
+    step = decode_step(np.zeros((3, 32), np.int64), 8, inputs, presents)
+    assert step["past_key_values.1.key"].shape == (3, 2, 8, 16)
+    assert step["past_key_values.0.recurrent"].shape == (3, 4, 128, 8)
+    assert step["past_key_values.0.conv"].shape == (3, 96, 3)
+    assert list(step) == [record.name for record in inputs]
 
 
 def _never_run(*args: object) -> None:

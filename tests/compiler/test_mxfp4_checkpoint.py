@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.compiler.frontend.mxfp4_weights import E2M1_VALUES, E8M0_BIAS, Mxfp4Weights, dequantize_mxfp4
 from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_weights
-from tensorsmith.core.errors import ConfigError
+from tensorsmith.core.errors import ConfigError, ExportError
 from tests.compiler.test_decoders import assert_greedy_tokens_match
 from tests.families import save_family
 
@@ -73,8 +73,25 @@ def test_an_exponent_of_255_is_nan_and_refused_naming_the_scales(tmp_path: Path)
     tensors = load_file(tmp_path / "model.safetensors")
     tensors["model.layers.1.mlp.experts.down_proj_scales"][0, 0, 0] = 255
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(Exception, match=r"model\.layers\.1\.mlp\.experts\.down_proj_scales .* 32 NaN"):
+    with pytest.raises(ExportError, match=r"model\.layers\.1\.mlp\.experts\.down_proj_scales .* 32 NaN"):
         checkpoint_weights(tmp_path).array("model.layers.1.mlp.experts.down_proj")
+    # and the compile, which loads gpt-oss's module whole, never hands the checkpoint to transformers' own loader
+    with pytest.raises(ExportError, match=r"down_proj_scales .* 32 NaN"):
+        compile(CompileConfig.create({"source": str(tmp_path), "targets": ["cpu"]}), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unstacked_weight_s_blocks_are_refused_by_name(tmp_path: Path) -> None:
+    """A Linear's [N, K/32, 16] would read back transposed (square projections cannot tell): only stacked experts."""
+    mxfp4_checkpoint(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    for part in ("blocks", "scales"):
+        tensors[f"model.layers.0.mlp.experts.down_proj_{part}"] = tensors[
+            f"model.layers.0.mlp.experts.down_proj_{part}"
+        ][0]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"down_proj_blocks \[64, 4, 16\] .* not stacked experts"):
+        checkpoint_weights(tmp_path)
 
 
 def test_blocks_without_their_scales_are_one_line(tmp_path: Path) -> None:

@@ -1,12 +1,14 @@
 """The target table: one row per architecture decides precisions, recipes, builders and batch limits."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import RTX_TARGETS, TARGETS, Recipe, Target, check_precision, get_target
-from tensorsmith.core.errors import ConfigError
+from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+from tensorsmith.core.errors import ArtifactError, ConfigError
 from tensorsmith.core.precisions import BF16, FP16, FP32, INT4, INT8, NVFP4
 from tensorsmith.runtime.backends import ONNX_RUNTIME, TENSORRT
 
@@ -112,3 +114,12 @@ def test_a_new_row_is_all_a_new_target_needs(monkeypatch: pytest.MonkeyPatch) ->
     assert isinstance(get_target("sm_99"), Target)
     assert get_target("sm_99").recipe("auto").variant == "fp8"
     assert get_target("sm_99").builders == ("tensorrt",)
+
+
+def test_precision_json_s_fallback_is_a_float_precision(tmp_path: Path) -> None:
+    (tmp_path / "precision.json").write_text('{"precision": "fp8-weight", "fallback_float": "int4"}')
+    with pytest.raises(ArtifactError, match=r"field 'fallback_float': .*'int4' is not a float precision"):
+        PrecisionPlan.read(tmp_path)
+    (tmp_path / "precision.json").write_text('{"precision": "fp8-weight"}')  # written before it was recorded
+    plan = PrecisionPlan.read(tmp_path)
+    assert plan is not None and plan.fallback_float == "fp16"
