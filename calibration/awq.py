@@ -14,7 +14,7 @@ SAMPLE_ROWS, taken evenly from every batch), so memory grows with the layers, ne
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -77,17 +77,23 @@ WORKERS = max(1, min(4, os.cpu_count() or 1))
 Found = TypeVar("Found")
 
 
-def _column_chunks(columns: int) -> list[slice]:
-    return [slice(start, min(start + COLUMNS_PER_CHUNK, columns)) for start in range(0, columns, COLUMNS_PER_CHUNK)]
+def _column_chunks(weights: Sequence[np.ndarray]) -> list[tuple[np.ndarray, slice]]:
+    """Every weight's output columns in chunks, the weights in order (never joined: a copy of an 8B output
+    projection's 2.1 GB)."""
+    return [
+        (weight, slice(start, min(start + COLUMNS_PER_CHUNK, weight.shape[1])))
+        for weight in weights
+        for start in range(0, weight.shape[1], COLUMNS_PER_CHUNK)
+    ]
 
 
-def _over_chunks(search: Callable[[slice], Found], columns: int) -> list[Found]:
-    """`search(chunk)` for every chunk of output columns, in their order, on WORKERS threads. BLAS is held to one
-    thread meanwhile (a process-wide setting: nothing else in the compile calls BLAS while the search runs): its
-    own threads beside these would contend for the same cores (two scale searches on two cores: 3.5 s so, 1.9 s
-    with one BLAS thread, against 2.9 s one after the other)."""
+def _over_chunks(search: Callable[[np.ndarray, slice], Found], weights: Sequence[np.ndarray]) -> list[Found]:
+    """`search(weight, chunk)` for every chunk of output columns, in their order, on WORKERS threads. BLAS is held
+    to one thread meanwhile (a process-wide setting: nothing else in the compile calls BLAS while the search runs):
+    its own threads beside these would contend for the same cores (two scale searches on two cores: 3.5 s so,
+    1.9 s with one BLAS thread, against 2.9 s one after the other)."""
     with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(WORKERS) as pool:
-        return list(pool.map(search, _column_chunks(columns)))
+        return list(pool.map(lambda job: search(*job), _column_chunks(weights)))
 
 
 def _rounding_error(blocks: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -106,19 +112,22 @@ def _steps(amax: np.ndarray, ratio: float = 1.0) -> np.ndarray:
     return block_step(amax * np.float32(ratio))[:, None, :]
 
 
-def search_scale(statistics: ActivationStatistics, weight: np.ndarray, block: int) -> tuple[np.ndarray, float, float]:
-    """(t [K], α, its error relative to RTN's) for the weights [K, N] of every MatMul reading one activation.
+def search_scale(
+    statistics: ActivationStatistics, weights: Sequence[np.ndarray], block: int
+) -> tuple[np.ndarray, float, float]:
+    """(t [K], α, its error relative to RTN's) for the weights [K, N] of every MatMul reading one activation (q, k
+    and v share theirs), searched side by side.
 
     The error of α is ‖x·E‖² with E = Q(diag(t)·W)/t − W, the quantized product's difference from x·W."""
     x = statistics.sample
-    rows, columns = weight.shape
+    rows, columns = weights[0].shape[0], sum(weight.shape[1] for weight in weights)
     mean = np.maximum(statistics.mean_abs, 1e-6)
     scales = []
     for alpha in ALPHAS:
         scale = mean**alpha
         scales.append((scale / np.sqrt(scale.max() * scale.min())).astype(np.float32))
 
-    def chunk_errors(columns_chunk: slice) -> np.ndarray:
+    def chunk_errors(weight: np.ndarray, columns_chunk: slice) -> np.ndarray:
         chunk = weight[:, columns_chunk]
         errors = np.zeros(len(ALPHAS))
         for index, scale in enumerate(scales):
@@ -129,7 +138,7 @@ def search_scale(statistics: ActivationStatistics, weight: np.ndarray, block: in
             errors[index] = float(np.square(x @ difference).sum(dtype=np.float64))
         return errors
 
-    errors = np.sum(_over_chunks(chunk_errors, columns), axis=0)  # summed in chunk order: the same at any WORKERS
+    errors = np.sum(_over_chunks(chunk_errors, weights), axis=0)  # summed in chunk order: the same at any WORKERS
     errors /= len(x) * columns
     best = int(np.argmin(errors))
     rtn_error = errors[ALPHAS.index(0.0)]
@@ -149,7 +158,7 @@ def search_clip(statistics: ActivationStatistics, weight: np.ndarray, scale: np.
     gram = np.matmul(x_blocks.transpose(0, 2, 1), x_blocks)  # [K/B, B, B]
     best_ratio = np.ones((blocks_count, columns), np.float32)
 
-    def choose(columns_chunk: slice) -> None:
+    def choose(weight: np.ndarray, columns_chunk: slice) -> None:
         blocks = (weight[:, columns_chunk] * scale[:, None]).reshape(blocks_count, block, -1)
         amax = block_amax(blocks.reshape(rows, -1), block)
         best_error = np.full(amax.shape, np.inf, np.float32)
@@ -161,5 +170,5 @@ def search_clip(statistics: ActivationStatistics, weight: np.ndarray, scale: np.
             best_error[better] = error[better]
             chosen[better] = ratio
 
-    _over_chunks(choose, columns)
+    _over_chunks(choose, [weight])
     return best_ratio

@@ -52,8 +52,6 @@ def awq_statistics(
 def awq_search(statistics: ActivationStatistics, readers: list[gs.Constant], block: int) -> dict[str, np.ndarray]:
     """AWQ's scale for one activation (searched on its readers' weights side by side) and each reader's clips."""
     own_weights = [np.asarray(values_unkept(weight), dtype=np.float32) for weight in readers]  # read for this use
-    joint = np.concatenate(own_weights, axis=1)
-    scale, alpha, relative = search_scale(statistics, joint, block)
-    del joint
+    scale, alpha, relative = search_scale(statistics, own_weights, block)
     clips = {f"clip{index}": search_clip(statistics, weight, scale, block) for index, weight in enumerate(own_weights)}
     return {"scale": scale, "alpha": np.float64(alpha), "relative": np.float64(relative), **clips}

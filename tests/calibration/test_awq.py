@@ -56,7 +56,7 @@ def test_clip_search_matches_the_per_row_error() -> None:
 
 def test_scale_search_error_is_the_quantized_products_distance() -> None:
     observed, w = statistics(64, 128), weight(128, 40)
-    scale, alpha, relative = awq.search_scale(observed, w, BLOCK)
+    scale, alpha, relative = awq.search_scale(observed, [w], BLOCK)
     x = observed.sample
     q, step = quantize_int4(w * scale[:, None], BLOCK)
     awq_error = np.mean(((x / scale) @ dequantize_int4(q, step, BLOCK) - x @ w) ** 2)
@@ -74,13 +74,13 @@ def test_column_chunks_change_nothing(monkeypatch: pytest.MonkeyPatch, workers: 
     observed, w = statistics(64, 64), weight(64, 100)
     monkeypatch.setattr(awq, "WORKERS", 1)
     monkeypatch.setattr(awq, "COLUMNS_PER_CHUNK", 100)
-    whole_scale, whole_alpha, _ = awq.search_scale(observed, w, BLOCK)
+    whole_scale, whole_alpha, _ = awq.search_scale(observed, [w], BLOCK)
     whole_clip = awq.search_clip(observed, w, whole_scale, BLOCK)
     monkeypatch.setattr(awq, "COLUMNS_PER_CHUNK", 16)  # 100 columns: six whole chunks and a partial one
-    one_thread = awq.search_scale(observed, w, BLOCK)
+    one_thread = awq.search_scale(observed, [w], BLOCK)
     one_thread_clip = awq.search_clip(observed, w, whole_scale, BLOCK)
     monkeypatch.setattr(awq, "WORKERS", workers)
-    chunked_scale, chunked_alpha, relative = awq.search_scale(observed, w, BLOCK)
+    chunked_scale, chunked_alpha, relative = awq.search_scale(observed, [w], BLOCK)
     chunked_clip = awq.search_clip(observed, w, whole_scale, BLOCK)
     assert chunked_alpha == whole_alpha
     np.testing.assert_array_equal(chunked_scale, whole_scale)
@@ -88,6 +88,14 @@ def test_column_chunks_change_nothing(monkeypatch: pytest.MonkeyPatch, workers: 
     # at one chunk size, every figure bit for bit whatever the threads: the errors are summed in chunk order
     assert relative == one_thread[2] and chunked_alpha == one_thread[1]
     np.testing.assert_array_equal(chunked_clip, one_thread_clip)
+
+
+def test_readers_searched_side_by_side_find_what_their_joined_weights_find(monkeypatch: pytest.MonkeyPatch) -> None:
+    """q, k and v's weights are searched as they are, never joined into one copy (2.1 GB at an 8B's vocabulary):
+    where their chunks fall on the same columns, every figure is the joined matrix's, bit for bit."""
+    observed, w = statistics(64, 64), weight(64, 100)
+    monkeypatch.setattr(awq, "COLUMNS_PER_CHUNK", 16)
+    assert awq.search_scale(observed, [w[:, :32], w[:, 32:]], BLOCK)[1:] == awq.search_scale(observed, [w], BLOCK)[1:]
 
 
 def test_awq_statistics_a_segment_at_a_time_equal_a_batch_at_a_time(tmp_path: Path) -> None:
