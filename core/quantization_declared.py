@@ -43,11 +43,13 @@ def declared_quantization(directory: Path, config: Mapping[str, Any]) -> Declare
     return Declared(settings, f"{path} quantization")
 
 
-def declared_method(directory: Path) -> str | None:
-    """The `quant_method` a checkpoint directory declares; None for none, or where it cannot be read (not a
-    checkpoint directory, or refused naming the file when the source is read)."""
+def declared_method(directory: Path, config: Mapping[str, Any] | None = None) -> str | None:
+    """The `quant_method` a checkpoint directory declares (`config`: its config.json, where already read); None for
+    none, or where it cannot be read (not a checkpoint directory, or refused naming the file when the source is
+    read)."""
     try:
-        declared = declared_quantization(directory, json.loads((directory / "config.json").read_text()))
+        read = config if config is not None else json.loads((directory / "config.json").read_text())
+        declared = declared_quantization(directory, read)
     except (OSError, ValueError, AttributeError, ConfigError):
         return None
     if declared is None:

@@ -23,11 +23,10 @@ from tensorsmith.compiler.frontend.checkpoint import FLOAT_WEIGHTS, SAVE_FLOAT, 
 from tensorsmith.compiler.frontend.checkpoint_weights import shard_owner
 from tensorsmith.compiler.frontend.decoder import DIM_SUMS, declare_decoder, kv_cache_module
 from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel, is_decoder
-from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_weights, read_quantized_checkpoint
+from tensorsmith.compiler.frontend.quantized_checkpoint import read_quantized_checkpoint
 from tensorsmith.compiler.frontend.routed_experts import register_routed_experts
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line
-from tensorsmith.core.quantization_declared import declared_method
 
 if TYPE_CHECKING:
     import torch
@@ -110,7 +109,7 @@ def _check_dtypes(model: HuggingFaceModel) -> None:
             raise ConfigError(
                 f"{model.directory / CONFIG_FILE} gives {key} {declared!r}; {FLOAT_WEIGHTS}", hint=SAVE_FLOAT
             )
-    stored = {part for parts in checkpoint_weights(model.directory).stands_for().values() for part in parts}
+    stored = {part for parts in model.checkpoint_weights().stands_for().values() for part in parts}
     for path in model.weights():
         check_safetensors_dtypes(path, frozenset(stored))
 
@@ -192,7 +191,7 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
             for name in opened.keys()  # noqa: SIM118 (not iterable)
             if owner is None or owner.get(name) == path.name
         )
-    weights = checkpoint_weights(model.directory)
+    weights = model.checkpoint_weights()
     for name, stored in weights.stands_for().items():  # each quantized weight as its format's dequantization gives
         for part in stored:
             del slices[part]
@@ -224,11 +223,11 @@ def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "l
     try:
         try:
             config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
-            if declared_method(model.directory) is not None and hasattr(config, "quantization_config"):
+            if model.declared_method is not None and hasattr(config, "quantization_config"):
                 del config.quantization_config  # its weights arrive dequantized: no quantizer of transformers' to run
             loaded = cls.from_pretrained(None, config=config, state_dict=_read_as_needed(model), **options)
         except Exception as err:  # an older safetensors (no pread) or transformers (no lazy slices): its own reader
-            if declared_method(model.directory) is not None:  # its loader would dequantize unchecked (MXFP4's NaN)
+            if model.declared_method is not None:  # its loader would dequantize unchecked (MXFP4's NaN)
                 raise
             logger.info("transformers reads %s with its own loader (%s)", model.directory, first_line(err))
             loaded = cls.from_pretrained(str(model.directory), local_files_only=True, use_safetensors=True, **options)

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint
+from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
+from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, weights_reader
+from tensorsmith.core.quantization_declared import declared_method
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt", "tokenizer.model", "added_tokens.json")  # fmt: skip
@@ -42,6 +44,17 @@ class HuggingFaceModel:
     @property
     def is_decoder(self) -> bool:
         return is_decoder(self.architecture)
+
+    @property
+    def declared_method(self) -> str | None:
+        """The `quant_method` its config.json (or Model Optimizer's file) declares: its weights are then read
+        dequantized, never by transformers' quantizers."""
+        return declared_method(self.directory, self.config)
+
+    def checkpoint_weights(self) -> CheckpointWeights:
+        """Its tensors by name, quantized weights as the float weights their format dequantizes to (its
+        quantization read once, when the directory was)."""
+        return weights_reader(self.directory, self.declared_method, self.quantized)
 
     def generation_config(self) -> dict[str, Any]:
         path = self.directory / "generation_config.json"

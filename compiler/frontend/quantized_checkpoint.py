@@ -118,9 +118,14 @@ class DequantizedWeights(CheckpointWeights):
 def checkpoint_weights(directory: Path) -> CheckpointWeights:
     """The directory's tensors by name, a pre-quantized checkpoint's quantized weights among them as float weights
     (gpt-oss's MXFP4 experts too: mxfp4_weights.py)."""
-    if declared_method(directory) == MXFP4:
+    method = declared_method(directory)
+    return weights_reader(directory, method, quantized_checkpoint_of(directory) if method != MXFP4 else None)
+
+
+def weights_reader(directory: Path, method: str | None, quantized: QuantizedCheckpoint | None) -> CheckpointWeights:
+    """checkpoint_weights for a directory whose declared `quant_method` and quantization are read already."""
+    if method == MXFP4:
         return Mxfp4Weights(directory)
-    quantized = quantized_checkpoint_of(directory)
     return CheckpointWeights(directory) if quantized is None else DequantizedWeights(quantized)
 
 

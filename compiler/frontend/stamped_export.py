@@ -38,13 +38,11 @@ from tensorsmith.compiler.frontend.module_weights import (
     release_parameters,
     weights_while_running,
 )
-from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_weights
 from tensorsmith.core.checkpoint_references import can_link
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.importing import first_line
 from tensorsmith.core.layerwise import runs_layerwise
 from tensorsmith.core.progress import Reporter
-from tensorsmith.core.quantization_declared import declared_method
 
 if TYPE_CHECKING:
     import torch
@@ -64,7 +62,7 @@ def build_empty_decoder(
     cls = model_class(model)
     try:
         config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
-        if declared_method(model.directory) is not None and hasattr(config, "quantization_config"):  # read
+        if model.declared_method is not None and hasattr(config, "quantization_config"):  # read
             del config.quantization_config  # dequantized (quantized_checkpoint.checkpoint_weights): no quantizer
         with parameters_on_meta():
             loaded = cls._from_config(config, dtype=torch.float32, attn_implementation="eager", **experts_option())
@@ -220,7 +218,7 @@ def export_decoder_from_checkpoint(
     the graph read from the checkpoint as it is written, and a reference that reads one module's weights at a
     time (checkpoint_weights.py); each shown as a counted task. None where the layers cannot be stamped or the
     module's tensors have other names in the checkpoint: the module is then loaded whole."""
-    weights = checkpoint_weights(model.directory)
+    weights = model.checkpoint_weights()
     try:
         module, names = build_empty_decoder(model, weights, config.mla_cache)
     except ExportError as err:

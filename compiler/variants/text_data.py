@@ -145,7 +145,7 @@ class DecoderFeeds:
             else:
                 yield prefill
                 outputs = dict(zip(names, session.run(None, prefill), strict=True))
-            for past in sorted({max(1, min(length - 1, round(point * length))) for point in DECODE_POINTS}):
+            for past in sorted({past_at(point, length) for point in DECODE_POINTS}):
                 yield decode_step(tokens, past, self.inputs, outputs)
 
 
@@ -205,6 +205,11 @@ def text_split(config: CompileConfig, inputs: list[TensorRecord], reference: Pat
     return TextSplit(data, tokens, prefill_feeds(tokens, inputs), described)
 
 
+def past_at(point: float, length: int) -> int:
+    """The past length of a decode step at `point` (a fraction) of a window: at least one token, and one left."""
+    return max(1, min(length - 1, round(point * length)))
+
+
 def decode_step(tokens: np.ndarray, past: int, inputs: list[TensorRecord], presents: Mapping[str, np.ndarray]) -> Feeds:
     """Each window's token at position `past`, over the cache of the tokens before it: `presents` are the fp32
     graph's outputs on the windows' prefill (attention is causal, so a window's first p positions are the cache of
@@ -229,8 +234,7 @@ def decode_timing_step(
     at half their length (decode_step), the cache taken from the evaluation's reference (`prefilled`: the fp32
     graph's outputs on the windows' prefill, in `outputs`' order), so that no model runs for it (at 1B a second
     prefill was 18 s)."""
-    length = tokens.shape[1]
-    past = max(1, min(length - 1, round(DECODE_POINTS[1] * length)))
+    past = past_at(DECODE_POINTS[1], tokens.shape[1])
     made = {record.name: array for record, array in zip(outputs, prefilled, strict=True)}
     return decode_step(tokens[:DECODE_TIMING_ROWS], past, inputs, made)
 
