@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from tensorsmith.core.checkpoint_references import held_bytes
 from tensorsmith.core.module_paths import MODULE_KEY, module_path_from_name
 
 UNNAMED_SEGMENTS = 16  # a graph without module paths is cut into about this many segments of equal weight
@@ -43,7 +44,7 @@ class Segment:
                 kept.append(node)
                 needed.update(name for name in node.input if name)
         initializers = [tensor for tensor in self.initializers if tensor.name in needed]
-        weights = sum(_stored_bytes(tensor) for tensor in initializers)
+        weights = sum(held_bytes(tensor) for tensor in initializers)
         inputs = [name for name in self.inputs if name in needed]
         return Segment(kept[::-1], inputs, [name for name in self.outputs if name in wanted], initializers, weights)
 
@@ -67,13 +68,6 @@ def _read_names(node: onnx.NodeProto) -> set[str]:
             made |= {tensor.name for tensor in graph.initializer}
             names |= {name for inner in graph.node for name in _read_names(inner)} - made
     return names
-
-
-def _stored_bytes(tensor: onnx.TensorProto) -> int:
-    external = {entry.key: entry.value for entry in tensor.external_data}
-    if "length" in external:
-        return int(external["length"])
-    return len(tensor.raw_data) or tensor.ByteSize()
 
 
 def _weights_beside_readers(graph: onnx.GraphProto, initializers: Iterable[str]) -> list[tuple[onnx.NodeProto, bool]]:
@@ -109,8 +103,8 @@ def _weights_beside_readers(graph: onnx.GraphProto, initializers: Iterable[str])
 
 
 def segments(structure: onnx.ModelProto, min_bytes: int, wanted: Iterable[str] = ()) -> list[Segment]:
-    """`structure`'s nodes cut at layer boundaries into segments of at least `min_bytes` of weights each (the last
-    may hold less); `wanted`: values the caller asks for besides the graph's outputs."""
+    """`structure`'s nodes cut at layer boundaries into segments of at least `min_bytes` of weights each, as a session
+    holds them (the last may hold less); `wanted`: values the caller asks for besides the graph's outputs."""
     graph = structure.graph
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     order = _weights_beside_readers(graph, initializers.keys())
@@ -132,7 +126,7 @@ def segments(structure: onnx.ModelProto, min_bytes: int, wanted: Iterable[str] =
     if waiting:  # weights only, read by no node: a graph output
         groups.append(waiting) if not groups else groups[-1].extend(waiting)
     reads = [set().union(*(_read_names(node) for node in group)) for group in groups]
-    weights = [sum(_stored_bytes(initializers[name]) for name in names if name in initializers) for names in reads]
+    weights = [sum(held_bytes(initializers[name]) for name in names if name in initializers) for names in reads]
     if not any(layers):
         min_bytes = max(min_bytes, sum(weights) // UNNAMED_SEGMENTS)
     joined: list[tuple[list[onnx.NodeProto], set[str], int]] = []

@@ -17,8 +17,9 @@ from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.compiler.frontend.export_cache import ENV_VARIABLE
 from tensorsmith.compiler.frontend.fused import fused_graph
 from tensorsmith.compiler.frontend.source import open_source
-from tensorsmith.core.checkpoint_references import holds_references, take_references
+from tensorsmith.core.checkpoint_references import STORED_SUFFIX, holds_references, take_references
 from tensorsmith.core.errors import ExportError
+from tensorsmith.core.graph_segments import segments
 from tensorsmith.core.layerwise import layerwise
 from tensorsmith.core.mapped_save import without_references
 from tensorsmith.core.progress import LogReporter
@@ -67,6 +68,11 @@ def test_the_graph_refers_to_the_checkpoint_and_computes_what_its_weights_would(
 
     with safe_open(str(checkpoint / "model.safetensors"), framework="np") as opened:
         stored_weights = len(list(opened.keys()))
+    # a layerwise run's segments count a reference as the fp32 weight its session holds, not its bf16 bytes
+    referred = [tensor for tensor in structure.graph.initializer if tensor.name.endswith(STORED_SUFFIX)]
+    assert referred and all(tensor.data_type == onnx.TensorProto.BFLOAT16 for tensor in referred)
+    widened = sum(4 * int(np.prod(tensor.dims)) for tensor in referred)
+    assert sum(segment.weight_bytes for segment in segments(structure, 0)) >= widened
     assert len(take_references(structure, referring.parent)) == stored_weights - 4 + tied
     # what it stores itself: the weights a pass made (attention-scaled queries), the structure
     assert not external_data_path(referring).exists() and referring.stat().st_size < stored.stat().st_size / 3
