@@ -10,6 +10,8 @@ EXTRAS := torch,cpu,rtx,hf,samples,ray,openvino,serve,dev
 export NUMPY_MADVISE_HUGEPAGE := 0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tests/corpus.txt | cksum | cut -d' ' -f1)
 
+PACKAGES := core compiler passes calibration runtime serve cli samples
+
 .PHONY: install samples demo test slow lint browser clean families
 
 # --no-compile: Python byte-compiles the modules it imports, when it first does, instead of pip compiling every
@@ -41,7 +43,11 @@ lint: install
 	$(BIN)/ruff format --check .
 	PYTHON=$(BIN)/python bash scripts/tensorrt-stubs.sh   # the builder is checked against tensorrt-stubs
 	$(BIN)/hadolint docker/Dockerfile docker/Dockerfile.gpu  # the serving images (tests/serve/test_container.py runs their steps)
-	MYPYPATH=.typings $(BIN)/mypy core compiler passes calibration runtime serve cli samples
+	@# mypy follows `tensorsmith.*` imports only through a folder named tensorsmith (the repository is the package's
+	@# folders side by side): links to them under build/typecheck, so that types are checked across modules
+	mkdir -p build/typecheck/tensorsmith
+	for package in $(PACKAGES); do ln -sfn ../../../$$package build/typecheck/tensorsmith/$$package; done
+	MYPYPATH=.typings:build/typecheck $(BIN)/mypy $(addprefix -p tensorsmith.,$(PACKAGES))
 
 # The report tests render report.html in headless Chromium (Debian's package; nothing downloaded by a test tool).
 browser:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
 from tensorsmith.cli.config_flags import Flag, options
 from tensorsmith.cli.config_flags import overrides as config_overrides
 from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout, terminable
+from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.flags import parse_dim_flag, parse_input_flag
 from tensorsmith.core.precisions import FP8, requestable
+from tensorsmith.runtime.manifest import Manifest
 
 
 def _absolute_glob(pattern: str) -> str:
@@ -66,7 +67,7 @@ config_option = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
 @terminable
-def compile_command(source: str, out: Path, config_path: Path | None, as_json: bool, **flags: Any) -> None:
+def compile_command(source: str, out: Path, config_path: Path | None, as_json: bool, **flags: object) -> None:
     """Compile SOURCE into the artifact directory OUT.
 
     SOURCE is a Hugging Face model directory (config.json and safetensors, as save_pretrained writes them; a
@@ -104,10 +105,8 @@ def compile_command(source: str, out: Path, config_path: Path | None, as_json: b
     _exit_if_unmet(result.unmet_budgets, result.out, failed)
 
 
-def config_from_flags(source: str, config_path: Path | None, overrides: dict[str, Any]) -> Any:
+def config_from_flags(source: str, config_path: Path | None, overrides: dict[str, object]) -> CompileConfig:
     """The CompileConfig of SOURCE (a tensorsmith.toml, or a model with --config), flags over the file's keys."""
-    from tensorsmith.compiler import CompileConfig
-
     if source.endswith(".toml"):
         return CompileConfig.from_toml(source, **overrides)
     if source.endswith((".onnx", ".pt2")) or Path(source).is_dir():
@@ -118,7 +117,7 @@ def config_from_flags(source: str, config_path: Path | None, overrides: dict[str
     return CompileConfig.create({"source": source, **fields})
 
 
-def _failed(manifest: Any) -> list[str]:
+def _failed(manifest: Manifest) -> list[str]:
     return [f"{t.name}: {t.reason}" for t in manifest.targets if t.status == "failed"]
 
 

@@ -13,7 +13,7 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import click
 from pydantic import BaseModel
@@ -107,7 +107,7 @@ def options(flags: Sequence[Flag]) -> Callable[[Command], Command]:
 def overrides(flags: Sequence[Flag], values: dict[str, object]) -> dict[str, object]:
     """The config overrides of the flags given on the command line (taken out of `values`): nested by the
     fields' dotted paths, each value converted to its field's."""
-    found: dict[str, Any] = {}  # nested tables
+    found: dict[str, object] = {}  # nested tables
     for flag in flags:
         value = values.pop(flag.parameter)
         if value is None or value == ():
@@ -126,7 +126,7 @@ def overrides(flags: Sequence[Flag], values: dict[str, object]) -> dict[str, obj
         *parents, last = flag.field.split(".")
         into = found
         for parent in parents:
-            into = into.setdefault(parent, {})
+            into = cast(dict[str, object], into.setdefault(parent, {}))  # a table made here
         into[last] = value
     return found
 

@@ -4,10 +4,14 @@ and the jobs' engines joined into one artifact."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, stdout, terminable
+
+if TYPE_CHECKING:
+    from tensorsmith.compiler.targets import Builder
 
 
 @click.command("build")
@@ -17,7 +21,7 @@ from tensorsmith.cli.output import emit_json, handle_errors, progress_reporter, 
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @handle_errors
 @terminable
-def build_command(artifact: Path, target: str, builder: str | None, as_json: bool) -> None:
+def build_command(artifact: Path, target: str, builder: Builder | None, as_json: bool) -> None:
     """Add TARGET's engine to an existing artifact (e.g. on a GPU runner in CI)."""
     from tensorsmith.compiler.add_engine import build_target
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
@@ -13,8 +13,11 @@ from rich.markup import escape
 from tensorsmith.cli.output import backend_option, emit_json, handle_errors, stdout
 from tensorsmith.runtime.errors import TensorsmithError
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
-def _tokenizer(artifact: Path) -> Any:
+
+def _tokenizer(artifact: Path) -> Tokenizer | None:
     """The artifact's tokenizer (tokenizer/tokenizer.json), or None without one."""
     path = artifact / "tokenizer" / "tokenizer.json"
     if not path.is_file():

@@ -6,8 +6,8 @@ import atexit
 import logging
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import click
 import numpy as np
@@ -58,7 +58,7 @@ def run_command(artifact: Path, inputs_path: Path, output_path: Path | None, bac
         outputs = model.run(feeds)
         backend_name, reason = model.backend, model.fallback_reason
     if output_path is not None:
-        np.savez(output_path, **outputs)
+        np.savez(output_path, allow_pickle=True, **outputs)  # numpy's default, named: `**outputs` fills the arrays only
     summary = {name: {"shape": list(array.shape), "dtype": array.dtype.name} for name, array in outputs.items()}
     if as_json:
         emit_json({"ok": True, "backend": backend_name, "fallback_reason": reason, "outputs": summary})
@@ -70,12 +70,12 @@ def run_command(artifact: Path, inputs_path: Path, output_path: Path | None, bac
         stdout.print(f"wrote {output_path}")
 
 
-def _specs_table(title: str, records: list[dict[str, Any]]) -> Table:
+def _specs_table(title: str, records: Sequence[Mapping[str, object]]) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("name", "dtype", "shape"):
         table.add_column(column)
     for record in records:
-        table.add_row(record["name"], record["dtype"], str(record["shape"]))
+        table.add_row(str(record["name"]), str(record["dtype"]), str(record["shape"]))
     return table
 
 

@@ -10,12 +10,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import click
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from tensorsmith.core.errors import UsageError
 from tensorsmith.core.library_logs import LIBRARY_LOGGERS
@@ -24,7 +24,8 @@ from tensorsmith.core.progress import logger as progress_logger
 from tensorsmith.runtime.backends import AUTO, backend_names
 from tensorsmith.runtime.errors import TensorsmithError
 
-F = TypeVar("F", bound=Callable[..., Any])
+Params = ParamSpec("Params")
+Result = TypeVar("Result")
 USAGE = 2  # exit status of a usage error (click's own, and the shell convention)
 INTERRUPTED = 130  # 128 + SIGINT
 TERMINATED = 143  # 128 + SIGTERM
@@ -89,7 +90,7 @@ class RichReporter:
                 super().__init__()
                 self.column = column
 
-            def render(self, task: Task) -> Any:
+            def render(self, task: Task) -> RenderableType:
                 return self.column.render(task) if task.total is not None else Text("")
 
         self._progress = Progress(
@@ -202,15 +203,15 @@ class _Counted:
         return text
 
 
-def emit_json(payload: dict[str, Any]) -> None:
+def emit_json(payload: Mapping[str, object]) -> None:
     click.echo(json.dumps(payload, indent=2, default=str))
 
 
-def handle_errors(command: F) -> F:
+def handle_errors(command: Callable[Params, Result]) -> Callable[Params, Result]:
     """Turn a TensorsmithError (or a ValueError from input checks) into one line + hint on stderr and exit 1."""
 
     @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: Params.args, **kwargs: Params.kwargs) -> Result:
         context = click.get_current_context()
         verbose = (context.find_root().params.get("verbose") or 0) > 0
         try:
@@ -225,7 +226,7 @@ def handle_errors(command: F) -> F:
             click.echo(f"error: {message}" + (f" (hint: {hint})" if hint else ""), err=True)
             sys.exit(USAGE if isinstance(err, UsageError) else 1)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 class Terminated(BaseException):
@@ -233,7 +234,7 @@ class Terminated(BaseException):
     directories, the staged artifact, engine builders' child processes) before the exit status says SIGTERM."""
 
 
-def terminable(command: F) -> F:
+def terminable(command: Callable[Params, Result]) -> Callable[Params, Result]:
     """Under SIGTERM (a CI job cancelled, a container stopped) and Ctrl-C: clean up, one line, exit 143 or 130.
     For commands that write files; the server keeps uvicorn's own handling of SIGTERM (drain, then exit)."""
 
@@ -241,7 +242,7 @@ def terminable(command: F) -> F:
         raise Terminated()
 
     @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: Params.args, **kwargs: Params.kwargs) -> Result:
         previous = signal.signal(signal.SIGTERM, raise_terminated)
         try:
             return command(*args, **kwargs)
@@ -254,7 +255,7 @@ def terminable(command: F) -> F:
         finally:
             signal.signal(signal.SIGTERM, previous)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def _one_line(message: str, verbose: bool) -> str:
@@ -266,7 +267,7 @@ def _one_line(message: str, verbose: bool) -> str:
 
 
 @contextlib.contextmanager
-def progress_reporter() -> Iterator[Any]:
+def progress_reporter() -> Iterator[RichReporter | PlainReporter]:
     """Rich progress (stages and counted tasks) on a terminal; plain log lines on stderr otherwise (a CI log)."""
     reporter = RichReporter(stderr) if stderr.is_terminal else PlainReporter()
     with reporter:

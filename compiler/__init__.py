@@ -9,7 +9,7 @@ pipeline's every stage (0.6 s of imports for each build).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tensorsmith.compiler.config import CompileConfig
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["CompileConfig", "CompileResult", "compile"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name == "CompileConfig":
         from tensorsmith.compiler.config import CompileConfig
 

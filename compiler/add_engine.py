@@ -38,9 +38,9 @@ def variant_for(manifest: Manifest, plan: PrecisionPlan | None, target: str) -> 
             f"(variants: {names})",
             hint=f"recompile with --target {target}",
         )
-    for record in by_preference():  # an artifact written before compile recorded its request: the most quantized
-        if record.name in names and row.runs_precision(record):
-            return manifest.variant(record.name)
+    for choice in by_preference():  # an artifact written before compile recorded its request: the most quantized
+        if choice.name in names and row.runs_precision(choice):
+            return manifest.variant(choice.name)
     raise BuildError(
         f"the artifact has no variant that {target} can run (variants: {names})",
         hint=f"recompile with --target {target}",

@@ -12,7 +12,7 @@ compile holds the largest weights a stage reads at once, not the model. Measured
   (TensorRT for RTX's parser holds the weights, the builder its engine's copy);
 - a decoder's `auto`, whose weight search holds every level of a layer at once: `FP32_OR_SEARCH` x the float32
   weights.
-Any other source loads its float32 module whole, and its sessions hold the graph: the float32 weights' bytes times
+Every other source loads its float32 module whole, and its sessions hold the graph: the float32 weights' bytes times
 what the heaviest variant holds (`MEMORY_PER_FP32_BYTE`). Disk holds the float32 graph, its narrow twin where one is
 written, every variant and every engine at once (the artifact is written next to its final place, then renamed; a
 reference no target runs is removed only at the end).

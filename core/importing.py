@@ -18,7 +18,7 @@ def first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def import_factory(spec: str) -> Callable[[], Any]:
+def import_factory(spec: str) -> Callable[..., Any]:  # the user's function: any signature
     """Import `pkg.module:function`. The working directory is importable, as with `python -m` and uvicorn."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:

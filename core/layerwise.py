@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import onnx
@@ -38,6 +38,9 @@ from tensorsmith.core.graph_segments import Segment, segments
 from tensorsmith.core.memory import available_memory, trim_heap
 from tensorsmith.core.progress import LogReporter, Reporter
 from tensorsmith.runtime.manifest import external_data_path
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +133,7 @@ class LayerwiseSession:
         min_bytes: int,
         extra_outputs: Sequence[str] = (),
         disabled_optimizers: Sequence[str] = (),
-        options: Any = None,  # onnxruntime.SessionOptions (the caller's: quiet)
+        options: onnxruntime.SessionOptions | None = None,  # the caller's: quiet
         structure: onnx.ModelProto | None = None,
     ) -> None:
         """`structure`: the graph to run where it is not the file's own (its weights still read beside `path`)."""
@@ -167,13 +170,18 @@ class LayerwiseSession:
     def get_outputs(self) -> list[Argument]:
         return list(self._output_args)
 
-    def run(self, names: Sequence[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None) -> list[Any]:
+    def run(
+        self,
+        names: Sequence[str] | None,
+        feeds: dict[str, np.ndarray],
+        run_options: onnxruntime.RunOptions | None = None,
+    ) -> list[np.ndarray]:
         """`names` (every output where None) on `feeds`, one segment's session open at a time."""
         wanted = list(names) if names else list(self._outputs)
         missing = [value.name for value in self._inputs if value.name not in feeds]
         if missing:  # as ONNX Runtime words it
             raise ValueError(f"Required inputs ({missing}) are missing from input feed ({list(feeds)}).")
-        values: dict[str, Any] = {value.name: feeds[value.name] for value in self._inputs}
+        values = {value.name: feeds[value.name] for value in self._inputs}
         reporter = _LAYERWISE[0][1] or LogReporter()
         with reporter.task(f"{self.path.name}, a segment of layers at a time", len(self.segments)) as advance:
             plan = self._narrowed(set(wanted))
@@ -236,7 +244,7 @@ class LayerwiseSession:
             plan.append(segment)
         return plan[::-1]
 
-    def _open(self, segment: Segment, runs_once: bool) -> Any:
+    def _open(self, segment: Segment, runs_once: bool) -> onnxruntime.InferenceSession:
         import onnxruntime  # heavy: only where a session opens
 
         graph = onnx.helper.make_graph(
@@ -264,7 +272,7 @@ class LayerwiseSession:
                 disabled_optimizers=self._disabled,
             )
 
-    def _unoptimized(self) -> Any:
+    def _unoptimized(self) -> onnxruntime.SessionOptions:
         """The caller's session options with ONNX Runtime's graph optimizations and arena off. Its logging and threads
         are copied: the only settings callers give today (core/sessions.py, core/tensor_ranges.py)."""
         import onnxruntime

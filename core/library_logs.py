@@ -5,7 +5,6 @@ carries only what a command prints (`--json`: one object); the CLI shows these l
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 GRAPHSURGEON = "onnx_graphsurgeon"
 POLYGRAPHY = "Polygraphy"  # the logger Polygraphy's python logging system writes to
@@ -22,7 +21,7 @@ def route_graphsurgeon_logs() -> None:
     target = logging.getLogger(GRAPHSURGEON)
     G_LOGGER.colors = False  # with colours, its first message is a warning that the `colored` module is missing
 
-    def log(message: Any, severity: int, mode: int = LogMode.EACH, stack_depth: int = 2) -> None:
+    def log(message: object, severity: int, mode: int = LogMode.EACH, stack_depth: int = 2) -> None:
         level = max(severity, logging.DEBUG)
         if severity < G_LOGGER.severity or not target.isEnabledFor(level):
             return

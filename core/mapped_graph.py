@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeGuard
 
 import numpy as np
 import onnx
@@ -119,7 +119,7 @@ class ConvertedValues(LazyValues):
         return onnx.numpy_helper.from_array(self.load())
 
 
-def reads_rows(values: object) -> bool:
+def reads_rows(values: object) -> TypeGuard[MappedValues | ReferencedValues]:
     """Whether `values` are read a block of rows at a time (`rows(start, stop)`) without loading them whole: a
     weight mapped from its file (not packed), or one read from a checkpoint's (core/checkpoint_references.py)."""
     if isinstance(values, MappedValues):

@@ -10,7 +10,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tensorsmith.core.errors import ConfigError
 
@@ -21,11 +20,11 @@ MXFP4 = "mxfp4"  # gpt-oss's experts: read dequantized, no codes of its own to t
 
 @dataclass(frozen=True)
 class Declared:
-    settings: Any  # the quantization_config mapping as published (checked by its reader)
+    settings: object  # the quantization_config mapping as published (checked by its reader)
     where: str  # the file and field, for messages
 
 
-def declared_quantization(directory: Path, config: Mapping[str, Any]) -> Declared | None:
+def declared_quantization(directory: Path, config: Mapping[str, object]) -> Declared | None:
     """The quantization `config` (the directory's config.json) or Model Optimizer's file declares; None for none."""
     if config.get(FIELD):
         return Declared(config[FIELD], f"{directory / 'config.json'} {FIELD}")
@@ -43,7 +42,7 @@ def declared_quantization(directory: Path, config: Mapping[str, Any]) -> Declare
     return Declared(settings, f"{path} quantization")
 
 
-def declared_method(directory: Path, config: Mapping[str, Any] | None = None) -> str | None:
+def declared_method(directory: Path, config: Mapping[str, object] | None = None) -> str | None:
     """The `quant_method` a checkpoint directory declares (`config`: its config.json, where already read); None for
     none, or where it cannot be read (not a checkpoint directory, or refused naming the file when the source is
     read)."""

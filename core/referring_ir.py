@@ -6,8 +6,9 @@ makes of a saved graph's references, so that canonicalize saves them as referenc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -15,18 +16,24 @@ import onnx
 from tensorsmith.core.checkpoint_references import REFERENCE_KEY, Reference, take_references, write_references
 from tensorsmith.core.ir import save_ir
 
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
-def referred(model: Any) -> dict[str, tuple[Reference, Any]]:
+# What a weight's REFERENCE_KEY metadata holds: its Reference, and the check of its checkpoint bytes (None: none)
+Referred = tuple[Reference, Callable[[], object] | None]
+
+
+def referred(model: ir.Model) -> dict[str, Referred]:
     """The main graph's weights that carry a Reference, by name: (the Reference, its check or None)."""
-    found = {}
-    for value in model.graph.initializers.values():
+    found: dict[str, Referred] = {}
+    for name, value in model.graph.initializers.items():
         tensor = value.const_value
         if tensor is not None and (meta := tensor.meta.get(REFERENCE_KEY)) is not None:
-            found[value.name] = meta
+            found[name] = meta
     return found
 
 
-def save_referring(model: Any, path: Path) -> onnx.ModelProto:
+def save_referring(model: ir.Model, path: Path) -> onnx.ModelProto:
     """Save the onnx-ir `model` at `path` with each weight that carries a Reference stored as one (its check run
     first: a NaN in the checkpoint is refused here, naming the tensor); the other weights as save_ir writes them.
     The structure written."""
@@ -50,7 +57,7 @@ def save_referring(model: Any, path: Path) -> onnx.ModelProto:
     return structure
 
 
-def referring_model(structure: onnx.ModelProto, base: Path) -> Any:
+def referring_model(structure: onnx.ModelProto, base: Path) -> ir.Model:
     """The onnx-ir model of `structure` (saved in `base`, or with absolute locations), each weight it reads by
     reference an fp32 initializer read from the checkpoint when a pass reads it. `structure` is left as it was."""
     import onnx_ir as ir
@@ -69,7 +76,7 @@ def referring_model(structure: onnx.ModelProto, base: Path) -> Any:
     return model
 
 
-def lazy_reference(reference: Reference, name: str) -> Any:
+def lazy_reference(reference: Reference, name: str) -> ir.LazyTensor:
     """An onnx-ir fp32 tensor of the referenced weight, read when a stage reads it, carrying its Reference."""
     import onnx_ir as ir
 

@@ -11,7 +11,8 @@ import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -28,21 +29,31 @@ QUIET_SEVERITY = 4
 
 
 class Runs(Protocol):
-    """What timing asks of a session: ONNX Runtime's `run(names, feeds)`."""
+    """What timing asks of a session: ONNX Runtime's `run(names, feeds)` (the compiler's graphs output tensors)."""
 
-    def run(self, names: Sequence[str] | None, feeds: dict[str, np.ndarray], /) -> list[Any]: ...
+    def run(self, names: Sequence[str] | None, feeds: dict[str, np.ndarray], /) -> list[np.ndarray]: ...
+
+
+class NodeArg(Protocol):
+    """A graph input or output as a session describes it: ONNX Runtime's NodeArg, core/layerwise.Argument."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> Sequence[int | str | None] | None: ...
 
 
 class Session(Runs, Protocol):
     """What the compiler asks of a session over a graph: ONNX Runtime's InferenceSession, and
     core/layerwise.LayerwiseSession, which answers the same."""
 
-    def get_inputs(self) -> Sequence[Any]: ...
+    def get_inputs(self) -> Sequence[NodeArg]: ...
 
-    def get_outputs(self) -> Sequence[Any]: ...
+    def get_outputs(self) -> Sequence[NodeArg]: ...
 
 
-def quiet_onnxruntime() -> Any:
+def quiet_onnxruntime() -> ModuleType:
     """onnxruntime, with its process-wide default logger at error severity too: sessions that other libraries
     open for the compiler (onnxruntime.quantization's) log through it."""
     import onnxruntime
@@ -65,7 +76,7 @@ def run_onnx(
         return owned(session.run(None, session_feeds(session, feeds)))
 
 
-def owned(outputs: Sequence[Any]) -> list[Any]:
+def owned(outputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """`outputs` as arrays that own their bytes. ONNX Runtime's output arrays are views into its session's arena,
     and one kept alive keeps the whole arena: at the 1B shape, verification's 9 MB of outputs held the twin
     session's 1.2 GB arena for the rest of the compile."""

@@ -6,11 +6,14 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tensorsmith.core.sessions import QUIET_SEVERITY, Runs, quiet_onnxruntime
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 LATENCY_RUNS = 7
 
@@ -21,7 +24,7 @@ def cpu_session(
     threads: int = 0,
     profile: Path | None = None,
     config: dict[str, str] | None = None,
-) -> Any:
+) -> onnxruntime.InferenceSession:
     """An ONNX Runtime CPU session for timing (and, with `profile`, ONNX Runtime's profiler writing files with
     that prefix). Its threads stop spinning after each run: idle spinning threads of one session otherwise take
     the cores from the next one measured (it doubled every figure on 2 cores)."""

@@ -114,7 +114,7 @@ def match_attention(walk: Walk) -> Rewrite:
         )
     dtype = query.dtype
     inputs: list[gs.Tensor | None] = [query, key, value] + ([mask] if mask is not None else [])
-    attrs = {"q_num_heads": query_heads, "kv_num_heads": key_heads, "scale": float(scale)}
+    attrs: dict[str, object] = {"q_num_heads": query_heads, "kv_num_heads": key_heads, "scale": float(scale)}
     return replace(walk, weighted.outputs[0], [NodeSpec("Attention", inputs, attrs, dtype=dtype)])
 
 

@@ -4,11 +4,14 @@ Attention does not take: compiler/frontend/latent_attention.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+
+# A graphsurgeon tensor's dtype: numpy's, or ONNX's number for a type numpy has not (bfloat16, fp8)
+GraphDtype: TypeAlias = np.dtype | type[np.generic] | int
 
 
 def masked_scores(graph: gs.Graph, mask: gs.Tensor, tokens: gs.Tensor) -> list[tuple[gs.Node, int]]:
@@ -41,7 +44,7 @@ def _computed_from(source: gs.Tensor, through_shapes: bool = True) -> set[int]:
     return derived
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: GraphDtype) -> str:
     """numpy's name, or ONNX's for a type numpy has not (onnx-graphsurgeon keeps bfloat16 as ONNX's number)."""
     return onnx.TensorProto.DataType.Name(dtype).lower() if isinstance(dtype, int) else np.dtype(dtype).name
 

@@ -106,8 +106,10 @@ def tied_projections(graph: gs.Graph, table: np.ndarray) -> list[gs.Node]:
     found = []
     for node in graph.nodes:
         weight = node.inputs[1] if node.op == "MatMul" else None
-        shaped = isinstance(weight, gs.Constant) and tuple(weight.shape) == table.shape[::-1]
-        if shaped and np.array_equal(constant_value(weight), table.T):  # read only where the shape fits
+        if not isinstance(weight, gs.Constant) or tuple(weight.shape) != table.shape[::-1]:
+            continue
+        values = constant_value(weight)  # read only where the shape fits
+        if values is not None and np.array_equal(values, table.T):
             found.append(node)
     return found
 

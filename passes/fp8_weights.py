@@ -58,7 +58,8 @@ class WeightOnlyFp8:
     name: str = "weight_only_fp8"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
-        quantized, weight_bytes, blocks = 0, 0, set()
+        quantized, weight_bytes = 0, 0
+        blocks: set[int] = set()
         for node in [node for node in graph.nodes if node.op == "MatMul" and node.name in self.weights]:
             values = constant_value(node.inputs[1])
             assert values is not None and values.ndim == 2, f"{node.name}: planned without a constant weight"
@@ -79,7 +80,7 @@ class WeightOnlyFp8:
             )
             node.inputs[1] = dequantized
             quantized, weight_bytes = quantized + 1, weight_bytes + fp8.codes.size + scales.nbytes
-            blocks.add(attributes.get("block_size", fp8.codes.shape[0]))
+            blocks.add(attributes["block_size"] if "block_size" in attributes else len(fp8.codes))
         return PassReport(
             self.name,
             changed=quantized > 0,

@@ -35,9 +35,9 @@ def _half_x_times(walk: Walk, s: gs.Tensor, x: gs.Tensor) -> gs.Tensor:
         _, half = walk.split_constant(last, "½")
         expect_close(half, 0.5, "½")
         return last.outputs[0]
-    half = constant_value(other)
-    if half is not None:  # (s·½)·x
-        expect_close(half, 0.5, "½")
+    known = constant_value(other)
+    if known is not None:  # (s·½)·x
+        expect_close(known, 0.5, "½")
         last = walk.consumer(first.outputs[0], "Mul", "·x")
         if walk.other_input(last, first.outputs[0], "·x") is not x:
             raise Miss("·x: the last Mul is not by the GELU's input")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
@@ -27,6 +26,7 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.cache_graph import GraphDtype
 
 FP8_MAX = 448.0  # FLOAT8E4M3FN's largest finite value
 FP8 = onnx.TensorProto.FLOAT8E4M3FN
@@ -115,7 +115,7 @@ class QuantizedCache:
         concat.inputs[1] = rounded
 
 
-def _scale(name: str, scale: float, dtype: Any) -> gs.Constant:
+def _scale(name: str, scale: float, dtype: GraphDtype) -> gs.Constant:
     """The scale in the quantized tensor's dtype (QuantizeLinear's x and y_scale share one)."""
     if isinstance(dtype, int):  # bfloat16: numpy has none; onnx's helper writes it from float32
         proto = onnx.helper.make_tensor(f"{name}/fp8_scale", dtype, [], [scale])

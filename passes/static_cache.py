@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -34,6 +33,7 @@ import onnx_graphsurgeon as gs
 from tensorsmith.core.errors import PassError
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.cache_graph import (
+    GraphDtype,
     cache_in_compute_dtype,
     dtype_name,
     masked_scores,
@@ -189,7 +189,7 @@ class StaticCache:
         graph: gs.Graph,
         op: str,
         inputs: list[gs.Tensor],
-        dtype: Any,
+        dtype: GraphDtype,
         name: str,
         attrs: dict[str, object] | None = None,
     ) -> gs.Variable:

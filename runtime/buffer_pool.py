@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from tensorsmith.runtime.copy_plan import device_buffers, staging_bytes
 from tensorsmith.runtime.cuda_graphs import DecodeGraph
-from tensorsmith.runtime.cuda_runtime import check_cuda
+from tensorsmith.runtime.cuda_runtime import CudaRuntime, check_cuda
 from tensorsmith.runtime.errors import RuntimeLoadError
 from tensorsmith.runtime.kv_cache import CacheShape
 
@@ -26,7 +25,7 @@ class DeviceBuffers:
     """A request's device buffers (`device_buffers`) and pinned host buffers (`staging_bytes`), by tensor name,
     with the decode graph captured over their addresses."""
 
-    def __init__(self, cudart: Any, shape: CacheShape, vocabulary: int, logits_dtype: np.dtype) -> None:
+    def __init__(self, cudart: CudaRuntime, shape: CacheShape, vocabulary: int, logits_dtype: np.dtype) -> None:
         self._cudart = cudart
         self.sizes = device_buffers(shape, vocabulary, logits_dtype)
         self.host_sizes = staging_bytes(shape, vocabulary, logits_dtype)
@@ -44,7 +43,7 @@ class DeviceBuffers:
             self.free()
             raise
 
-    def zero(self, stream: Any) -> None:
+    def zero(self, stream: object) -> None:
         """Every device buffer to zeros (an empty cache, a mask of no slots), on the stream."""
         for name, pointer in self.device.items():
             check_cuda(self._cudart.cudaMemsetAsync(pointer, 0, self.sizes[name], stream), "cudaMemsetAsync")
@@ -77,7 +76,7 @@ class BufferPool:
     """The last finished request's buffers, kept for the next request of the same sizes (its decode graph
     with them); a request of other sizes frees them before allocating its own."""
 
-    def __init__(self, cudart: Any, forget: Callable[[object], None]) -> None:
+    def __init__(self, cudart: CudaRuntime, forget: Callable[[object], None]) -> None:
         self._cudart = cudart
         self._forget = forget
         self._idle: DeviceBuffers | None = None
@@ -88,7 +87,7 @@ class BufferPool:
         """The buffers kept for the next request, if any."""
         return self._idle
 
-    def take(self, shape: CacheShape, vocabulary: int, logits_dtype: np.dtype, stream: Any) -> DeviceBuffers:
+    def take(self, shape: CacheShape, vocabulary: int, logits_dtype: np.dtype, stream: object) -> DeviceBuffers:
         wanted = (
             tuple(device_buffers(shape, vocabulary, logits_dtype).items()),
             tuple(staging_bytes(shape, vocabulary, logits_dtype).items()),

@@ -11,10 +11,10 @@ only for new buffers (another batch size) or after something else bound the cont
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from tensorsmith.runtime.cuda_runtime import check_cuda
+from tensorsmith.runtime.cuda_runtime import CudaRuntime, check_cuda
 from tensorsmith.runtime.errors import InferenceError
+from tensorsmith.runtime.tensorrt_engine import ExecutionContext
 
 logger = logging.getLogger(__name__)
 
@@ -29,15 +29,15 @@ class DecodeGraph:
         self.failed = False
         self.captures = 0
         self.launches = 0
-        self._graph: Any = None
-        self._exec: Any = None
+        self._graph: object = None  # cuda-python's cudaGraph_t and cudaGraphExec_t
+        self._exec: object = None
 
     def next_action(self) -> str:
         if self._exec is not None:
             return "launch"
         return "execute" if self.failed or not self.warmed else "capture"
 
-    def run(self, context: Any, cudart: Any, stream: Any) -> None:
+    def run(self, context: ExecutionContext, cudart: CudaRuntime, stream: object) -> None:
         action = self.next_action()
         if action == "capture":
             self._capture(context, cudart, stream)
@@ -49,7 +49,7 @@ class DecodeGraph:
         execute(context, stream)
         self.warmed = True
 
-    def _capture(self, context: Any, cudart: Any, stream: Any) -> None:
+    def _capture(self, context: ExecutionContext, cudart: CudaRuntime, stream: object) -> None:
         capturable = getattr(context, "is_stream_capturable", None)
         if capturable is not None and not capturable(stream):
             self._give_up("TensorRT says the context is not stream capturable")
@@ -73,7 +73,7 @@ class DecodeGraph:
         logger.info("the decode step runs without a CUDA graph: %s", reason)
         self.failed = True
 
-    def reset(self, cudart: Any) -> None:
+    def reset(self, cudart: CudaRuntime) -> None:
         """Drop the graph (the context was bound to other addresses since): captured again after a warm-up."""
         if self._exec is not None:
             cudart.cudaGraphExecDestroy(self._exec)
@@ -83,6 +83,6 @@ class DecodeGraph:
         self.warmed = False
 
 
-def execute(context: Any, stream: Any) -> None:
+def execute(context: ExecutionContext, stream: object) -> None:
     if not context.execute_async_v3(stream):
         raise InferenceError("TensorRT failed to enqueue a generation step")

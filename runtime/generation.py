@@ -12,13 +12,25 @@ here, not torch's).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
 from tensorsmith.runtime.generation_request import Request
 from tensorsmith.runtime.kv_cache import CacheSession, StepFeeds
 from tensorsmith.runtime.sampling import Sampling, log_softmax
+
+
+class TokenStreamer(Protocol):
+    """transformers' streamer protocol (TextStreamer, TextIteratorStreamer): the prompt, each step's tokens, the
+    end."""
+
+    def put(self, value: np.ndarray) -> None: ...
+    def end(self) -> None: ...
+
+
+# what `generate` hands each step's tokens to: transformers' streamer, or a function of the tokens
+Streamer = TokenStreamer | Callable[[np.ndarray], object]
 
 
 class Generator:
@@ -28,7 +40,7 @@ class Generator:
     def __init__(self, open_cache: Callable[[int, int], CacheSession]) -> None:
         self._open_cache = open_cache
 
-    def generate(self, request: Request, streamer: Any = None) -> np.ndarray:
+    def generate(self, request: Request, streamer: Streamer | None = None) -> np.ndarray:
         """Run a request as checked (generation_request.check_request): its sequences, prompt included."""
         prompt, mask = request.prompt, request.mask
         if request.num_beams > 1:
@@ -46,12 +58,13 @@ class Generator:
         eos: list[int],
         pad: int,
         seed: int | None,
-        streamer: Any,
+        streamer: Streamer | None,
     ) -> np.ndarray:
         rng = np.random.default_rng(seed)
         rows, length = prompt.shape
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-        if hasattr(streamer, "put"):  # transformers' streamers take the prompt first (skip_prompt drops that put)
+        # transformers' streamers take the prompt first (skip_prompt drops that put)
+        if streamer is not None and hasattr(streamer, "put"):
             streamer.put(prompt)
         with self._open_cache(rows, length + max_new_tokens) as cache:
             logits = cache.step(StepFeeds(prompt, positions, 0, mask))
@@ -99,7 +112,7 @@ class Generator:
         return sequences[best_beam]
 
 
-def _stream(streamer: Any, tokens: np.ndarray) -> None:
+def _stream(streamer: Streamer | None, tokens: np.ndarray) -> None:
     if streamer is None:
         return
     if hasattr(streamer, "put"):  # transformers' streamer protocol (TextStreamer, TextIteratorStreamer)
@@ -108,6 +121,6 @@ def _stream(streamer: Any, tokens: np.ndarray) -> None:
         streamer(tokens)
 
 
-def _stream_end(streamer: Any) -> None:
+def _stream_end(streamer: Streamer | None) -> None:
     if streamer is not None and hasattr(streamer, "end"):
         streamer.end()

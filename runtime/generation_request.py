@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -41,8 +40,8 @@ def vocabulary_size(manifest: Manifest) -> int | None:
 def check_request(
     manifest: Manifest,
     origin: str,
-    input_ids: Any,
-    attention_mask: Any = None,
+    input_ids: object,
+    attention_mask: object = None,
     max_new_tokens: int = 20,
     sampling: Sampling | None = None,
     num_beams: int = 1,
@@ -127,7 +126,7 @@ def _check_settings(max_new_tokens: int, sampling: Sampling, num_beams: int, see
         raise InputError(f"seed is {seed!r}, and must be an integer of at least 0", hint="any integer from 0 up")
 
 
-def _rows(input_ids: Any, attention_mask: Any) -> tuple[np.ndarray, np.ndarray]:
+def _rows(input_ids: object, attention_mask: object) -> tuple[np.ndarray, np.ndarray]:
     """The prompt and its mask as [rows, length] int64 (one prompt may be 1-D)."""
     ids = np.asarray(input_ids)
     if ids.dtype.kind not in "iu" and ids.size:  # a float array would be cast silently

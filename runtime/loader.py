@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from tensorsmith.runtime.backends import AUTO, BackendSpec, backend_named, cpu_b
 from tensorsmith.runtime.device import Device, detect_device
 from tensorsmith.runtime.engine import GenerationEngine
 from tensorsmith.runtime.errors import ArtifactError, BackendUnavailable, InputError, RuntimeLoadError
-from tensorsmith.runtime.generation import Generator
+from tensorsmith.runtime.generation import Generator, Streamer
 from tensorsmith.runtime.generation_request import check_request
 from tensorsmith.runtime.kv_cache import CacheSession, CacheShape, past_name
 from tensorsmith.runtime.manifest import Manifest, read_manifest
@@ -81,7 +81,7 @@ class Model:
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
         seed: int | None = None,
-        streamer: Any = None,
+        streamer: Streamer | None = None,
     ) -> np.ndarray:
         """A decoder artifact's sequences, prompt included, as transformers' `generate` returns them: prefill,
         then one token per step with the KV cache kept here. A batch of prompts is left padded (`attention_mask`

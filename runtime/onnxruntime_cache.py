@@ -10,15 +10,18 @@ those small inputs cross the bus, with the last position's logits coming back.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tensorsmith.runtime.errors import InferenceError, onnxruntime_reason
 from tensorsmith.runtime.kv_cache import CacheShape, StaticCacheSession, present_of
 
+if TYPE_CHECKING:
+    import onnxruntime
 
-def run_bound(session: Any, binding: Any, what: str) -> None:
+
+def run_bound(session: onnxruntime.InferenceSession, binding: onnxruntime.IOBinding, what: str) -> None:
     """Run `session` on its I/O binding; ONNX Runtime's error as an InferenceError naming `what` ran."""
     try:
         session.run_with_iobinding(binding)
@@ -28,7 +31,12 @@ def run_bound(session: Any, binding: Any, what: str) -> None:
 
 class OnnxRuntimeStaticCache(StaticCacheSession):
     def __init__(
-        self, session: Any, shape: CacheShape, vocabulary: int, logits_dtype: np.dtype, device: str = "cpu"
+        self,
+        session: onnxruntime.InferenceSession,
+        shape: CacheShape,
+        vocabulary: int,
+        logits_dtype: np.dtype,
+        device: str = "cpu",
     ) -> None:
         super().__init__(self._unused_run, shape)
         import onnxruntime
@@ -36,11 +44,11 @@ class OnnxRuntimeStaticCache(StaticCacheSession):
         self._session = session
         self._device = device
         self._binding = session.io_binding()
-        self._values: dict[str, Any] = {}
+        self._values: dict[str, onnxruntime.OrtValue] = {}
         growing = set(shape.growing_pasts)
         # a state's next value is computed from all of its last (a Scan's carry): never in its own buffer, but
         # in a second one, the two swapped after each step
-        self._spares: dict[str, tuple[np.ndarray, Any]] = {}
+        self._spares: dict[str, tuple[np.ndarray, onnxruntime.OrtValue]] = {}
         for name, array in self.cache.items():
             value = onnxruntime.OrtValue.ortvalue_from_numpy(array, device, 0)  # on the cpu: the array itself
             self._values[name] = value

@@ -7,7 +7,7 @@ runs one slot), so a step rebinds only its token ids, positions and write indice
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,18 +15,21 @@ from tensorsmith.runtime.kv_cache import CacheShape, present_of
 from tensorsmith.runtime.onnxruntime_cache import run_bound
 from tensorsmith.runtime.slots import SlotCache, SlotFeeds
 
+if TYPE_CHECKING:
+    import onnxruntime
+
 
 class OnnxRuntimeSlotCache(SlotCache):
-    def __init__(self, session: Any, shape: CacheShape) -> None:
+    def __init__(self, session: onnxruntime.InferenceSession, shape: CacheShape) -> None:
         super().__init__(self._unused_run, shape)
         self._session = session
-        self._bindings: dict[tuple[int, int], Any] = {}
+        self._bindings: dict[tuple[int, int], onnxruntime.IOBinding] = {}
 
     @staticmethod
     def _unused_run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise AssertionError("the bound session runs through its I/O binding")
 
-    def _binding(self, rows: slice) -> Any:
+    def _binding(self, rows: slice) -> onnxruntime.IOBinding:
         key = (rows.start or 0, rows.stop)
         if key not in self._bindings:
             import onnxruntime

@@ -10,7 +10,7 @@ import queue
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from tensorsmith.runtime.artifact import Artifact
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.errors import BackendUnavailable, InferenceError, RuntimeLoadError
 from tensorsmith.runtime.specs import Limits, TensorSpec
+
+if TYPE_CHECKING:
+    import openvino
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +89,9 @@ class OpenVinoBackend(Backend):
         try:
             # The ONNX frontend keeps the file's dynamic dims, so one compiled model serves every batch and
             # sequence length (and a KV cache's zero-length past).
-            self._compiled: Any = core.compile_model(core.read_model(str(model_path)), DEVICE, properties)
+            self._compiled: openvino.CompiledModel | None = core.compile_model(
+                core.read_model(str(model_path)), DEVICE, properties
+            )
         except RuntimeError as err:  # OpenVINO raises RuntimeError for a file it cannot read, convert or compile
             raise RuntimeLoadError(
                 f"OpenVINO could not load {model_path}: {openvino_reason(err)}",
@@ -98,7 +103,7 @@ class OpenVinoBackend(Backend):
         # Idle infer requests: a call takes one (or makes one when every request is busy) and gives it back, so
         # one caller reuses one request and its buffers, and concurrent callers never share one (an infer
         # request is not thread-safe; a lock would serialize them instead).
-        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._idle: queue.SimpleQueue[openvino.InferRequest] = queue.SimpleQueue()
         logger.debug("loaded %s on OpenVINO %s with %s", model_path, DEVICE, properties)
 
     def _run_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -13,26 +13,25 @@ import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from tensorsmith.runtime.artifact import Artifact
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.buffer_pool import BufferPool
-from tensorsmith.runtime.cuda_runtime import CopyMeter, check_cuda
+from tensorsmith.runtime.cuda_runtime import CopyMeter, CudaRuntime, MeteredCudaRuntime, check_cuda
 from tensorsmith.runtime.device import FLAVOURS
 from tensorsmith.runtime.errors import BackendUnavailable, RuntimeLoadError
 from tensorsmith.runtime.kv_cache import CacheSession, CacheShape
 from tensorsmith.runtime.selection import select_engine
 from tensorsmith.runtime.specs import TensorSpec
 from tensorsmith.runtime.tensorrt_cache import CacheRuntime, TensorRTStaticCache
-from tensorsmith.runtime.tensorrt_engine import Bounds, EngineContexts, EngineIO, engine_io
+from tensorsmith.runtime.tensorrt_engine import Bounds, EngineContexts, EngineIO, ExecutionContext, engine_io
 
 logger = logging.getLogger(__name__)
 
 
-def _cudart() -> Any:
+def _cudart() -> CudaRuntime:
     try:
         from cuda.bindings import runtime as cudart
     except ImportError:
@@ -66,7 +65,7 @@ class TensorRTBackend(Backend):
     ) -> None:
         super().__init__(inputs, outputs)
         trt = importlib.import_module(FLAVOURS[flavour][0])
-        self._cudart = CopyMeter(_cudart())  # every copy counted, as it is handed to CUDA
+        self._cudart: MeteredCudaRuntime = CopyMeter(_cudart())  # every copy counted, as it is handed to CUDA
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
         self._engine = self._runtime.deserialize_cuda_engine(engine_path.read_bytes())
@@ -110,11 +109,12 @@ class TensorRTBackend(Backend):
             for name, size in nbytes.items():
                 self._buffer(name, size)
 
-    def _profile_bounds(self, name: str, index: int) -> tuple[tuple[int, ...], ...]:
+    def _profile_bounds(self, name: str, index: int) -> Bounds:
         """(min, opt, max) of input `name` in optimization profile `index`."""
-        return tuple(tuple(int(d) for d in bound) for bound in self._engine.get_tensor_profile_shape(name, index))
+        low, best, high = (tuple(int(d) for d in bound) for bound in self._engine.get_tensor_profile_shape(name, index))
+        return low, best, high
 
-    def _create_context(self, index: int) -> Any:
+    def _create_context(self, index: int) -> ExecutionContext:
         """Profile `index`'s execution context. On TensorRT for RTX the decode profile of a static-cache engine
         gets TensorRT's own CUDA graphs (captured per shape, launched for every later step of that shape)."""
         graphed = self._cache_io is not None and index == self._cache_io.graph_profile
@@ -128,7 +128,7 @@ class TensorRTBackend(Backend):
             context.set_optimization_profile_async(index, self._stream)
         return context
 
-    def _context(self, shapes: dict[str, tuple[int, ...]]) -> Any:
+    def _context(self, shapes: dict[str, tuple[int, ...]]) -> ExecutionContext:
         """The execution context of the first profile that `shapes` fit, made on first use."""
         return self._contexts.get(shapes)[1]
 

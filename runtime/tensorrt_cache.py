@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -36,12 +35,12 @@ from tensorsmith.runtime.cuda_runtime import (
     DEVICE_TO_HOST,
     HOST_TO_DEVICE,
     CopyCount,
-    CopyMeter,
+    MeteredCudaRuntime,
     check_cuda,
 )
 from tensorsmith.runtime.errors import InferenceError
 from tensorsmith.runtime.kv_cache import WRITE_INDICES, CacheSession, CacheShape, StepFeeds, present_of
-from tensorsmith.runtime.tensorrt_engine import EngineContexts, EngineIO, Shapes
+from tensorsmith.runtime.tensorrt_engine import EngineContexts, EngineIO, ExecutionContext, Shapes
 
 # ---------------------------------------------------------------------------------------------------------------
 # The shapes of a step, the rows a reorder moves.
@@ -72,8 +71,8 @@ class CacheRuntime:
 
     io: EngineIO
     contexts: EngineContexts
-    cudart: CopyMeter
-    stream: Any
+    cudart: MeteredCudaRuntime
+    stream: object  # cuda-python's cudaStream_t
     lock: threading.Lock
     pool: BufferPool
     explicit_graphs: bool
@@ -191,7 +190,7 @@ class TensorRTStaticCache(CacheSession):
         else:
             execute(context, runtime.stream)
 
-    def _bind(self, context: Any, buffers: DeviceBuffers, shapes: Shapes) -> None:
+    def _bind(self, context: ExecutionContext, buffers: DeviceBuffers, shapes: Shapes) -> None:
         for name, dims in shapes.items():
             if not context.set_input_shape(name, dims):
                 raise InferenceError(f"TensorRT refused the shape {list(dims)} for {name}")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from tensorsmith.runtime.copy_plan import LOGITS
 from tensorsmith.runtime.errors import RuntimeLoadError
@@ -24,6 +25,36 @@ logger = logging.getLogger(__name__)
 Bounds = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # an input's (min, opt, max) in a profile
 Shapes = dict[str, tuple[int, ...]]
 PAST_PREFIX = "past_key_values."
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What is asked of TensorRT, the same on data-centre TensorRT and on TensorRT for RTX (two modules).
+
+
+class ExecutionContext(Protocol):
+    """TensorRT's IExecutionContext; a stream is cuda-python's handle."""
+
+    def set_optimization_profile_async(self, index: int, stream: object) -> bool: ...
+    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool: ...
+    def set_tensor_address(self, name: str, memory: int) -> bool: ...
+    def get_tensor_shape(self, name: str) -> Iterable[int]: ...
+    def execute_async_v3(self, stream: object) -> bool: ...
+
+
+class EngineTensors(Protocol):
+    """TensorRT's ICudaEngine, as far as its I/O tensors go; a tensor's dtype is TensorRT's DataType."""
+
+    @property
+    def num_io_tensors(self) -> int: ...
+    def get_tensor_name(self, index: int) -> str: ...
+    def get_tensor_shape(self, name: str) -> Iterable[int]: ...
+    def get_tensor_dtype(self, name: str) -> object: ...
+
+
+class TensorTypes(Protocol):
+    """The tensorrt module's numpy type of a DataType."""
+
+    def nptype(self, trt_type: object) -> DTypeLike: ...
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -105,7 +136,7 @@ class EngineIO:
         return decode_profile(self.profiles) if self.capacity is not None else None
 
 
-def _host_dtype(trt: Any, dtype: Any) -> np.dtype:
+def _host_dtype(trt: TensorTypes, dtype: object) -> np.dtype:
     """numpy's type for a TensorRT one; bfloat16, which numpy has not, as its 2-byte stand-in (the host only
     sizes the caches, it never reads them)."""
     try:
@@ -114,7 +145,7 @@ def _host_dtype(trt: Any, dtype: Any) -> np.dtype:
         return np.dtype(np.uint16)
 
 
-def engine_io(engine: Any, trt: Any, profiles: Sequence[Mapping[str, Bounds]]) -> EngineIO | None:
+def engine_io(engine: EngineTensors, trt: TensorTypes, profiles: Sequence[Mapping[str, Bounds]]) -> EngineIO | None:
     """`engine`'s static-cache I/O; None unless it is a decoder with past_key_values inputs and logits."""
     names = [engine.get_tensor_name(index) for index in range(engine.num_io_tensors)]
     pasts = [name for name in names if name.startswith(PAST_PREFIX)]
@@ -137,13 +168,15 @@ class EngineContexts:
     its cache sessions, with who bound each one's shapes and addresses last (so a session binds only when
     something else did since: its decode context is bound once for the buffers' life)."""
 
-    def __init__(self, profiles: Sequence[Mapping[str, Bounds]], create: Callable[[int], Any]) -> None:
+    def __init__(self, profiles: Sequence[Mapping[str, Bounds]], create: Callable[[int], ExecutionContext]) -> None:
         self.profiles = list(profiles)
         self._create = create
-        self._contexts: dict[int, Any] = {}
+        self._contexts: dict[int, ExecutionContext] = {}
         self._bound: dict[int, tuple[object, Shapes]] = {}
 
-    def get(self, shapes: Mapping[str, tuple[int, ...]], owner: object | None = None) -> tuple[int, Any, bool]:
+    def get(
+        self, shapes: Mapping[str, tuple[int, ...]], owner: object | None = None
+    ) -> tuple[int, ExecutionContext, bool]:
         """(profile index, context, whether the caller must bind it): `owner` None binds every time (`run`)."""
         index = fitting_profile(self.profiles, shapes)
         if index is None:

@@ -16,7 +16,6 @@ import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -67,7 +66,7 @@ def create_app(settings: ServeSettings, on_ready: Callable[[Served], None] | Non
         return JSONResponse({"status": "ok" if ready else "loading"}, status_code=200 if ready else 503)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models() -> dict[str, object]:
         served.check(None)
         card = {"id": served.name, "object": "model", "created": served.created, "owned_by": "tensorsmith"}
         if served.engine is not None:
@@ -99,7 +98,7 @@ def create_app(settings: ServeSettings, on_ready: Callable[[Served], None] | Non
         return await _answer(served, completion, body, Answer.new(served.name, chat=True), request)
 
     @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
+    async def embeddings(body: EmbeddingRequest) -> dict[str, object]:
         embedder = served.embeddings(body.model)
         vectors, tokens = await embedder.embed(body.texts)
         data = [
@@ -138,13 +137,14 @@ async def _answer(
     served: Served, completion: Completion, body: GenerationFields, answer: Answer, request: Request
 ) -> Response:
     """The whole answer, or its server-sent events; the request accounted for when it ends either way."""
-    assert served.metrics is not None
+    metrics = served.metrics
+    assert metrics is not None
     endpoint = request.url.path
     if not body.stream:
         try:
             text = await completion.whole(request.is_disconnected)
         finally:
-            completion.account(served.metrics, endpoint)
+            completion.account(metrics, endpoint)
         stream = completion.stream
         return JSONResponse(
             answer.whole(
@@ -173,6 +173,6 @@ async def _answer(
                 yield answer.usage_chunk(completion.stream.prompt_tokens, completion.stream.completion_tokens)
             yield DONE
         finally:
-            completion.account(served.metrics, endpoint)
+            completion.account(metrics, endpoint)
 
     return StreamingResponse(events(), media_type="text/event-stream")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 ERROR_TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
@@ -23,6 +21,6 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, dict[str, str | None]]:
         kind = ERROR_TYPES.get(self.status, "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}

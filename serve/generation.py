@@ -10,17 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from tensorsmith.runtime.engine import GenerationEngine, QueueFull
 from tensorsmith.runtime.errors import InferenceError, InputError
 from tensorsmith.serve.errors import OpenAIError
 from tensorsmith.serve.metrics import ServeMetrics
+from tensorsmith.serve.protocol import EngineSampling
 from tensorsmith.serve.text import TextCodec, TextStream
 
 logger = logging.getLogger("tensorsmith.serve.requests")
+Disconnected = Callable[[], Awaitable[bool]]  # whether the caller went away (Request.is_disconnected)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Completion:
         prompt: list[int],
         max_tokens: int | None,
         stops: list[str],
-        sampling: dict[str, Any],
+        sampling: EngineSampling,
         prompt_param: str = "prompt",
     ) -> None:
         if not prompt:
@@ -92,7 +93,7 @@ class Completion:
             if not self.stream.done:  # the caller left before the end
                 self.stream.cancel()
 
-    async def whole(self, disconnected: Any) -> str:
+    async def whole(self, disconnected: Disconnected) -> str:
         """All the text; cancelled when `disconnected()` (an awaitable predicate) turns true."""
         watcher = asyncio.create_task(_watch(self, disconnected))
         try:
@@ -118,7 +119,7 @@ class Completion:
         logger.info("%s", json.dumps(record))
 
 
-async def _watch(completion: Completion, disconnected: Any) -> None:
+async def _watch(completion: Completion, disconnected: Disconnected) -> None:
     while not completion.stream.done:
         if await disconnected():
             completion.stream.cancel()

@@ -4,11 +4,22 @@ refused by name (a 400 naming the field), not ignored; fields no OpenAI client s
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tensorsmith.serve.errors import OpenAIError
+
+
+class EngineSampling(TypedDict):
+    """GenerationEngine.submit's sampling settings."""
+
+    do_sample: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    ignore_eos: bool
 
 
 class StreamOptions(BaseModel):
@@ -33,7 +44,7 @@ class GenerationFields(BaseModel):
     return_token_ids: bool = Field(False, description="vLLM's extra: each choice and chunk carries its token ids")
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logprobs: Any = None
+    logprobs: object = None  # any value but null and false is refused by `check`
 
     def check(self) -> None:
         """Refuse, naming the field, what this server does not do."""
@@ -57,7 +68,7 @@ class GenerationFields(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling(self) -> dict[str, Any]:
+    def sampling(self) -> EngineSampling:
         """The engine's settings: temperature 0 is greedy, as OpenAI's and vLLM's."""
         greedy = self.temperature == 0
         return {
@@ -108,7 +119,7 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
 
-    def for_template(self) -> dict[str, Any]:
+    def for_template(self) -> dict[str, object]:
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)

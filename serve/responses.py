@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 DONE = "data: [DONE]\n\n"
 
@@ -25,7 +25,7 @@ class Answer:
         prefix = "chatcmpl" if chat else "cmpl"
         return Answer(model, chat, f"{prefix}-{uuid.uuid4().hex}", int(time.time()))
 
-    def _head(self, chunk: bool) -> dict[str, Any]:
+    def _head(self, chunk: bool) -> dict[str, object]:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
@@ -36,7 +36,7 @@ class Answer:
         chunk: bool,
         first: bool = False,
         token_ids: list[int] | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         ids = {} if token_ids is None else {"token_ids": token_ids}  # vLLM's return_token_ids
         if not self.chat:
             return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason, **ids}
@@ -53,7 +53,7 @@ class Answer:
         prompt_tokens: int,
         completion_tokens: int,
         token_ids: list[int] | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         return {
             **self._head(False),
             "choices": [self._choice(text, finish_reason, False, token_ids=token_ids)],
@@ -83,5 +83,5 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def sse(body: dict[str, Any]) -> str:
+def sse(body: Mapping[str, object]) -> str:
     return f"data: {json.dumps(body)}\n\n"

@@ -8,9 +8,8 @@ is tokenized without adding special tokens again (the template writes them), as 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tensorsmith.serve.errors import OpenAIError
 
@@ -37,7 +36,7 @@ class TextCodec:
     def decode(self, ids: list[int]) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(self, messages: Sequence[Mapping[str, object]]) -> str:
         """The prompt for `messages` with the assistant's turn opened (add_generation_prompt)."""
         if self.chat_template is None:
             raise OpenAIError(

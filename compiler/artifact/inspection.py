@@ -5,14 +5,29 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import ai_onnx_opset, io_records, load_onnx
 from tensorsmith.runtime.manifest import read_manifest
 
+ArtifactSummary = dict[str, Any]  # the manifest's JSON, with the kind and path
 
-def inspect_onnx(path: Path) -> dict[str, Any]:
+
+class OnnxSummary(TypedDict):
+    kind: Literal["onnx"]
+    path: str
+    opset: int
+    producer: str
+    nodes: int
+    parameters: int
+    bytes: int
+    inputs: list[dict[str, object]]  # runtime/manifest.TensorRecord's fields
+    outputs: list[dict[str, object]]
+    ops: dict[str, int]  # op type → nodes, most used first
+
+
+def inspect_onnx(path: Path) -> OnnxSummary:
     model = load_onnx(path)
     io = io_records(model)
     inputs, outputs = io.inputs, io.outputs
@@ -31,12 +46,12 @@ def inspect_onnx(path: Path) -> dict[str, Any]:
     }
 
 
-def inspect_artifact(directory: Path) -> dict[str, Any]:
+def inspect_artifact(directory: Path) -> ArtifactSummary:
     manifest = read_manifest(directory)
     return {"kind": "artifact", "path": str(directory), **manifest.model_dump(mode="json")}
 
 
-def inspect_path(path: Path) -> dict[str, Any]:
+def inspect_path(path: Path) -> OnnxSummary | ArtifactSummary:
     if path.is_dir():
         return inspect_artifact(path)
     if path.suffix == ".onnx":

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 from tensorsmith.compiler.engines.engine_cache import cache_key, configured_cache
 from tensorsmith.compiler.engines.isolated import run_isolated
@@ -34,8 +34,8 @@ from tensorsmith.runtime.manifest import sha256_of
 
 if TYPE_CHECKING:
     # The TensorRT API as tensorrt-stubs types it (scripts/tensorrt-stubs.sh puts the stubs on MYPYPATH for
-    # `make lint`); without them these names are Any. tensorrt_rtx has the same classes, plus the
-    # compute-capability settings of its builder config, which are reached through `Any` below.
+    # `make lint`). tensorrt_rtx has the same classes, plus the compute-capability settings of its builder
+    # config (RtxBuilderConfig), and no stubs.
     import tensorrt as trt_api
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,14 @@ HARDWARE_COMPATIBILITY = {
     "ampere+": "AMPERE_PLUS",
     "same-compute-capability": "SAME_COMPUTE_CAPABILITY",
 }
+
+
+class RtxBuilderConfig(Protocol):
+    """TensorRT for RTX's builder config settings that data-centre TensorRT's has not."""
+
+    num_compute_capabilities: int
+
+    def set_compute_capability(self, capability: object, index: int) -> None: ...
 
 
 @dataclass
@@ -76,11 +84,11 @@ def import_builder(builder: Builder) -> ModuleType:
         raise BuildError(f"the {builder} builder is not installed ({err})", hint=hint) from err
 
 
-def _logger(trt: ModuleType, messages: list[tuple[Any, str]]) -> Any:
+def _logger(trt: ModuleType, messages: list[tuple[trt_api.ILogger.Severity, str]]) -> trt_api.ILogger:
     """A TensorRT logger that forwards to `logging` and keeps warnings and errors for BuildError messages."""
 
     class ForwardingLogger(trt.ILogger):  # type: ignore[name-defined]
-        def log(self, severity: Any, message: str) -> None:
+        def log(self, severity: trt_api.ILogger.Severity, message: str) -> None:
             if severity in (trt.ILogger.INTERNAL_ERROR, trt.ILogger.ERROR):
                 logger.info("TensorRT: %s", message)  # worded once, by the BuildError that carries it
                 messages.append((severity, message))
@@ -191,7 +199,7 @@ def _build(
     """The build itself; with `plan_path`, TensorRT's serialized plan is written there from its own buffer (no
     bytes copy: a 3 GB plan would be held twice) and the record's `plan` is empty."""
     started = time.perf_counter()
-    messages: list[tuple[Any, str]] = []
+    messages: list[tuple[trt_api.ILogger.Severity, str]] = []
     trt_logger = _logger(trt, messages)
     network_builder: trt_api.Builder = trt.Builder(trt_logger)
     flags = 0
@@ -235,11 +243,13 @@ def _build(
     )
 
 
-def _builder_config(trt: ModuleType, network_builder: Any, builder: Builder, target: str, options: BuildConfig) -> Any:
+def _builder_config(
+    trt: ModuleType, network_builder: trt_api.Builder, builder: Builder, target: str, options: BuildConfig
+) -> trt_api.IBuilderConfig:
     """The builder config of `options` for `target` (TensorRT for RTX: its compute capability)."""
     config = network_builder.create_builder_config()
     if builder == "tensorrt-rtx":
-        rtx_config: Any = config  # TensorRT for RTX's own settings: not in data-centre TensorRT's API
+        rtx_config = cast("RtxBuilderConfig", config)  # tensorrt_rtx's builder config: its own settings too
         rtx_config.num_compute_capabilities = 1
         rtx_config.set_compute_capability(getattr(trt.ComputeCapability, str(get_target(target).rtx_capability)), 0)
     if options.optimization_level is not None:
@@ -254,7 +264,13 @@ def _builder_config(trt: ModuleType, network_builder: Any, builder: Builder, tar
     return config
 
 
-def _add_profiles(trt: ModuleType, network_builder: Any, network: Any, config: Any, profiles: list[Profile]) -> None:
+def _add_profiles(
+    trt: ModuleType,
+    network_builder: trt_api.Builder,
+    network: trt_api.INetworkDefinition,
+    config: trt_api.IBuilderConfig,
+    profiles: list[Profile],
+) -> None:
     for profile in profiles:  # in order: the runtime selects them by index
         optimization_profile = network_builder.create_optimization_profile()
         for index in range(network.num_inputs):

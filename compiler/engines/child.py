@@ -16,7 +16,6 @@ import pickle
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from tensorsmith.runtime.errors import TensorsmithError
 
@@ -34,7 +33,7 @@ def main(request: Path, answer: Path, level: int, native: Path) -> None:
     os.close(output)
     function, args = pickle.loads(request.read_bytes())
     try:
-        result: tuple[str, Any] = ("ok", function(*args))
+        result: tuple[str, object] = ("ok", function(*args))
     except TensorsmithError as err:
         result = ("error", (err.message, err.hint))
     except Exception as err:  # whatever the bindings raise; the parent words it as a BuildError

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tensorsmith.core.errors import BuildError
 
@@ -25,7 +25,7 @@ Result = TypeVar("Result")
 CHILD = "tensorsmith.compiler.engines.child"  # its own module: `-m` of a module the package imports warns
 
 
-def run_isolated(function: Callable[..., Result], args: tuple[Any, ...], what: str) -> Result:
+def run_isolated(function: Callable[..., Result], args: tuple[object, ...], what: str) -> Result:
     """`function(*args)` in a child process; its BuildError (or any error) comes back as a BuildError, and a
     child that dies (a signal, an exit) is one too, naming `what` it was doing.
 

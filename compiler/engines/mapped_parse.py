@@ -22,12 +22,16 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from tensorsmith.core.errors import BuildError
+
+if TYPE_CHECKING:
+    import tensorrt as trt_api  # tensorrt-stubs (builder.py)
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +100,12 @@ def _external_weights(structure: onnx.ModelProto, directory: Path) -> dict[str, 
 
 @contextlib.contextmanager
 def parsed_network(
-    trt: Any, builder: Any, trt_logger: Any, onnx_path: Path, flags: int
-) -> Iterator[tuple[Any, MappedWeights]]:
+    trt: ModuleType, builder: trt_api.Builder, trt_logger: trt_api.ILogger, onnx_path: Path, flags: int
+) -> Iterator[tuple[trt_api.INetworkDefinition, MappedWeights]]:
     """A network parsed from `onnx_path`, and the maps its weights point into (kept, with the parser, for the
     block: build inside it, under `weights.shedding()`, and let go of the network before the block ends)."""
     network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, trt_logger)
+    parser: trt_api.OnnxParser = trt.OnnxParser(network, trt_logger)
     weights = MappedWeights()
     try:
         structure = onnx.load(str(onnx_path), load_external_data=False)
@@ -136,7 +140,7 @@ def parsed_network(
         weights.close()
 
 
-def _parse_error(parser: Any, onnx_path: Path) -> BuildError:
+def _parse_error(parser: trt_api.OnnxParser, onnx_path: Path) -> BuildError:
     errors = [parser.get_error(i) for i in range(parser.num_errors)]
     described = [f"node '{error.node_name()}' ({error.node_operator()}): {error.desc().strip()}" for error in errors]
     more = f" … and {len(described) - PARSER_ERRORS_SHOWN} more" if len(described) > PARSER_ERRORS_SHOWN else ""

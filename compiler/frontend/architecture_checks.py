@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from tensorsmith.compiler.frontend.config_json import ConfigJson
 from tensorsmith.core.errors import ConfigError
 
 SUPPORTED = (
@@ -47,7 +47,7 @@ KV_CACHE_LAYER_KINDS = frozenset(
 )
 
 
-def check_architecture(directory: Path, architecture: str, config: dict[str, Any]) -> None:
+def check_architecture(directory: Path, architecture: str, config: ConfigJson) -> None:
     """A model transformers builds but the export cannot take, said from config.json before any work (else the
     export fails after seconds, in the exporter's words)."""
     model_type = config.get("model_type")
@@ -69,7 +69,7 @@ def check_architecture(directory: Path, architecture: str, config: dict[str, Any
     raise ConfigError(f"{directory} holds a {architecture}, {kind}; {SUPPORTED}", hint=hint)
 
 
-def _stateful_layer_kinds(config: dict[str, Any]) -> list[str]:
+def _stateful_layer_kinds(config: ConfigJson) -> list[str]:
     """The kinds of layers config.json lists (`layer_types`, Granite 4's `layers_block_type`) that keep a state
     other than attention's keys and values and not among STATE_LAYER_KINDS: Mamba's `linear_attention`, Falcon-H1's
     `hybrid`."""

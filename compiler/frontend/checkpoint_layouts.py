@@ -21,7 +21,7 @@ from tensorsmith.core.errors import ConfigError
 from tensorsmith.passes.nvfp4 import NVFP4_BLOCK
 
 
-def published_layout(where: str, method: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
+def published_layout(where: str, method: str, settings: Mapping[str, object]) -> tuple[Layout, str]:
     """The layout `quantization_config` names, and its words for the summary; a ConfigError naming the field."""
     if method == "awq":
         version = str(settings.get("version", "gemm")).lower()
@@ -49,7 +49,8 @@ def published_layout(where: str, method: str, settings: Mapping[str, Any]) -> tu
 
 
 def _compressed(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
-    """compressed-tensors: every scheme of `config_groups` one format, pack-quantized INT4 or float-quantized FP8."""
+    """compressed-tensors: every scheme of `config_groups` one format, pack-quantized INT4 or float-quantized FP8.
+    `settings` is JSON as published, its nested groups read as found (a field of another type fails as read)."""
     forms = set()
     for name, group in dict(settings.get("config_groups") or {}).items():
         scheme, weights = f"{where}.config_groups.{name}", dict(group.get("weights") or {})
@@ -82,7 +83,7 @@ MODELOPT_FP8 = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO")  # its per-tens
 MODELOPT_NVFP4_ALGORITHMS = ("NVFP4", "W4A16_NVFP4")  # NVFP4 weights (the activations are the compile's to choose)
 
 
-def _modelopt(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
+def _modelopt(where: str, settings: Mapping[str, object]) -> tuple[Layout, str]:
     """Model Optimizer's Hugging Face export: `quant_algo` names the format (in config.json's `quantization_config`,
     or the older hf_quant_config.json's `quantization`: core/quantization_declared.py)."""
     algorithm = str(settings.get("quant_algo", "")).upper()
@@ -97,7 +98,7 @@ def _modelopt(where: str, settings: Mapping[str, Any]) -> tuple[Layout, str]:
     return SCALED_FP8, f"modelopt {algorithm.lower()} (fp8 e4m3)"
 
 
-def _block_fp8(where: str, settings: Mapping[str, Any]) -> tuple[int, int] | None:
+def _block_fp8(where: str, settings: Mapping[str, object]) -> tuple[int, int] | None:
     """config.json's `weight_block_size` [bn, bk], checked (None: the blocks the scales' grid splits evenly)."""
     form = str(settings.get("fmt", "e4m3"))
     if form != "e4m3":
@@ -115,7 +116,7 @@ def _bits(where: str, bits: object, expected: int) -> None:
         raise ConfigError(f"{where} gives {bits!r} bits: tensorsmith takes {expected}-bit weights here", hint=HINT)
 
 
-def _group(where: str, settings: Mapping[str, Any]) -> int:
+def _group(where: str, settings: Mapping[str, object]) -> int:
     group = settings.get("group_size", settings.get("q_group_size"))
     if not isinstance(group, int) or group <= 0:
         raise ConfigError(

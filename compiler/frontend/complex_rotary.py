@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from tensorsmith.compiler.frontend.module_protocols import RotaryEmbedding
+
 
 class PairAngles(NamedTuple):
     """A complex rotary embedding's rotation as real numbers: [batch, sequence, rotary/2] each."""
@@ -27,7 +29,8 @@ class PairAngles(NamedTuple):
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def to(self, *args: Any, **kwargs: Any) -> PairAngles:  # the attention moves freqs_cis to its device
+    # the attention moves freqs_cis to its device; the arguments are Tensor.to's, of its several signatures
+    def to(self, *args: Any, **kwargs: Any) -> PairAngles:
         return PairAngles(self.cos.to(*args, **kwargs), self.sin.to(*args, **kwargs))
 
 
@@ -46,7 +49,7 @@ def rewrite_complex_rotary(model: torch.nn.Module) -> int:
     return len(modules)
 
 
-def _real_rotation_forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> PairAngles:
+def _real_rotation_forward(self: RotaryEmbedding, x: torch.Tensor, position_ids: torch.Tensor) -> PairAngles:
     angles = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
     scale = self.attention_scaling
     return PairAngles(angles.cos() * scale, angles.sin() * scale)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.frontend.architecture_checks import STATE_LAYER_KINDS
 from tensorsmith.compiler.frontend.complex_rotary import real_rotation_while_tracing, rewrite_complex_rotary
+from tensorsmith.compiler.frontend.config_json import ConfigJson
 from tensorsmith.compiler.frontend.latent_attention import rewrite_latent_attention
 from tensorsmith.compiler.frontend.layer_states import LayerStates, layer_states
 from tensorsmith.compiler.frontend.linear_attention import (
@@ -28,6 +29,7 @@ from tensorsmith.compiler.frontend.linear_attention import (
     rewrite_linear_attention,
     token_masks_while_tracing,
 )
+from tensorsmith.compiler.frontend.module_protocols import CachedKeysValues
 from tensorsmith.compiler.frontend.short_convolution import rewrite_short_convolution
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.ir import GraphIO
@@ -38,6 +40,7 @@ from tensorsmith.runtime.manifest import GenerationRecord, TensorRecord
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedModel
 
     from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel
 
@@ -74,7 +77,7 @@ class KVLayout:
         return ["batch", self.kv_heads, "past", self.last_dim(kind, layer)]
 
 
-def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
+def kv_layout(config: ConfigJson, mla_cache: str = "latent") -> KVLayout:
     """The cache layout from config.json, for the families' own key names. Multi-head latent attention
     (`kv_lora_rank`: DeepSeek-V2/V3) caches its normalised latent and its rotary key, one head each, as
     transformers does (compiler/frontend/latent_attention.py); `mla_cache="full"` caches every head's keys
@@ -84,11 +87,11 @@ def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
     hidden = config.get("hidden_size") or config.get("n_embd")
     if not (layers and heads and hidden):
         raise ValueError("config.json gives no num_hidden_layers/num_attention_heads/hidden_size (or n_layer, …)")
-    if config.get("kv_lora_rank"):
+    if latent := config.get("kv_lora_rank"):
         if mla_cache == "full":
             key = int(config["qk_nope_head_dim"]) + int(config["qk_rope_head_dim"])
             return KVLayout(int(layers), int(heads), key, int(config["v_head_dim"]))
-        return KVLayout(int(layers), 1, int(config["kv_lora_rank"]), int(config["qk_rope_head_dim"]), "latent")
+        return KVLayout(int(layers), 1, int(latent), int(config["qk_rope_head_dim"]), "latent")
     kv_heads = config.get("num_key_value_heads") or heads
     # Falcon's and GPTBigCode's multi-query attention caches one key and value head; Falcon's new decoder
     # architecture (its num_kv_heads) broadcasts them to every head before the cache, which so holds them all.
@@ -105,7 +108,7 @@ def kv_layout(config: dict[str, Any], mla_cache: str = "latent") -> KVLayout:
     )
 
 
-def _layer_head_dims(config: dict[str, Any]) -> dict[int, int]:
+def _layer_head_dims(config: ConfigJson) -> dict[int, int]:
     """The layers whose head size config.json's `per_layer_config` sets (Gemma 4's global layers: 512)."""
     dims = {}
     for layer, settings in (config.get("per_layer_config") or {}).items():
@@ -228,7 +231,7 @@ def generation_record(
     )
 
 
-def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
+def kv_cache_module(loaded: PreTrainedModel, mla_cache: str = "latent") -> torch.nn.Module:
     """`loaded` (a transformers causal LM) as forward(input_ids, attention_mask, position_ids, *past) →
     (logits, *presents), the past tensors of as many layers as it is given (the export may trace fewer): keys
     and values, or a stateful layer's states (config.json's layer_types says which layers: layer_states.py); its
@@ -241,11 +244,12 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
     rewrite_linear_attention(loaded)
     rewrite_short_convolution(loaded)
     rewrite_complex_rotary(loaded)  # Llama 4's (DeepSeek-V2's: with its latent attention)
-    states = layer_states(loaded.config.to_dict())
+    # the config class's fields: config.json's, with the class's defaults where the file has none
+    states = layer_states(cast("ConfigJson", loaded.config.to_dict()))
 
-    def cache_layers(past: tuple[torch.Tensor, ...]) -> list[Any]:
+    def cache_layers(past: tuple[torch.Tensor, ...]) -> list[DynamicLayer | StateLayer]:
         """The past tensors as transformers' cache layers: keys and values, or a stateful layer's states."""
-        layers: list[Any] = []
+        layers: list[DynamicLayer | StateLayer] = []
         while past:
             index = len(layers)
             if states is not None and index in states.layers:
@@ -261,7 +265,7 @@ def kv_cache_module(loaded: Any, mla_cache: str = "latent") -> torch.nn.Module:
             past = past[2:]
         return layers
 
-    def layer_outputs(layer: Any) -> list[torch.Tensor]:
+    def layer_outputs(layer: CachedKeysValues | StateLayer) -> list[torch.Tensor]:
         return list(layer.states.values()) if isinstance(layer, StateLayer) else [layer.keys, layer.values]
 
     class FlatKVCache(torch.nn.Module):

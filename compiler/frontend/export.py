@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -69,12 +69,14 @@ FORWARD_HINT = "run with -v for the exporters' tracebacks; check the declared in
 
 
 def _export_torch(
-    module: Any,
+    module: torch.nn.Module | torch.export.ExportedProgram,
     config: CompileConfig,
     feeds: dict[str, np.ndarray],
     hint: str = FORWARD_HINT,
     scratch: Path | None = None,
 ) -> ExportedModel:
+    import torch
+
     output_names = config.outputs or None
     reference = torch_reference(module, [decl.name for decl in config.inputs])
     failed: dict[str, Exception] = {}  # exporter → its error
@@ -85,7 +87,7 @@ def _export_torch(
             return ExportedModel(model, "dynamo", None, reference, warned)
         except Exception as err:  # the exporter raises many types; the reason goes into the manifest
             failed["dynamo"] = err
-    if config.exporter in ("auto", "torchscript") and not _is_exported_program(module):
+    if config.exporter in ("auto", "torchscript") and not isinstance(module, torch.export.ExportedProgram):
         warned = []
         try:
             model = export_torchscript(module, config, feeds, output_names, warned)
@@ -107,13 +109,7 @@ def _export_torch(
     raise ExportError(f"could not export {config.source} to ONNX: {causes}", hint=hint)
 
 
-def _is_exported_program(module: Any) -> bool:
-    import torch
-
-    return isinstance(module, torch.export.ExportedProgram)
-
-
-def _load_exported_program(config: CompileConfig) -> Any:
+def _load_exported_program(config: CompileConfig) -> torch.export.ExportedProgram:
     import torch
 
     path = config.resolve(config.source)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
+
+if TYPE_CHECKING:
+    import torch
 
 Reference = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
@@ -23,19 +26,23 @@ class ExportedModel:
     traced_layers: int | None = None  # a decoder's layers traced, the rest stamped from them (None: all traced)
 
 
-def _flatten(value: Any) -> Iterator[Any]:
+def _flatten(value: object) -> Iterator[torch.Tensor]:
     """The tensors of a model's output, in order: a tensor, tuple/list, dict, or a HF-style ModelOutput."""
+    import torch
+
     if isinstance(value, (tuple, list)):
         for item in value:
             yield from _flatten(item)
     elif isinstance(value, dict):
         for item in value.values():
             yield from _flatten(item)
-    elif value is not None:
+    elif isinstance(value, torch.Tensor):
         yield value
+    elif value is not None:
+        raise TypeError(f"the model's output holds a {type(value).__name__}, not a tensor")
 
 
-def torch_reference(module: Callable[..., Any], names: list[str]) -> Reference:
+def torch_reference(module: Callable[..., object], names: list[str]) -> Reference:
     def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         import torch
 

@@ -12,7 +12,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -25,7 +25,10 @@ from tensorsmith.core.ir import save_ir
 from tensorsmith.core.referring_ir import referred, save_referring
 
 if TYPE_CHECKING:
+    import onnx_ir as ir
     import torch
+    from torch.export import Dim
+    from torch.onnx import ONNXProgram
 
 logger = logging.getLogger("tensorsmith.compiler.frontend.export")  # one logger for the export, as before
 TORCHSCRIPT_MAX_OPSET = 20
@@ -71,11 +74,11 @@ def exporter_cause(err: BaseException) -> str:
     return first_line(err)
 
 
-def _dynamic_shapes(config: CompileConfig) -> dict[str, dict[int, Any]]:
+def _dynamic_shapes(config: CompileConfig) -> dict[str, dict[int, Dim]]:
     import torch
 
-    dims: dict[str, Any] = {}
-    shapes: dict[str, dict[int, Any]] = {}
+    dims: dict[str, Dim] = {}
+    shapes: dict[str, dict[int, Dim]] = {}
     for decl in config.inputs:
         axes = {}
         for axis, dim in enumerate(decl.dims):
@@ -89,7 +92,9 @@ def _dynamic_shapes(config: CompileConfig) -> dict[str, dict[int, Any]]:
     return shapes
 
 
-def _shapes_for_signature(module: Any, shapes: list[dict[int, Any]]) -> tuple[Any, ...]:
+def _shapes_for_signature(
+    module: torch.nn.Module, shapes: list[dict[int, Dim]]
+) -> tuple[dict[int, Dim] | tuple[dict[int, Dim], ...], ...]:
     """torch.export takes dynamic shapes shaped like forward's signature: the inputs a `*args` parameter takes
     (a decoder's past tensors) as one tuple in its place."""
     try:
@@ -103,7 +108,7 @@ def _shapes_for_signature(module: Any, shapes: list[dict[int, Any]]) -> tuple[An
 
 
 def export_dynamo(
-    module: torch.nn.Module | Any,
+    module: torch.nn.Module | torch.export.ExportedProgram,
     config: CompileConfig,
     feeds: dict[str, np.ndarray],
     output_names: list[str] | None,
@@ -113,7 +118,7 @@ def export_dynamo(
     return released_proto(dynamo_program(module, config, feeds, output_names, warned).model, scratch)
 
 
-def released_proto(model: Any, scratch: Path | None = None) -> onnx.ModelProto:
+def released_proto(model: ir.Model, scratch: Path | None = None) -> onnx.ModelProto:
     """The onnx-ir `model` as a ModelProto, its own tensors then dropped, and onnxscript's matchers made to forget
     it. Its rewrite rules keep the last graph they matched, and the exporter's initializers are views of the
     torch module's parameters: without this the module's weights stay alive to the end of the compile.
@@ -152,19 +157,18 @@ def absolute_locations(model: onnx.ModelProto, base: Path) -> None:
 
 
 def dynamo_program(
-    module: torch.nn.Module | Any,
+    module: torch.nn.Module | torch.export.ExportedProgram,
     config: CompileConfig,
     feeds: dict[str, np.ndarray],
     output_names: list[str] | None,
     warned: list[str],
     optimize: bool = True,
-) -> Any:
+) -> ONNXProgram:
     """The dynamo exporter's ONNXProgram (its onnx-ir model is `.model`)."""
     import torch
 
     names = [decl.name for decl in config.inputs]
     args = tuple(torch.from_numpy(feeds[name]) for name in names)
-    is_program = isinstance(module, torch.export.ExportedProgram)
     with quiet_exporter(warned):
         program = torch.onnx.export(
             module,
@@ -175,7 +179,7 @@ def dynamo_program(
             output_names=output_names,
             # An ExportedProgram carries its own dynamic shapes.
             dynamic_shapes=None
-            if is_program
+            if isinstance(module, torch.export.ExportedProgram)
             else _shapes_for_signature(module, list(_dynamic_shapes(config).values())),
             verbose=False,
             optimize=optimize,

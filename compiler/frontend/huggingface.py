@@ -15,7 +15,8 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.frontend.architecture_checks import check_architecture
@@ -30,6 +31,7 @@ from tensorsmith.core.importing import first_line
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,16 @@ STANDARD_SIZES = ("num_hidden_layers", "num_attention_heads", "hidden_size", "nu
 # config.json's `dtype` (`torch_dtype` before transformers 4.56) that a checkpoint may give: the weights are loaded
 # in float32 whichever it is (the reference and the fp32 graph are computed as transformers computes in float32)
 CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+class LoadOptions(TypedDict, total=False):
+    """The keyword arguments the export gives transformers' from_pretrained and _from_config."""
+
+    dtype: torch.dtype
+    torch_dtype: torch.dtype  # `dtype` before transformers 4.56
+    attn_implementation: str
+    experts_implementation: str
+    use_kernels: bool
 
 
 def is_model_directory(path: Path) -> bool:
@@ -75,7 +87,7 @@ def read_model_directory(path: Path) -> HuggingFaceModel:
     return model
 
 
-def _with_standard_sizes(config: dict[str, Any]) -> dict[str, Any]:
+def _with_standard_sizes(config: dict[str, object]) -> dict[str, object]:
     """config.json with the sizes the decoder layout reads under transformers' standard names, as the family's
     config class gives them: MPT's `n_layers`, XGLM's `attention_heads` and GPT-Neo's `num_layers` through its
     attribute map, and `num_key_value_heads` where the file has none (the heads its cache then holds: Falcon's new
@@ -135,7 +147,7 @@ def declare_model_inputs(config: CompileConfig, model: HuggingFaceModel) -> Comp
     return config.model_copy(update=update)
 
 
-def _transformers() -> Any:
+def _transformers() -> ModuleType:
     try:
         import transformers
     except ImportError as err:
@@ -147,7 +159,7 @@ def _transformers() -> Any:
     return transformers
 
 
-def model_class(model: HuggingFaceModel) -> Any:
+def model_class(model: HuggingFaceModel) -> type[PreTrainedModel]:
     transformers = _transformers()
     cls = getattr(transformers, model.architecture, None)
     if cls is None:
@@ -163,27 +175,27 @@ def _forward_parameters(model: HuggingFaceModel) -> list[str]:
     return list(inspect.signature(model_class(model).forward).parameters)
 
 
-def _dtype_argument(transformers: Any) -> str:
+def _dtype_argument(transformers: ModuleType) -> Literal["dtype", "torch_dtype"]:
     """from_pretrained's name for the dtype to load in: `dtype` from transformers 4.56, `torch_dtype` before (which
     later versions still take, with a deprecation warning)."""
     major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
-def _no_hub_kernels(transformers: Any) -> dict[str, bool]:
+def _no_hub_kernels(transformers: ModuleType) -> LoadOptions:
     """from_pretrained's `use_kernels=False`: from transformers 5.25 it swaps layers for kernels from the Hub by
     default, a download at run time (and an error where the `kernels` package is missing)."""
     return {"use_kernels": False} if int(transformers.__version__.split(".")[0]) >= 5 else {}
 
 
-def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
+def _read_as_needed(model: HuggingFaceModel) -> dict[str, object]:
     """The checkpoint's tensors as safetensors slices that transformers reads one at a time, with pread: its own
     loader maps the files, and every mapped page it has read stays resident until the last tensor is loaded (at
     the Llama-3.2-1B shape, the 2.5 GB bf16 file on top of the 4.9 GB fp32 module)."""
     from safetensors import safe_open
 
     owner = shard_owner(model.directory)  # a sharded checkpoint's: which file holds each tensor
-    slices: dict[str, Any] = {}
+    slices: dict[str, object] = {}  # safetensors' slices, read by transformers as it reads tensors
     for path in model.weights():
         opened = safe_open(str(path), framework="pt", device="cpu", backend="pread")
         slices.update(
@@ -199,7 +211,18 @@ def _read_as_needed(model: HuggingFaceModel) -> dict[str, Any]:
     return slices
 
 
-def experts_option() -> dict[str, str]:
+def class_config(model: HuggingFaceModel, cls: type[PreTrainedModel]) -> PretrainedConfig:
+    """config.json as `cls`'s config class reads it; a pre-quantized checkpoint's without its quantization (its
+    weights arrive dequantized: no quantizer of transformers' to run)."""
+    if cls.config_class is None:  # PreTrainedModel's own: every family's class names its config class
+        raise ExportError(f"transformers' {cls.__name__} names no config class")
+    config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
+    if model.declared_method is not None and hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
+
+
+def experts_option() -> LoadOptions:
     """Sparse experts computed as the routing chose them (compiler/frontend/routed_experts.py): every family whose
     stacked experts take transformers' experts kernels (Mixtral's `num_local_experts`, Qwen2-MoE's and OLMoE's
     `num_experts`, DeepSeek's `n_routed_experts`, …) gets it; a model without such experts ignores it."""
@@ -213,18 +236,13 @@ def build_module(model: HuggingFaceModel, inputs: list[str], mla_cache: str = "l
     output tensor. A decoder's latent attention caches as `mla_cache` says (compiler/frontend/latent_attention.py)."""
     import torch
 
-    options = {
-        _dtype_argument(_transformers()): torch.float32,
-        "attn_implementation": "eager",
-        **experts_option(),
-        **_no_hub_kernels(_transformers()),
-    }
+    dtype = _dtype_argument(_transformers())
+    options: LoadOptions = {"attn_implementation": "eager", **experts_option(), **_no_hub_kernels(_transformers())}
+    options[dtype] = torch.float32
     cls = model_class(model)
     try:
         try:
-            config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
-            if model.declared_method is not None and hasattr(config, "quantization_config"):
-                del config.quantization_config  # its weights arrive dequantized: no quantizer of transformers' to run
+            config = class_config(model, cls)
             loaded = cls.from_pretrained(None, config=config, state_dict=_read_as_needed(model), **options)
         except Exception as err:  # an older safetensors (no pread) or transformers (no lazy slices): its own reader
             if model.declared_method is not None:  # its loader would dequantize unchecked (MXFP4's NaN)

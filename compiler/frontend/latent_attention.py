@@ -22,12 +22,19 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from tensorsmith.compiler.frontend.complex_rotary import PairAngles, rewrite_complex_rotary, rotate_pairs
+from tensorsmith.compiler.frontend.module_protocols import LatentAttention
 from tensorsmith.core.errors import ExportError
+
+if TYPE_CHECKING:
+    from transformers import Cache
+
+# the rotary embedding's (cos, sin), or its PairAngles (DeepSeek-V2's complex rotation: complex_rotary.py)
+PositionEmbeddings = tuple[torch.Tensor, torch.Tensor]
 
 # the parts of an MLA module the forwards below compute; a module with others is refused
 KNOWN_PARTS = frozenset(
@@ -59,7 +66,7 @@ def rewrite_latent_attention(model: torch.nn.Module, mla_cache: str = "latent") 
 
 
 def _rotate(
-    self: Any, q_rot: torch.Tensor, k_rot: torch.Tensor, position_embeddings: Any
+    self: LatentAttention, q_rot: torch.Tensor, k_rot: torch.Tensor, position_embeddings: PositionEmbeddings
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The family's own rotation of the query's and key's rotary parts."""
     if isinstance(position_embeddings, PairAngles):  # adjacent pairs as complex numbers (DeepSeek-V2)
@@ -75,7 +82,7 @@ def _rotate(
 
 
 def _projections(
-    self: Any, hidden_states: torch.Tensor, position_embeddings: Any
+    self: LatentAttention, hidden_states: torch.Tensor, position_embeddings: PositionEmbeddings
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The query's two parts [batch, heads, sequence, qk_nope | qk_rope] and the new tokens' latent
     [batch, 1, sequence, kv_lora_rank] and rotary key [batch, 1, sequence, qk_rope], rotated."""
@@ -106,12 +113,12 @@ def _masked_softmax(scores: torch.Tensor, attention_mask: torch.Tensor | None) -
 
 
 def _absorbed_forward(
-    self: Any,
+    self: LatentAttention,
     hidden_states: torch.Tensor,
-    position_embeddings: Any = None,
+    position_embeddings: PositionEmbeddings,
     attention_mask: torch.Tensor | None = None,
-    cache: Any = None,
-    **kwargs: Any,
+    cache: Cache | None = None,
+    **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     batch, sequence = hidden_states.shape[:-1]
     q_nope, q_rot, latent, k_rot = _projections(self, hidden_states, position_embeddings)
@@ -128,12 +135,12 @@ def _absorbed_forward(
 
 
 def _full_forward(
-    self: Any,
+    self: LatentAttention,
     hidden_states: torch.Tensor,
-    position_embeddings: Any = None,
+    position_embeddings: PositionEmbeddings,
     attention_mask: torch.Tensor | None = None,
-    cache: Any = None,
-    **kwargs: Any,
+    cache: Cache | None = None,
+    **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     batch, sequence = hidden_states.shape[:-1]
     q_nope, q_rot, latent, k_rot = _projections(self, hidden_states, position_embeddings)

@@ -22,15 +22,17 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 from onnx_ir._cloner import Cloner
 
+from tensorsmith.compiler.frontend.config_json import ConfigJson
 from tensorsmith.core.checkpoint_references import REFERENCE_KEY
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ class LayerStack:
 
     path: str
     count: int
-    parent: Any  # the module holding the list
+    parent: torch.nn.Module  # the module holding the list
     attribute: str
 
 
@@ -76,7 +78,7 @@ def find_layer_stack(module: torch.nn.Module, count: int) -> LayerStack | None:
     return None
 
 
-def per_layer_variation(config: dict[str, Any], count: int) -> str | None:
+def per_layer_variation(config: ConfigJson, count: int) -> str | None:
     """Why config.json says the layers differ, or None when it says nothing of the kind."""
     for key, value in config.items():
         if isinstance(value, list) and len(value) == count and len({repr(item) for item in value}) > 1:
@@ -90,7 +92,7 @@ def per_layer_variation(config: dict[str, Any], count: int) -> str | None:
 
 
 @contextlib.contextmanager
-def truncated(stack: LayerStack, configs: list[Any], keep: int = TRACED_LAYERS) -> Iterator[None]:
+def truncated(stack: LayerStack, configs: list[PretrainedConfig], keep: int = TRACED_LAYERS) -> Iterator[None]:
     """The module with only its first `keep` layers (and its configs saying so), for the trace; restored after."""
     import torch
 

@@ -9,7 +9,8 @@ The layers' export is linear_attention.py (Gated DeltaNet) and short_convolution
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from tensorsmith.compiler.frontend.config_json import ConfigJson
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class LayerStates:
     shapes: dict[str, tuple[int, ...]]
 
 
-def layer_states(config: dict[str, Any]) -> LayerStates | None:
+def layer_states(config: ConfigJson) -> LayerStates | None:
     """The states config.json's sizes give; None for a model without stateful layers."""
     if config.get("linear_num_value_heads"):
         key_heads, value_heads = int(config["linear_num_key_heads"]), int(config["linear_num_value_heads"])

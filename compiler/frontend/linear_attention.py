@@ -26,13 +26,13 @@ import contextlib
 import sys
 import types
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from tensorsmith.compiler.frontend.delta_rule import gated_delta_rule
+from tensorsmith.compiler.frontend.module_protocols import GatedDeltaNet, StatefulLayer
 from tensorsmith.core.errors import ExportError
 
 # the input projections of the two forms transformers writes (Qwen3.5's split ones; Qwen3-Next's fused ones)
@@ -67,7 +67,9 @@ def token_masks_while_tracing(model: torch.nn.Module) -> Iterator[None]:
         yield
         return
 
-    def new_token_mask(attention_mask: torch.Tensor | None = None, inputs_embeds: Any = None, **_: Any) -> Any:
+    def new_token_mask(
+        attention_mask: torch.Tensor | None = None, *, inputs_embeds: torch.Tensor, **_: object
+    ) -> torch.Tensor | None:
         if attention_mask is None or attention_mask.ndim != 2:
             return None
         return attention_mask[:, -inputs_embeds.shape[1] :]
@@ -91,7 +93,7 @@ class StateLayer(LinearAttentionCacheLayerMixin):
     def get_seq_length(self) -> int:  # a state has no length
         return 0
 
-    def lazy_initialization(self, *args: Any, **kwargs: Any) -> None:
+    def lazy_initialization(self, *args: object, **kwargs: object) -> None:
         raise _not_rewritten()
 
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0) -> torch.Tensor:
@@ -102,7 +104,7 @@ class StateLayer(LinearAttentionCacheLayerMixin):
 
 
 def layer_and_inputs(
-    module: Any, cache: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
+    module: StatefulLayer, cache: Cache | None, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
 ) -> tuple[StateLayer, torch.Tensor]:
     """A stateful layer's states in the traced cache, and its inputs with the padding positions zeroed (as
     transformers zeroes them: they leave the states as they are, zero before the prompt)."""
@@ -121,7 +123,7 @@ def _not_rewritten() -> ExportError:
     )
 
 
-def _projections(self: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _projections(self: GatedDeltaNet, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(mixed_qkv [b, s, conv_dim], z [b, s, value_heads, value_dim], b, a [b, s, value_heads])."""
     batch, length, _ = hidden.shape
     if hasattr(self, "in_proj_qkv"):
@@ -144,7 +146,11 @@ def causal_convolution(
 
 
 def _forward(
-    self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
+    self: GatedDeltaNet,
+    hidden_states: torch.Tensor,
+    cache: Cache | None = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: object,
 ) -> torch.Tensor:
     layer, hidden_states = layer_and_inputs(self, cache, hidden_states, attention_mask)
     batch, length, _ = hidden_states.shape

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
+from tensorsmith.compiler.frontend.config_json import ConfigJson, GenerationConfigJson
 from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, weights_reader
 from tensorsmith.core.quantization_declared import declared_method
 
@@ -26,7 +26,7 @@ def is_decoder(architecture: str) -> bool:
 class HuggingFaceModel:
     directory: Path
     architecture: str  # e.g. "BertModel", from config.json's `architectures`
-    config: dict[str, Any]  # config.json
+    config: ConfigJson
     quantized: QuantizedCheckpoint | None = None  # a pre-quantized checkpoint's quantized Linears
 
     @property
@@ -35,10 +35,8 @@ class HuggingFaceModel:
 
     @property
     def max_sequence(self) -> int:
-        positions = next(
-            (self.config[key] for key in ("max_position_embeddings", "n_positions", "n_ctx") if self.config.get(key)),
-            MAX_SEQUENCE,
-        )
+        given = (self.config.get("max_position_embeddings"), self.config.get("n_positions"), self.config.get("n_ctx"))
+        positions = next((value for value in given if value), MAX_SEQUENCE)
         return min(int(positions), MAX_SEQUENCE)
 
     @property
@@ -56,9 +54,10 @@ class HuggingFaceModel:
         quantization read once, when the directory was)."""
         return weights_reader(self.directory, self.declared_method, self.quantized)
 
-    def generation_config(self) -> dict[str, Any]:
+    def generation_config(self) -> GenerationConfigJson:
         path = self.directory / "generation_config.json"
-        return dict(json.loads(path.read_text())) if path.is_file() else {}
+        read: GenerationConfigJson = json.loads(path.read_text()) if path.is_file() else {}
+        return read
 
     def weights(self) -> list[Path]:
         return sorted(self.directory.glob("*.safetensors"))

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.core.memory import trim_heap
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedModel
 
 
 @contextlib.contextmanager
@@ -63,7 +64,7 @@ def checkpoint_names(module: torch.nn.Module, weights: CheckpointWeights, prefix
     return found
 
 
-def converts_keys(module: Any) -> bool:
+def converts_keys(module: PreTrainedModel) -> bool:
     """Whether transformers converts some checkpoint tensors as it loads this model (a transpose, experts merged),
     beyond renaming them: such tensors cannot be read as stored."""
     try:
@@ -128,11 +129,18 @@ def weights_while_running(module: torch.nn.Module, weights: CheckpointWeights, n
         if not parameters:
             continue
 
-        def load(_: torch.nn.Module, __: Any, parameters: list[tuple[str, torch.nn.Parameter]] = parameters) -> None:
+        def load(
+            _: torch.nn.Module, __: tuple[object, ...], parameters: list[tuple[str, torch.nn.Parameter]] = parameters
+        ) -> None:
             for _name, parameter in parameters:
                 parameter.data = weights.tensor(names[paths[id(parameter)]])
 
-        def release(_: torch.nn.Module, __: Any, ___: Any, parameters: list[Any] = parameters) -> None:
+        def release(
+            _: torch.nn.Module,
+            __: tuple[object, ...],
+            ___: object,
+            parameters: list[tuple[str, torch.nn.Parameter]] = parameters,
+        ) -> None:
             for _name, parameter in parameters:  # no placeholder of the full shape: freed memory it took would stay
                 parameter.data = torch.empty(0)
             trim_heap()  # glibc keeps the freed weights' pages in its heap: 25 MB more a layer at hidden 1024

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
@@ -134,7 +134,7 @@ def quantized_checkpoint_of(directory: Path) -> QuantizedCheckpoint | None:
     return read_quantized_checkpoint(directory, json.loads((directory / "config.json").read_text()))
 
 
-def read_quantized_checkpoint(directory: Path, config: Mapping[str, Any]) -> QuantizedCheckpoint | None:
+def read_quantized_checkpoint(directory: Path, config: Mapping[str, object]) -> QuantizedCheckpoint | None:
     """The directory's quantization, checked before any work; None for an unquantized checkpoint."""
     declared = declared_quantization(directory, config)
     if declared is None:

@@ -19,16 +19,39 @@ A decode step computes only the chosen experts.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 EXPERTS_IMPLEMENTATION = "tensorsmith_routed"
 GATHERED_PAIRS = 64  # (token, expert) pairs up to which the chosen experts' weights are gathered per pair
 
+if TYPE_CHECKING:
+
+    class StackedExperts(torch.nn.Module):
+        """What the kernels read of a family's experts module. The families' classes share no base class but
+        nn.Module (transformers' `use_experts_implementation` decorates each), which its own kernels take."""
+
+        num_experts: int
+        has_gate: bool  # gate_up_proj (gate and up fused), else up_proj
+        has_bias: bool
+        has_post_expert_norm: bool
+        is_transposed: bool  # weights [experts, in, out], else [experts, out, in]
+        gate_up_proj: torch.Tensor
+        up_proj: torch.Tensor
+        down_proj: torch.Tensor
+        gate_up_proj_bias: torch.Tensor
+        up_proj_bias: torch.Tensor
+        down_proj_bias: torch.Tensor
+        act_fn: Callable[[torch.Tensor], torch.Tensor]
+        post_expert_norm: torch.nn.Module
+
+        def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
 
 def routed_experts_forward(
-    self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    self: StackedExperts, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
     from transformers.integrations.moe import batched_mm_experts_forward
 
@@ -47,7 +70,7 @@ def routed_experts_forward(
 
 
 def _every_expert(
-    self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    self: StackedExperts, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
     """Every expert over every token as one batched product per projection, each output weighted by the router
     (0 where the token did not choose the expert) and summed: weights read once, no shape depends on the routing."""

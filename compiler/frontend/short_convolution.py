@@ -14,11 +14,15 @@ input, `out_proj`), not by its family.
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from tensorsmith.compiler.frontend.linear_attention import causal_convolution, layer_and_inputs
+from tensorsmith.compiler.frontend.module_protocols import ShortConvolution
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
 
 
 def is_short_convolution(module: torch.nn.Module) -> bool:
@@ -41,7 +45,11 @@ def rewrite_short_convolution(model: torch.nn.Module) -> int:
 
 
 def _forward(
-    self: Any, hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
+    self: ShortConvolution,
+    hidden_states: torch.Tensor,
+    cache: Cache | None = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: object,
 ) -> torch.Tensor:
     layer, hidden_states = layer_and_inputs(self, cache, hidden_states, attention_mask)
     gate_in, gate_out, x = self.in_proj(hidden_states).transpose(-1, -2).chunk(3, dim=-2)

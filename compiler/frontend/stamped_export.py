@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from tensorsmith.compiler.frontend.checkpoint_weights import CheckpointWeights
 from tensorsmith.compiler.frontend.decoder import kv_cache_module, kv_layout, past_names, present_names
 from tensorsmith.compiler.frontend.exported import ExportedModel, torch_reference
 from tensorsmith.compiler.frontend.exporters import EXPORTED_NAME, dynamo_program, exporter_cause, released_proto
-from tensorsmith.compiler.frontend.huggingface import build_module, experts_option, model_class
+from tensorsmith.compiler.frontend.huggingface import build_module, class_config, experts_option, model_class
 from tensorsmith.compiler.frontend.layer_stamping import (
     MIN_LAYERS,
     TRACED_LAYERS,
@@ -45,6 +45,7 @@ from tensorsmith.core.layerwise import runs_layerwise
 from tensorsmith.core.progress import Reporter
 
 if TYPE_CHECKING:
+    import onnx_ir as ir
     import torch
 
 logger = logging.getLogger("tensorsmith.compiler.frontend.export")  # one logger for the export, as before
@@ -61,9 +62,7 @@ def build_empty_decoder(
 
     cls = model_class(model)
     try:
-        config = cls.config_class.from_pretrained(str(model.directory), local_files_only=True)
-        if model.declared_method is not None and hasattr(config, "quantization_config"):  # read
-            del config.quantization_config  # dequantized (quantized_checkpoint.checkpoint_weights): no quantizer
+        config = class_config(model, cls)
         with parameters_on_meta():
             loaded = cls._from_config(config, dtype=torch.float32, attn_implementation="eager", **experts_option())
     except Exception as err:  # transformers raises many types for a config it cannot build
@@ -83,7 +82,7 @@ def build_empty_decoder(
     return module, {f"model.{name}": key for name, key in names.items()}  # kv_cache_module holds it as `model`
 
 
-WeightTensor = Callable[[str], Any]  # a module's tensor name → the graph's tensor (onnx-ir) of its weight
+WeightTensor = Callable[[str], "ir.TensorProtocol"]  # a module's tensor name → the graph's tensor of its weight
 
 
 def module_tensors(module: torch.nn.Module) -> WeightTensor:
@@ -148,11 +147,8 @@ def export_stamped(
             "outputs": [name for name in config.outputs if name not in presents[2 * TRACED_LAYERS :]],
         }
     )
-    configs = list(
-        {
-            id(m.config): m.config for m in module.modules() if hasattr(getattr(m, "config", None), "num_hidden_layers")
-        }.values()
-    )
+    held = (getattr(m, "config", None) for m in module.modules())  # transformers' configs, the model's and its parts'
+    configs = list({id(c): c for c in held if c is not None and hasattr(c, "num_hidden_layers")}.values())
     tensors = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers())}
     warned: list[str] = []
     try:

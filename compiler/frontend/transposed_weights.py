@@ -13,22 +13,25 @@ The folded value keeps the Transpose output's name, as onnxscript's folding name
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
 from tensorsmith.core.checkpoint_references import REFERENCE_KEY
 
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
 CHUNK_BYTES = 1 << 20  # of the transposed weight copied at a time: under numpy's huge-page threshold (4 MB)
 
 
-def _transposed(tensor: Any, perm: list[int]) -> Any:
+def _transposed(tensor: ir.TensorProtocol, perm: list[int]) -> ir.TensorProtocol:
     import onnx_ir as ir
 
     return ir.tensor(np.ascontiguousarray(np.transpose(tensor.numpy(), perm)))
 
 
-def _lazy_transpose(tensor: Any, perm: list[int], name: str) -> Any:
+def _lazy_transpose(tensor: ir.TensorProtocol, perm: list[int], name: str | None) -> ir.LazyTensor:
     """`tensor` transposed by `perm`, computed when read; a 2-D one is written a few rows at a time through one
     small buffer. A whole transposed copy per weight is fresh memory each time (numpy asks for huge pages, whose
     first touch this machine makes slow: 425 MB of them cost more system time than the copies saved), and a
@@ -36,7 +39,7 @@ def _lazy_transpose(tensor: Any, perm: list[int], name: str) -> Any:
     import onnx_ir as ir
 
     class TransposedWeight(ir.LazyTensor):
-        def tofile(self, file: Any) -> None:
+        def tofile(self, file: BinaryIO) -> None:
             if perm != [1, 0]:
                 super().tofile(file)
                 return
@@ -49,7 +52,8 @@ def _lazy_transpose(tensor: Any, perm: list[int], name: str) -> Any:
                 np.copyto(part, source[:, start : start + step].T)
                 file.write(part.view(np.uint8).data)  # any dtype (bfloat16 too), any file object
 
-    shape = ir.Shape([tensor.shape[axis] for axis in perm])
+    dims = tensor.shape.numpy()  # a tensor's: all known
+    shape = ir.Shape([dims[axis] for axis in perm])
     transposed = TransposedWeight(
         functools.partial(_transposed, tensor, perm), dtype=tensor.dtype, shape=shape, name=name
     )
@@ -59,7 +63,7 @@ def _lazy_transpose(tensor: Any, perm: list[int], name: str) -> Any:
     return transposed
 
 
-def fold_weight_transposes(model: Any) -> int:
+def fold_weight_transposes(model: ir.Model) -> int:
     """Replace each Transpose of an initializer in `model`'s main graph (onnx-ir) by a lazily transposed initializer;
     the number folded. Weights left unread are removed."""
     import onnx_ir as ir
@@ -70,7 +74,13 @@ def fold_weight_transposes(model: Any) -> int:
         if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 1:
             continue
         source, output = node.inputs[0], node.outputs[0]
-        if source is None or not source.is_initializer() or source.const_value is None or output.is_graph_output():
+        if (
+            source is None
+            or not source.is_initializer()
+            or source.name is None  # never, for an initializer (the pop below takes its name)
+            or source.const_value is None
+            or output.is_graph_output()
+        ):
             continue
         tensor = source.const_value
         rank = len(tensor.shape)

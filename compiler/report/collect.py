@@ -9,28 +9,41 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from tensorsmith.calibration.statistics import load_histograms
+from tensorsmith.calibration.table import CalibrationTable
 from tensorsmith.compiler.report.html import render_html
+from tensorsmith.compiler.report.schema import (
+    EngineRow,
+    FusionRow,
+    HistogramRow,
+    Miss,
+    PlanRow,
+    Report,
+    SensitivityRow,
+    StepRow,
+    VariantRow,
+)
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.metrics import budget_terms, loss
 from tensorsmith.core.precisions import precision
-from tensorsmith.runtime.manifest import Manifest, read_manifest, resolve_inside
+from tensorsmith.runtime.manifest import Manifest, StepRecord, read_manifest, resolve_inside
 
 logger = logging.getLogger(__name__)
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 REPORT_SCHEMA = 1
+CALIBRATION = "calibration.json"
 HISTOGRAMS = "calibration/histograms.npz"
 MOST_SENSITIVE = 6  # tensors whose histograms the report plots
 PLOTTED_BINS = 512  # the 4096 calibration bins summed in eights: the same shape, an eighth of the page
 
 
-def _read_json(directory: Path, name: str) -> dict[str, Any] | None:
+def _read_json(directory: Path, name: str) -> Mapping[str, object] | None:
     path = directory / name
     if not path.is_file():
         return None
@@ -38,11 +51,21 @@ def _read_json(directory: Path, name: str) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-def _fusion(manifest: Manifest) -> list[dict[str, Any]]:
+def _read_calibration(directory: Path) -> CalibrationTable | None:
+    path = directory / CALIBRATION
+    return CalibrationTable.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+def _step(step: StepRecord) -> StepRow:
+    return {"name": step.name, "seconds": step.seconds, "peak_rss_bytes": step.peak_rss_bytes}
+
+
+def _fusion(manifest: Manifest) -> list[FusionRow]:
     """Matches and misses per rule, from the passes' `RULE.matched` / `RULE.missed` counts and miss reasons."""
-    rows = []
+    rows: list[FusionRow] = []
     for record in manifest.passes:
-        misses: Any = record.details.get("misses") or {}
+        recorded = record.details.get("misses") or {}
+        misses: Mapping[str, list[Miss]] = recorded if isinstance(recorded, dict) else {}
         for key, matched in record.counts.items():
             if not key.endswith(".matched"):
                 continue
@@ -60,7 +83,7 @@ def _fusion(manifest: Manifest) -> list[dict[str, Any]]:
     return rows
 
 
-def _sensitivity(plan: PrecisionPlan | None) -> dict[str, list[dict[str, Any]]]:
+def _sensitivity(plan: PrecisionPlan | None) -> dict[str, list[SensitivityRow]]:
     """Per precision (its variants share one search), the layers with a measured sensitivity, most costly first,
     each with what quantizing it alone costs against the reference (`cost`: negative where it measured better;
     None for a metric without a lossless value, core/metrics.LOSSLESS)."""
@@ -68,9 +91,9 @@ def _sensitivity(plan: PrecisionPlan | None) -> dict[str, list[dict[str, Any]]]:
         return {}
     terms = budget_terms(plan.budget or "")
     metric, higher_is_better = (terms[0], terms[1] == ">=") if terms is not None else ("cosine", True)
-    result = {}
+    result: dict[str, list[SensitivityRow]] = {}
     for recipe in plan.recipes.values():
-        rows = [
+        rows: list[SensitivityRow] = [
             {
                 "name": layer.name,
                 "module": layer.module,
@@ -86,7 +109,7 @@ def _sensitivity(plan: PrecisionPlan | None) -> dict[str, list[dict[str, Any]]]:
     return result
 
 
-def _sensitive_tensors(plan: PrecisionPlan | None, sensitivity: dict[str, list[dict[str, Any]]]) -> list[str]:
+def _sensitive_tensors(plan: PrecisionPlan | None, sensitivity: dict[str, list[SensitivityRow]]) -> list[str]:
     """The activation tensors of the most sensitive layers (else of the first layers), for histogram plots."""
     if plan is None or not plan.recipes:
         return []
@@ -113,8 +136,8 @@ def _quantized_activations(plan: PrecisionPlan | None) -> set[str]:
 
 
 def _histograms(
-    directory: Path, calibration: dict[str, Any] | None, tensors: list[str], quantized: set[str]
-) -> list[dict[str, Any]]:
+    directory: Path, calibration: CalibrationTable | None, tensors: list[str], quantized: set[str]
+) -> list[HistogramRow]:
     """Histogram summaries with the chosen thresholds: the most sensitive tensors that were calibrated, and
     whether a variant quantizes them."""
     path = directory / HISTOGRAMS
@@ -122,35 +145,45 @@ def _histograms(
         return []
 
     statistics = load_histograms(path)
-    chosen = [name for name in tensors if name in statistics and name in calibration["tensors"]]
+    chosen = [name for name in tensors if name in statistics and name in calibration.tensors]
     chosen = chosen or list(statistics)
-    rows = []
+    rows: list[HistogramRow] = []
     for name in chosen[:MOST_SENSITIVE]:
-        entry = calibration["tensors"][name]
+        entry = calibration.tensors[name]
         rows.append(
             {
                 "tensor": name,
-                "amax": entry["amax"],
+                "amax": entry.amax,
                 "range": statistics[name].histogram_range,  # what the bins cover: [0, 2^e) ⊇ [0, amax]
-                "threshold": entry["threshold"],
-                "method": entry["method"],
-                "quantized": entry["quantize"] and name in quantized,
+                "threshold": entry.threshold,
+                "method": entry.method,
+                "quantized": entry.quantize and name in quantized,
                 "counts": statistics[name].histogram.reshape(PLOTTED_BINS, -1).sum(axis=1).tolist(),
             }
         )
     return rows
 
 
-def _plan_table(plan: PrecisionPlan | None) -> dict[str, list[dict[str, Any]]]:
+def _plan_table(plan: PrecisionPlan | None) -> dict[str, list[PlanRow]]:
     if plan is None:
         return {}
-    columns = {"name", "module", "op", "precision", "sensitivity", "reason"}
     return {
-        name: [layer.model_dump(include=columns) for layer in recipe.layers] for name, recipe in plan.recipes.items()
+        name: [
+            {
+                "name": layer.name,
+                "module": layer.module,
+                "op": layer.op,
+                "precision": layer.precision,
+                "sensitivity": layer.sensitivity,
+                "reason": layer.reason,
+            }
+            for layer in recipe.layers
+        ]
+        for name, recipe in plan.recipes.items()
     }
 
 
-def _cpu_choice(plan: PrecisionPlan | None) -> dict[str, Any] | None:
+def _cpu_choice(plan: PrecisionPlan | None) -> dict[str, object] | None:
     """precision.json's account of the cpu target's recipe (which variant, how its graph was prepared, which
     ONNX Runtime settings), if the compile made that choice."""
     for recipe in plan.recipes.values() if plan is not None else ():
@@ -159,10 +192,10 @@ def _cpu_choice(plan: PrecisionPlan | None) -> dict[str, Any] | None:
     return None
 
 
-def _engines(directory: Path, manifest: Manifest) -> list[dict[str, Any]]:
+def _engines(directory: Path, manifest: Manifest) -> list[EngineRow]:
     rows = []
     for target in manifest.targets:
-        row: dict[str, Any] = {
+        row: EngineRow = {
             "target": target.name,
             "variant": target.variant,
             "status": target.status,
@@ -172,19 +205,18 @@ def _engines(directory: Path, manifest: Manifest) -> list[dict[str, Any]]:
         if target.engine is not None:
             path = resolve_inside(directory, target.engine.path)
             record = _read_json(directory, str(Path(target.engine.path).with_suffix(".json"))) or {}
-            row.update(
-                builder_version=target.engine.builder_version,
-                compute_capability=target.engine.compute_capability,
-                bytes=path.stat().st_size if path.is_file() else None,
-                build_seconds=record.get("build_seconds"),
-                cache=target.engine.cache,
-            )
+            seconds = record.get("build_seconds")
+            row["builder_version"] = target.engine.builder_version
+            row["compute_capability"] = target.engine.compute_capability
+            row["bytes"] = path.stat().st_size if path.is_file() else None
+            row["build_seconds"] = seconds if isinstance(seconds, int | float) else None
+            row["cache"] = target.engine.cache
         rows.append(row)
     return rows
 
 
-def _variants(directory: Path, manifest: Manifest) -> list[dict[str, Any]]:
-    rows = []
+def _variants(directory: Path, manifest: Manifest) -> list[VariantRow]:
+    rows: list[VariantRow] = []
     for variant in manifest.variants:
         path = resolve_inside(directory, variant.path)
         rows.append(
@@ -199,25 +231,25 @@ def _variants(directory: Path, manifest: Manifest) -> list[dict[str, Any]]:
     return rows
 
 
-def collect_report(directory: Path, name: str | None = None, manifest: Manifest | None = None) -> dict[str, Any]:
+def collect_report(directory: Path, name: str | None = None, manifest: Manifest | None = None) -> Report:
     """The report's data (report.json), from the artifact at `directory` (named `name`: a compile writes the
     report in a temporary directory before it is renamed): its `manifest` as the compile holds it, else read."""
     manifest = manifest if manifest is not None else read_manifest(directory)
     plan = PrecisionPlan.read(directory)
-    calibration = _read_json(directory, "calibration.json")
+    calibration = _read_calibration(directory)
     sensitivity = _sensitivity(plan)
     return {
         "schema_version": REPORT_SCHEMA,
         "artifact": name or directory.resolve().name,
         "tensorsmith_version": manifest.tensorsmith_version,
         "source": manifest.source.model_dump(mode="json"),
-        "steps": [step.model_dump() for step in manifest.steps],
+        "steps": [_step(step) for step in manifest.steps],
         "passes": [
             {"name": p.name, "changed": p.changed, "seconds": p.seconds, "variant": p.variant} for p in manifest.passes
         ],
         "fusion": _fusion(manifest),
         "calibration": (
-            {"method": calibration["method"], "samples": calibration["samples"]} if calibration is not None else None
+            {"method": calibration.method, "samples": calibration.samples} if calibration is not None else None
         ),
         "histograms": _histograms(
             directory, calibration, _sensitive_tensors(plan, sensitivity), _quantized_activations(plan)
@@ -235,7 +267,7 @@ def collect_report(directory: Path, name: str | None = None, manifest: Manifest 
     }
 
 
-def write_report(directory: Path, name: str | None = None, manifest: Manifest | None = None) -> dict[str, Any]:
+def write_report(directory: Path, name: str | None = None, manifest: Manifest | None = None) -> Report:
     """Write report.json and report.html into the artifact at `directory` (each replaced atomically)."""
     report = collect_report(directory, name, manifest)
     replace_file(directory / REPORT_JSON, (json.dumps(report) + "\n").encode())  # compact: histograms are long

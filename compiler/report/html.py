@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from html import escape
-from typing import Any
 
 from tensorsmith.compiler.report import plots as report_plots
+from tensorsmith.compiler.report.schema import Report
 from tensorsmith.compiler.report.summary import source_sentence
+from tensorsmith.compiler.variants.precision_plan import CpuChoice
 from tensorsmith.core.metrics import budget_terms
 from tensorsmith.runtime.manifest import SourceRecord
 
@@ -22,7 +23,7 @@ code { font-size: 12px; }
 """
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if isinstance(value, float):
         return f'<td class="num">{value:.6g}</td>'
     if isinstance(value, int) and not isinstance(value, bool):
@@ -32,7 +33,7 @@ def _cell(value: Any) -> str:
     return f"<td>{escape(str(value))}</td>"
 
 
-def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]], classes: Sequence[str] = ()) -> str:
+def _table(columns: Sequence[str], rows: Iterable[Sequence[object]], classes: Sequence[str] = ()) -> str:
     head = "".join(f"<th>{escape(column)}</th>" for column in columns)
     body = []
     for index, row in enumerate(rows):
@@ -45,7 +46,7 @@ def _plot(svg: str, caption: str) -> str:
     return f'<figure class="plot">{svg}<figcaption>{escape(caption)}</figcaption></figure>'
 
 
-def _verdict(report: dict[str, Any]) -> str:
+def _verdict(report: Report) -> str:
     """What a reader wants first: the budget's outcome, and what each target runs and how large it is."""
     budget, outcomes = report["budget"], report.get("budget_outcomes", {})
     if budget:
@@ -68,14 +69,14 @@ def _verdict(report: dict[str, Any]) -> str:
     return f"<h2>Verdict</h2><p>{sentence}</p>{table}"
 
 
-def _steps(report: dict[str, Any]) -> str:
+def _steps(report: Report) -> str:
     rows = [(step["name"], step["seconds"]) for step in report["steps"]]
     passes = [
         (f"pass {p['name']}" + (f", for variant {p['variant']}" if p.get("variant") else ""), p["seconds"])
         for p in report["passes"]
     ]
     chart = _plot(report_plots.steps_chart(rows), "seconds per step") if rows else ""
-    peaks = [f"{step['peak_rss_bytes'] / 2**30:.2f}" if step.get("peak_rss_bytes") else "" for step in report["steps"]]
+    peaks = [f"{rss / 2**30:.2f}" if (rss := step.get("peak_rss_bytes")) else "" for step in report["steps"]]
     table = [(name, seconds, peak) for (name, seconds), peak in zip(rows, peaks, strict=True)]
     return (
         "<h2>Pipeline</h2>"
@@ -85,10 +86,10 @@ def _steps(report: dict[str, Any]) -> str:
     )
 
 
-def _memory(report: dict[str, Any]) -> str:
+def _memory(report: Report) -> str:
     """Each step's peak resident memory beside the largest variant's size: a compile whose memory follows its output,
     not its source, stays within a few GB of that line at any model size."""
-    measured = [(step["name"], step["peak_rss_bytes"] / 1e9) for step in report["steps"] if step.get("peak_rss_bytes")]
+    measured = [(step["name"], rss / 1e9) for step in report["steps"] if (rss := step.get("peak_rss_bytes"))]
     if not measured:
         return ""
     largest = max((variant["bytes"] or 0 for variant in report["variants"]), default=0) / 1e9
@@ -96,7 +97,7 @@ def _memory(report: dict[str, Any]) -> str:
     return _plot(chart, f"peak resident memory per step; the largest variant is {largest:.2f} GB")
 
 
-def _fusion(report: dict[str, Any]) -> str:
+def _fusion(report: Report) -> str:
     rows = []
     for rule in report["fusion"]:
         misses = "; ".join(f"{miss.get('node', '?')}: {miss.get('reason', '')}" for miss in rule["misses"][:5])
@@ -107,7 +108,7 @@ def _fusion(report: dict[str, Any]) -> str:
     return "<h2>Fusion</h2>" + _table(columns, rows)
 
 
-def _accuracy(report: dict[str, Any]) -> str:
+def _accuracy(report: Report) -> str:
     rows = []
     for variant in report["variants"]:
         accuracy = ", ".join(f"{key} {value:.6g}" for key, value in variant["accuracy"].items())
@@ -122,7 +123,7 @@ def _accuracy(report: dict[str, Any]) -> str:
     return "<h2>Accuracy per variant</h2>" + plot + _table(columns, rows)
 
 
-def _charted_metric(report: dict[str, Any]) -> str:
+def _charted_metric(report: Report) -> str:
     """The budget's metric where the variants record it (perplexity-ratio under a decoder's budget), else cosine
     (max-abs and a custom metric are not in the variants' figures)."""
     terms = budget_terms(str(report["budget"])) if report["budget"] else None
@@ -131,10 +132,10 @@ def _charted_metric(report: dict[str, Any]) -> str:
     return "cosine"
 
 
-def _calibration(report: dict[str, Any]) -> str:
-    if not report["histograms"]:
-        return ""
+def _calibration(report: Report) -> str:
     calibration = report["calibration"]
+    if not report["histograms"] or calibration is None:  # histograms come with a calibration table
+        return ""
     intro = (
         f"<p>{escape(calibration['method'])} thresholds from {calibration['samples']} samples; the activations of "
         "the most sensitive layers. Red: the threshold above which values saturate.</p>"
@@ -149,14 +150,14 @@ def _calibration(report: dict[str, Any]) -> str:
     return f'<h2>Calibration</h2>{intro}<div class="plots">{plots}</div>'
 
 
-def _sensitivity(report: dict[str, Any]) -> str:
+def _sensitivity(report: Report) -> str:
     if not report["sensitivity"]:
         return ""
     terms = budget_terms(str(report["budget"]))
     metric = terms[0] if terms is not None else "cosine"
     parts = ["<h2>Sensitivity</h2>", f"<p>Budget: <code>{escape(str(report['budget']))}</code>.</p>"]
     for precision, layers in report["sensitivity"].items():
-        costly = [layer for layer in layers if layer.get("cost") is None or layer["cost"] > 0]
+        costly = [layer for layer in layers if layer["cost"] is None or layer["cost"] > 0]
         better = len(layers) - len(costly)
         caption = f"{precision}: the layers whose quantization alone costs the most"
         if better:
@@ -168,7 +169,7 @@ def _sensitivity(report: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _plan(report: dict[str, Any]) -> str:
+def _plan(report: Report) -> str:
     if not report["plan"]:
         return ""
     parts = ["<h2>Precision plan</h2>"]
@@ -182,31 +183,33 @@ def _plan(report: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _cpu(report: dict[str, Any]) -> str:
-    cpu = report.get("cpu")
-    if not cpu:
+def _cpu(report: Report) -> str:
+    recorded = report.get("cpu")
+    if not recorded:
         return ""
+    cpu = CpuChoice.model_validate(recorded)
     parts = [
         "<h2>CPU recipe</h2>",
-        f"<p>The cpu target runs <code>{escape(cpu['variant'])}</code>: {escape(cpu['reason'])}.</p>",
+        f"<p>The cpu target runs <code>{escape(cpu.variant)}</code>: {escape(cpu.reason)}.</p>",
     ]
-    by_backend: dict[str, dict[str, float]] = cpu.get("latency_ms_by_backend", {})
+    by_backend = cpu.latency_ms_by_backend
     if by_backend:  # every (variant, backend) pair timed: the fastest chose
         backends = sorted({backend for times in by_backend.values() for backend in times})
         rows = [(name, *(times.get(backend) for backend in backends)) for name, times in by_backend.items()]
         parts.append(_table(("candidate", *(f"ms, batch 8, {backend}" for backend in backends)), rows))
-    elif cpu.get("latency_ms_batch8"):
-        latency: dict[str, float] = cpu["latency_ms_batch8"]
-        metrics: dict[str, dict[str, float]] = cpu.get("metric", {})  # the figure that chose between them, if any
+    elif cpu.latency_ms_batch8:
+        latency = cpu.latency_ms_batch8
+        metrics = cpu.metric  # the figure that chose between them, if any
         columns = ("candidate", "ms, batch 8, ONNX Runtime defaults", *metrics)
         rows = [
             (name, latency[name], *(by_candidate.get(name) for by_candidate in metrics.values()))
             for name in sorted(latency, key=latency.__getitem__)
         ]
         parts.append(_table(columns, rows))
-    preparation = cpu.get("dynamic_preparation", {})
+    preparation = cpu.dynamic_preparation
     split = preparation.get("split_outlier_neurons", {})
-    if split.get("units"):
+    units = split.get("units")
+    if units and isinstance(units, dict):  # MatMul → the units split off it (passes/outlier_neurons.py)
         parts.append(
             f"<p>Dynamic int8 graph: {split['units_split']} outlier MLP units (max |activation| above "
             f"{split['ratio']:g}x the median unit's) moved to a float branch; "
@@ -217,19 +220,18 @@ def _cpu(report: dict[str, Any]) -> str:
         parts.append(
             _table(
                 ("MLP output MatMul", "units kept in float"),
-                [(node, ", ".join(str(unit) for unit in units)) for node, units in split["units"].items()],
+                [(node, ", ".join(str(unit) for unit in kept)) for node, kept in units.items()],
             )
         )
-    session = cpu.get("onnxruntime_session")
-    if session:
-        chosen = ", ".join(session["disabled_optimizers"]) or "none"
-        parts.append(f"<p>ONNX Runtime optimizers switched off for it (measured): <code>{escape(chosen)}</code>.</p>")
-        if session["latency_ms_batch8"]:  # timed only where more than one setting was tried
-            parts.append(_table(("session", "ms, batch 8"), list(session["latency_ms_batch8"].items())))
+    session = cpu.onnxruntime_session
+    chosen = ", ".join(session.disabled_optimizers) or "none"
+    parts.append(f"<p>ONNX Runtime optimizers switched off for it (measured): <code>{escape(chosen)}</code>.</p>")
+    if session.latency_ms_batch8:  # timed only where more than one setting was tried
+        parts.append(_table(("session", "ms, batch 8"), list(session.latency_ms_batch8.items())))
     return "".join(parts)
 
 
-def _engines(report: dict[str, Any]) -> str:
+def _engines(report: Report) -> str:
     rows, classes = [], []
     for engine in report["engines"]:
         rows.append(
@@ -250,12 +252,12 @@ def _engines(report: dict[str, Any]) -> str:
     return "<h2>Engines</h2>" + _table(columns, rows, classes)
 
 
-def render_html(report: dict[str, Any]) -> str:
-    source = report["source"]
+def render_html(report: Report) -> str:
+    source = SourceRecord.model_validate(report["source"])
     title = f"tensorsmith report: {report['artifact']}"
     header = (
-        f"<h1>{escape(title)}</h1><p>Source <code>{escape(source['path'])}</code>: "
-        f"{escape(source_sentence(SourceRecord.model_validate(source)))}; tensorsmith "
+        f"<h1>{escape(title)}</h1><p>Source <code>{escape(source.path)}</code>: "
+        f"{escape(source_sentence(source))}; tensorsmith "
         f"{escape(report['tensorsmith_version'])}.</p>"
     )
     sections = [_verdict, _steps, _fusion, _accuracy, _sensitivity, _calibration, _plan, _cpu, _engines]

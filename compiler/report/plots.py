@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from html import escape
-from typing import Any
+
+from tensorsmith.compiler.report.schema import HistogramRow, SensitivityRow, VariantRow
 
 # One colour per meaning, so the screenshot test (and a reader) can find each plot's marks.
 BAR_COLOUR = "#1f77b4"
@@ -112,7 +113,7 @@ def bar_chart(
     return _svg(left + PLOT + 20, bottom + 40, body)
 
 
-def sensitivity_chart(layers: Sequence[dict[str, Any]], metric: str) -> str:
+def sensitivity_chart(layers: Sequence[SensitivityRow], metric: str) -> str:
     """Horizontal bars: the metric's loss when only that layer is quantized, most sensitive on top."""
     shown = list(layers[:MAX_BARS])
     names = [layer["module"] or layer["name"] for layer in shown]
@@ -120,13 +121,14 @@ def sensitivity_chart(layers: Sequence[dict[str, Any]], metric: str) -> str:
         return bar_chart(names, [layer["sensitivity"] for layer in shown], "max |diff| with only this layer quantized")
     if metric == "sqnr-db":
         return bar_chart(names, [layer["sensitivity"] for layer in shown], "SQNR (dB) with only this layer quantized")
-    if all(layer.get("cost") is not None for layer in shown):  # what each costs against the reference
-        losses = [max(layer["cost"], 1e-9) for layer in shown]
+    costs = [cost for layer in shown if (cost := layer["cost"]) is not None]
+    if len(costs) == len(shown):  # what each costs against the reference
+        losses = [max(cost, 1e-9) for cost in costs]
         return bar_chart(names, losses, f"{metric} lost with only this layer quantized (log scale)", log=True)
     return bar_chart(names, [layer["sensitivity"] for layer in shown], f"{metric} with only this layer quantized")
 
 
-def histogram_chart(entry: dict[str, Any]) -> str:
+def histogram_chart(entry: HistogramRow) -> str:
     """|x| counts over the calibration grid's range (log counts), with the chosen threshold as a vertical line."""
     counts = [float(count) for count in entry["counts"]]
     covered = entry.get("range", entry["amax"]) or 1.0
@@ -157,7 +159,7 @@ def histogram_chart(entry: dict[str, Any]) -> str:
     return _svg(width + 2 * left, top + height + 38, body)
 
 
-def accuracy_chart(variants: Sequence[dict[str, Any]], metric: str = "cosine") -> str | None:
+def accuracy_chart(variants: Sequence[VariantRow], metric: str = "cosine") -> str | None:
     """One bar per variant that has the metric (measured against fp32), on an axis that says which metric."""
     measured = [variant for variant in variants if metric in variant["accuracy"]]
     if not measured:

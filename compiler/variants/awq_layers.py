@@ -44,7 +44,8 @@ def awq_statistics(
     for name, found in statistics.items() if records is not None else ():
         assert records is not None and found.total is not None
         records.put(
-            f"statistics/{name}", {"total": found.total, "count": np.int64(found.count), "sample": found.sample}
+            f"statistics/{name}",
+            {"total": found.total, "count": np.array(found.count, np.int64), "sample": found.sample},
         )
     return statistics
 
@@ -54,4 +55,4 @@ def awq_search(statistics: ActivationStatistics, readers: list[gs.Constant], blo
     own_weights = [np.asarray(values_unkept(weight), dtype=np.float32) for weight in readers]  # read for this use
     scale, alpha, relative = search_scale(statistics, own_weights, block)
     clips = {f"clip{index}": search_clip(statistics, weight, scale, block) for index, weight in enumerate(own_weights)}
-    return {"scale": scale, "alpha": np.float64(alpha), "relative": np.float64(relative), **clips}
+    return {"scale": scale, "alpha": np.array(alpha, np.float64), "relative": np.array(relative, np.float64), **clips}

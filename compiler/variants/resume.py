@@ -18,7 +18,6 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -59,7 +58,7 @@ class LayerRecords:
         self.directory.mkdir(parents=True, exist_ok=True)
         handle, partial = tempfile.mkstemp(dir=self.directory, prefix=".partial-", suffix=".npz")
         with os.fdopen(handle, "wb") as file:
-            np.savez(file, **dict[str, Any](arrays))
+            np.savez(file, allow_pickle=True, **arrays)  # numpy's default, named: `**arrays` fills the arrays only
         os.replace(partial, self._path(name))
 
     def remove(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -22,6 +22,9 @@ from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.sessions import Session, open_session, run_remembered, session_over
 from tensorsmith.runtime.manifest import TensorRecord
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 WINDOW = 128  # tokens per window (at most the decoder's max sequence length)
 EVALUATION_WINDOWS = 64  # 8 left AWQ and RTN apart by less than the noise (measured on tinylm)
@@ -80,7 +83,7 @@ def token_windows(config: CompileConfig, path: Path, length: int, limit: int | N
     return tokens
 
 
-def _encode_enough(tokenizer: Any, text: str, needed: int | None) -> list[int]:
+def _encode_enough(tokenizer: Tokenizer, text: str, needed: int | None) -> list[int]:
     """The token ids of `text`, or at least its first `needed` ones: a bounded read (the check before the export,
     64 calibration windows of a large corpus) tokenizes a prefix, not the whole file. The prefix runs
     BOUNDARY_TOKENS past the need, so the word it cuts cannot change the ids kept."""
