@@ -214,7 +214,7 @@ def _manifest(
         if source.huggingface and layout
         else None,
         steps=[StepRecord(name=s.name, seconds=s.seconds, peak_rss_bytes=s.peak_rss_bytes) for s in steps],
-        passes=[PassRecord(**vars(report)) for report in reports],
+        passes=[PassRecord(**{**vars(report), "details": report.details.as_json()}) for report in reports],
         variants=variants.records,
         targets=targets,
     )

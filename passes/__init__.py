@@ -6,7 +6,7 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.passes.attention import ATTENTION
 from tensorsmith.passes.attention_scale import ATTENTION_SCALE
-from tensorsmith.passes.base import GraphPass, PassReport, run_passes
+from tensorsmith.passes.base import GraphPass, PassDetails, PassReport, SkippedDetails, run_passes
 from tensorsmith.passes.canonicalize import Canonicalize
 from tensorsmith.passes.fusion import Fuse, Rule
 from tensorsmith.passes.gelu import GELU_ERF, GELU_TANH
@@ -25,7 +25,7 @@ class Skipped:
     reason: str
 
     def __call__(self, graph: gs.Graph) -> PassReport:
-        return PassReport(self.name, counts={"skipped": 1}, details={"reason": self.reason})
+        return PassReport(self.name, counts={"skipped": 1}, details=SkippedDetails(reason=self.reason))
 
 
 def default_passes(attention_skipped: str | None = None) -> list[GraphPass]:
@@ -51,8 +51,10 @@ __all__ = [
     "Canonicalize",
     "Fuse",
     "GraphPass",
+    "PassDetails",
     "PassReport",
     "Rule",
+    "SkippedDetails",
     "default_passes",
     "run_passes",
 ]

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Self
 
 import onnx_graphsurgeon as gs
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.core.library_logs import route_graphsurgeon_logs
@@ -23,15 +24,37 @@ logger = logging.getLogger(__name__)
 route_graphsurgeon_logs()
 
 
+class PassDetails(BaseModel):
+    """What a pass found beyond its counts; each pass that has any subclasses this with its own fields, which the
+    manifest stores as its JSON (fields at their default left out) and the summary reads back typed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def as_json(self) -> dict[str, object]:
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+    @classmethod
+    def read(cls, stored: Mapping[str, object]) -> Self | None:
+        """A manifest's details (`as_json`) read back as this pass's; None where they are another pass's."""
+        try:
+            return cls.model_validate(stored)
+        except ValidationError:
+            return None
+
+
+class SkippedDetails(PassDetails):
+    reason: str  # why the pass did not run
+
+
 @dataclass
 class PassReport:
-    """What one pass did: `counts` are integers (nodes folded, matches per rule…), `details` anything else."""
+    """What one pass did: `counts` are integers (nodes folded, matches per rule…), `details` the rest, typed."""
 
     name: str
     changed: bool = False
     counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
-    details: dict[str, object] = field(default_factory=dict)
+    details: PassDetails = field(default_factory=PassDetails)
     variant: str = ""  # set by the variant builders: the variant whose file the pass wrote
 
 

@@ -1,6 +1,6 @@
 """Graph facts the static KV cache pass reads: where the cache is cast, what reads a past's length, and the
 masked attention scores of attention written out as MatMul/Softmax/MatMul (DeepSeek's latent attention, which ONNX
-Attention does not take: compiler/frontend/latent_attention.py)."""
+Attention does not take: compiler/frontend/latent_attention.py); and what the pass reports."""
 
 from __future__ import annotations
 
@@ -10,8 +10,18 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from tensorsmith.passes.base import PassDetails
+
 # A graphsurgeon tensor's dtype: numpy's, or ONNX's number for a type numpy has not (bfloat16, fp8)
 GraphDtype: TypeAlias = np.dtype | type[np.generic] | int
+
+
+class StaticCacheDetails(PassDetails):
+    """What the static KV cache pass (passes/static_cache.py) made."""
+
+    windows: list[int]  # the layers' sliding windows (none: every layer sees every slot)
+    cache_dtype: str
+    capacity: int | str  # slots a row's cache holds, or its symbolic dim: the request's length
 
 
 def masked_scores(graph: gs.Graph, mask: gs.Tensor, tokens: gs.Tensor) -> list[tuple[gs.Node, int]]:

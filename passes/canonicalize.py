@@ -29,7 +29,7 @@ from tensorsmith.core.importing import first_line
 from tensorsmith.core.ir import DEAD_AT_MOST, SUBGRAPH_ATTRIBUTES, save_ir
 from tensorsmith.core.library_logs import route_polygraphy_logs
 from tensorsmith.core.referring_ir import referred, referring_model, save_referring
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.runtime.manifest import external_data_path
 
 logger = logging.getLogger(__name__)
@@ -157,6 +157,12 @@ def _weights_kept(model: ir.Model, owned: Path, path: Path) -> onnx.ModelProto |
     return structure
 
 
+class CanonicalizeDetails(PassDetails):
+    opset_before: int
+    opset_after: int
+    folded_by: str  # the constant folder that ran: onnxscript, or polygraphy where it could not
+
+
 @dataclass
 class Canonicalize:
     """Upgrade the opset, fold constants, clean up, and infer shapes."""
@@ -214,6 +220,6 @@ class Canonicalize:
                 "constant_nodes_removed": before["Constant"] - after["Constant"],
             },
             seconds=round(time.perf_counter() - started, 4),
-            details={"opset_before": opset_before, "opset_after": _opset(model), "folded_by": folder},
+            details=CanonicalizeDetails(opset_before=opset_before, opset_after=_opset(model), folded_by=folder),
         )
         return model, report

@@ -22,12 +22,16 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.precisions import INT8
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.int4 import int4_constant, quantize_int4
 from tensorsmith.passes.matching import constant_value
 from tensorsmith.passes.quantize import quantize_weights
 
 MIN_ROWS = 1024
+
+
+class EmbeddingDetails(PassDetails):
+    tables: list[str]  # the vocabulary tables quantized
 
 
 @dataclass
@@ -97,7 +101,7 @@ class QuantizeEmbeddings:
         # a tied projection's INT4 is this pass's (the INT4 pass leaves it to it): counted, as precision.json has it
         tied_count = {"projections_tied": tied} if self.int4 else {}
         counts = {"tables_quantized": len(quantized), **tied_count, "bytes_saved": int(saved)}
-        return PassReport(self.name, changed=bool(quantized), counts=counts, details={"tables": quantized})
+        return PassReport(self.name, changed=bool(quantized), counts=counts, details=EmbeddingDetails(tables=quantized))
 
 
 def tied_projections(graph: gs.Graph, table: np.ndarray) -> list[gs.Node]:

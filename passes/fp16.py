@@ -24,13 +24,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from pydantic import Field
 
 from tensorsmith.core.mapped_graph import convert_values
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.half_float import BF16_FLOAT, BFLOAT16, FLOAT, FP16_FLOAT, HalfFloat, element_type
-from tensorsmith.passes.half_regions import KEEP_FP32, bodies_of, half_readers, half_regions
+from tensorsmith.passes.half_regions import KEEP_FP32, RangeKept, bodies_of, half_readers, half_regions
 
 logger = logging.getLogger(__name__)
+
+
+class HalfDetails(PassDetails):
+    kept_fp32_for_range: dict[str, RangeKept] = Field(default_factory=dict)  # node → why it keeps fp32 for range
 
 
 @dataclass
@@ -120,7 +125,7 @@ class ConvertToHalf:
             counts["kept_fp32_for_range"] = len(regions.for_range)
         if regions.for_range:
             logger.debug("%s: kept in fp32 for range: %s", self.name, regions.for_range)
-        details: dict[str, object] = {"kept_fp32_for_range": regions.for_range} if regions.for_range else {}
+        details = HalfDetails(kept_fp32_for_range=regions.for_range)
         return PassReport(self.name, changed=True, counts=counts, details=details)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.scaled_fp8 import E4M3, ScaledFp8
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.matching import constant_value
 
 Fp8Weights = Mapping[str, Callable[[np.ndarray], ScaledFp8]]  # MatMul node → its fp8 weight, from the graph's
@@ -46,6 +46,12 @@ def dequantize_linear_form(weight: ScaledFp8) -> tuple[np.ndarray, dict[str, int
     if rows == weight.codes.shape[0]:
         return scales[0], {"axis": 1}
     return scales, {"axis": 0, "block_size": rows}
+
+
+class Fp8WeightDetails(PassDetails):
+    block_sizes: list[int]  # of the scales' blocks along K
+    skipped: dict[str, str]  # weight MatMul → why it stays float
+    fp8_weight_bytes: int
 
 
 @dataclass
@@ -85,5 +91,7 @@ class WeightOnlyFp8:
             self.name,
             changed=quantized > 0,
             counts={"matmuls_quantized": quantized, "skipped": len(self.floats)},
-            details={"block_sizes": sorted(blocks), "skipped": dict(self.floats), "fp8_weight_bytes": weight_bytes},
+            details=Fp8WeightDetails(
+                block_sizes=sorted(blocks), skipped=dict(self.floats), fp8_weight_bytes=weight_bytes
+            ),
         )

@@ -14,13 +14,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
+from pydantic import Field
+from typing_extensions import TypedDict
 
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.matching import Miss, Unrelated, Walk, check_removable
 
 logger = logging.getLogger(__name__)
 
 MISSES_KEPT_PER_RULE = 20  # in the report's details; the counts cover all of them
+
+
+class FusionMiss(TypedDict):  # typing_extensions': pydantic reads it on Python 3.11
+    node: str  # the anchor the rule started from
+    reason: str
+
+
+class FusionDetails(PassDetails):
+    misses: dict[str, list[FusionMiss]]  # rule → the first anchors it missed
+    reasons: dict[str, dict[str, int]]  # rule → each reason it missed for, how often
+    needs_opset: dict[str, int] = Field(default_factory=dict)  # rule → the opset it needs, for rules not tried below it
 
 
 PREVIOUS = None  # as a NodeSpec input: the output of the spec before it
@@ -97,11 +110,11 @@ class Fuse:
     def __call__(self, graph: gs.Graph) -> PassReport:
         opset = int(graph.opset)
         counts: dict[str, int] = {}
-        misses: dict[str, list[dict[str, str]]] = {}
+        misses: dict[str, list[FusionMiss]] = {}
         reasons: dict[str, dict[str, int]] = {}
         needs_opset: dict[str, int] = {}
         for rule in self.rules:
-            matched, missed = 0, []
+            matched, missed = 0, list[FusionMiss]()
             if opset < rule.min_opset:
                 logger.info("rule %s needs opset %d, the graph has %d: skipped", rule.name, rule.min_opset, opset)
                 counts[f"{rule.name}.skipped_opset"] = 1
@@ -133,7 +146,5 @@ class Fuse:
                 misses[rule.name] = missed[:MISSES_KEPT_PER_RULE]
                 reasons[rule.name] = dict(Counter(entry["reason"] for entry in missed).most_common())
         changed = any(value for key, value in counts.items() if key.endswith(".matched"))
-        details: dict[str, object] = {"misses": misses, "reasons": reasons}
-        if needs_opset:
-            details["needs_opset"] = needs_opset
+        details = FusionDetails(misses=misses, reasons=reasons, needs_opset=needs_opset)
         return PassReport(self.name, changed=changed, counts=counts, details=details)

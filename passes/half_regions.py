@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from pydantic import BaseModel, ConfigDict
 
 from tensorsmith.core.mapped_graph import values_unkept
 from tensorsmith.passes.fp8_weights import CODES_SUFFIX
@@ -52,6 +53,19 @@ MOVES_VALUES = frozenset(
 )
 
 
+class RangeKept(BaseModel):
+    """Why a node keeps fp32 for range: `tensor`, which it reads (`reason` input or weight) or writes (output),
+    reaches `max_abs`, beyond the half type's range; `module`: its module path, where the export recorded one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: str
+    tensor: str
+    reason: str
+    max_abs: float
+    module: str | None = None
+
+
 @dataclass(frozen=True)
 class HalfRegions:
     """Where a graph computes in the half type once converted: what both passes change, found before either
@@ -63,7 +77,7 @@ class HalfRegions:
     constant_nodes: list[gs.Node]  # Constant / ConstantOfShape nodes whose fp32 value becomes half
     float_casts: list[gs.Node]  # Cast(to=FLOAT) nodes, which cast to half instead
     variables: list[gs.Variable]  # fp32 tensors held in half (graph inputs and outputs stay fp32 through Casts)
-    for_range: dict[str, dict[str, object]]  # node → why it keeps fp32 for range: the tensor, its max |x|
+    for_range: dict[str, RangeKept]  # node → why it keeps fp32 for range
 
 
 def _computes_a_scale(node: gs.Node) -> bool:
@@ -103,17 +117,17 @@ def _own_fp32_constants(kept: list[gs.Node], kept_ids: set[int]) -> None:
 
 def _kept_for_range(
     graph: gs.Graph, half: HalfFloat, out_of_range: Mapping[str, float]
-) -> dict[int, tuple[gs.Node, dict[str, object]]]:
+) -> dict[int, tuple[gs.Node, RangeKept]]:
     """Nodes that keep fp32 because a tensor they read or write leaves `half`'s range: the readers of a weight
     beyond it, and the writers and readers of the `out_of_range` activations (name → max |x| on the fp32 graph). A
     reader too, since a kept op's output is narrowed to half for every op that does not keep fp32."""
-    found: dict[int, tuple[gs.Node, dict[str, object]]] = {}
+    found: dict[int, tuple[gs.Node, RangeKept]] = {}
     if not half.narrower_than_fp32:
         return found
 
     def keep(node: gs.Node, tensor: str, reason: str, magnitude: float) -> None:
         if id(node) not in found:
-            found[id(node)] = (node, {"op": node.op, "tensor": tensor, "reason": reason, "max_abs": magnitude})
+            found[id(node)] = (node, RangeKept(op=node.op, tensor=tensor, reason=reason, max_abs=magnitude))
 
     def keep_readers(tensor: gs.Tensor, name: str, reason: str, magnitude: float) -> None:
         """`tensor`'s readers, and through the ops that only move values (an embedding's Gather) theirs too."""

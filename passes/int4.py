@@ -22,7 +22,7 @@ from tensorsmith.core.formats import absolute_max
 from tensorsmith.core.grouped_int4 import GroupedInt4
 from tensorsmith.core.mapped_graph import reads_rows
 from tensorsmith.core.precisions import INT4
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.int4_codes import Int4Codes, codes
 from tensorsmith.passes.matching import constant_value
 
@@ -91,6 +91,12 @@ def int4_constant(name: str, q: np.ndarray) -> gs.Constant:
     return gs.Constant(name, LazyValues(numpy_helper.from_array(q.astype(ml_dtypes.int4), name)))
 
 
+class Int4Details(PassDetails):
+    block_size: int
+    int4_weight_bytes: int
+    skipped: dict[str, str]  # weight MatMul → why it stays float
+
+
 @dataclass
 class WeightOnlyInt4:
     """Quantize the MatMuls named in `weights` (constant 2-D weights with K a multiple of `block`). `floats`: the
@@ -153,7 +159,7 @@ class WeightOnlyInt4:
             self.name,
             changed=quantized > 0,
             counts={"matmuls_quantized": quantized, "activations_scaled": scaled, "skipped": len(skipped)},
-            details={"block_size": self.block, "int4_weight_bytes": weight_bytes, "skipped": skipped},
+            details=Int4Details(block_size=self.block, int4_weight_bytes=weight_bytes, skipped=skipped),
         )
 
     def _apply_input_scales(self, graph: gs.Graph, nodes: dict[str, gs.Node]) -> int:

@@ -25,7 +25,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.errors import PassError
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.cache_graph import GraphDtype
 
 FP8_MAX = 448.0  # FLOAT8E4M3FN's largest finite value
@@ -35,6 +35,13 @@ FP8 = onnx.TensorProto.FLOAT8E4M3FN
 def fp8_scale(amax: float) -> float:
     """The per-tensor scale that maps [-amax, amax] onto FLOAT8E4M3FN's range (1 for an all-zero tensor)."""
     return float(amax) / FP8_MAX if amax > 0 else 1.0
+
+
+class QuantizedCacheDetails(PassDetails):
+    simulated: bool  # fp32 caches rounded through fp8, not stored in it
+    scale_min: float
+    scale_max: float
+    cache_dtype: str
 
 
 @dataclass
@@ -62,12 +69,12 @@ class QuantizedCache:
             self.name,
             changed=True,
             counts={"caches": len(values)},
-            details={
-                "simulated": self.simulate,
-                "scale_min": min(values),
-                "scale_max": max(values),
-                "cache_dtype": "float8e4m3fn" if not self.simulate else "unchanged",
-            },
+            details=QuantizedCacheDetails(
+                simulated=self.simulate,
+                scale_min=min(values),
+                scale_max=max(values),
+                cache_dtype="float8e4m3fn" if not self.simulate else "unchanged",
+            ),
         )
 
     def _quantize(self, graph: gs.Graph, present: gs.Variable, scale: float) -> None:

@@ -18,11 +18,16 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from tensorsmith.core.errors import PassError
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.matching import constant_value
 
 ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Tanh", "Cast", "Identity")
 PROJECTIONS = ("MatMul", "Gemm")
+
+
+class LastPositionDetails(PassDetails):
+    projection: str  # the vocabulary projection that now reads the last position only
+    walked: list[str]  # the ops between it and the logits output
 
 
 @dataclass
@@ -62,5 +67,5 @@ class LastPositionLogits:
             self.name,
             changed=True,
             counts={"projections_sliced": 1},
-            details={"projection": projection.name, "walked": walked},
+            details=LastPositionDetails(projection=projection.name, walked=walked),
         )

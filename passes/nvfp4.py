@@ -24,7 +24,7 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.core.errors import PassError
 from tensorsmith.core.precisions import NVFP4
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.int4 import block_amax
 from tensorsmith.passes.matching import constant_value
 
@@ -145,6 +145,12 @@ def _nvfp4_of(node: str, weight: np.ndarray, block: int, stored: StoredNvfp4) ->
     return make(weight) if make is not None else quantize_nvfp4(weight, block)
 
 
+class Nvfp4Details(PassDetails):
+    block_size: int
+    skipped: dict[str, str]  # weight MatMul → why it stays float
+    nvfp4_weight_bytes: int | None = None  # None where the weights were left as they are (simulated)
+
+
 @dataclass
 class _Targets:
     """The named MatMuls whose weights can be quantized, and why the others were skipped."""
@@ -170,13 +176,13 @@ def _targets(graph: gs.Graph, nodes: frozenset[str], block: int) -> _Targets:
     return targets
 
 
-def _report(name: str, block: int, targets: _Targets, **details: object) -> PassReport:
+def _report(name: str, block: int, targets: _Targets, weight_bytes: int | None = None) -> PassReport:
     quantized = len(targets.weights)
     return PassReport(
         name,
         changed=quantized > 0,
         counts={"matmuls_quantized": quantized, "skipped": len(targets.skipped)},
-        details={"block_size": block, "skipped": targets.skipped, **details},
+        details=Nvfp4Details(block_size=block, skipped=targets.skipped, nvfp4_weight_bytes=weight_bytes),
     )
 
 
@@ -225,7 +231,7 @@ class WeightOnlyNvfp4:
             )
             node.inputs[1] = dequantized
             weight_bytes += q.codes.size // 2 + q.block_scales.size + 4
-        return _report(self.name, self.block, targets, nvfp4_weight_bytes=weight_bytes)
+        return _report(self.name, self.block, targets, weight_bytes)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.matching import constant_value
 
 # Unary elementwise activations, for which splitting the hidden units is exact.
@@ -97,6 +97,11 @@ def _zeroed(values: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray:
     return result
 
 
+class OutlierDetails(PassDetails):
+    ratio: float
+    units: dict[str, list[int]]  # an MLP's down projection → the units split
+
+
 @dataclass
 class SplitOutlierNeurons:
     """Split the outlier units of every MLP in `hidden_amax` (per-unit max |activation|, from calibration)."""
@@ -122,7 +127,7 @@ class SplitOutlierNeurons:
             self.name,
             changed=bool(split),
             counts={"mlps_split": len(split), "units_split": sum(len(units) for units in split.values())},
-            details={"ratio": self.ratio, "units": split},
+            details=OutlierDetails(ratio=self.ratio, units=split),
         )
 
     @staticmethod

@@ -25,7 +25,7 @@ import onnx_graphsurgeon as gs
 from tensorsmith.core import precisions
 from tensorsmith.core.errors import PassError
 from tensorsmith.core.formats import per_channel_amax
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.matching import constant_value
 
 logger = logging.getLogger(__name__)
@@ -114,6 +114,11 @@ def quantize_activation(
 SWITCHES = "quantization_switches"
 
 
+class QdqDetails(PassDetails):
+    precision: str
+    skipped: dict[str, str]  # node → why it got no Q/DQ
+
+
 @dataclass
 class InsertQDQ:
     """Quantize the inputs of `nodes` (names; None: every MatMul/Gemm/Conv) to `precision` with the given
@@ -193,7 +198,7 @@ class InsertQDQ:
                 "weights_quantized": quantized_weights,
                 "nodes_skipped": len(skipped),
             },
-            details={"precision": self.precision, "skipped": skipped},
+            details=QdqDetails(precision=self.precision, skipped=skipped),
         )
 
     @staticmethod

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.matching import constant_value
 
 SCALE_LIMITS = (1e-4, 1e4)
@@ -31,6 +31,10 @@ def smoothable_activations(graph: gs.Graph) -> dict[str, list[gs.Node]]:
         if weight is not None and weight.ndim == 2 and weight.dtype == np.float32:
             found.setdefault(node.inputs[0].name, []).append(node)
     return found
+
+
+class SmoothDetails(PassDetails):
+    alpha: float
 
 
 @dataclass
@@ -67,5 +71,8 @@ class SmoothActivations:
                 node.inputs[0] = divided
             smoothed += 1
         return PassReport(
-            self.name, changed=smoothed > 0, counts={"activations_smoothed": smoothed}, details={"alpha": self.alpha}
+            self.name,
+            changed=smoothed > 0,
+            counts={"activations_smoothed": smoothed},
+            details=SmoothDetails(alpha=self.alpha),
         )

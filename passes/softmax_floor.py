@@ -18,9 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from tensorsmith.passes.base import PassReport
+from tensorsmith.passes.base import PassDetails, PassReport
 
 MARGIN = 80.0  # below exp's fp32 underflow at −87.3, so e^−MARGIN is a normal number
+
+
+class SoftmaxFloorDetails(PassDetails):
+    margin: float
 
 
 @dataclass
@@ -61,5 +65,5 @@ class FloorSoftmaxLogits:
             self.name,
             changed=floored > 0,
             counts={"softmax_floored": floored, "skipped": skipped},
-            details={"margin": self.margin},
+            details=SoftmaxFloorDetails(margin=self.margin),
         )

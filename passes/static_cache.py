@@ -34,6 +34,7 @@ from tensorsmith.core.errors import PassError
 from tensorsmith.passes.base import PassReport
 from tensorsmith.passes.cache_graph import (
     GraphDtype,
+    StaticCacheDetails,
     cache_in_compute_dtype,
     dtype_name,
     masked_scores,
@@ -124,11 +125,11 @@ class StaticCache:
             self.name,
             changed=True,
             counts={"layers": len(layers), "masks": len(visible), "state_layers": len(self.windows) - len(layers)},
-            details={
-                "windows": sorted({w for w in self.windows if w is not None}),
-                "cache_dtype": cache_dtype,
-                "capacity": self.capacity or CACHE_DIM,
-            },
+            details=StaticCacheDetails(
+                windows=sorted({w for w in self.windows if w is not None}),
+                cache_dtype=cache_dtype,
+                capacity=self.capacity or CACHE_DIM,
+            ),
         )
 
     def _attention_layers(self, inputs: dict[str, gs.Tensor]) -> list[int]:

@@ -20,10 +20,14 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from tensorsmith.passes.base import PassReport, unused_name
+from tensorsmith.passes.base import PassDetails, PassReport, unused_name
 from tensorsmith.passes.matching import constant_value
 
 BLOCK_BYTES = 32 << 20  # of the table compared at a time (a weight still in its file is mapped a block at a time)
+
+
+class TiedProjectionDetails(PassDetails):
+    tied: dict[str, str]  # the projection's weight → the table it reads instead
 
 
 @dataclass
@@ -46,7 +50,12 @@ class TiedProjection:
                 transposed[table.name] = output
             node.inputs[1] = transposed[table.name]
             tied[weight.name] = table.name
-        return PassReport(self.name, changed=bool(tied), counts={"projections_tied": len(tied)}, details={"tied": tied})
+        return PassReport(
+            self.name,
+            changed=bool(tied),
+            counts={"projections_tied": len(tied)},
+            details=TiedProjectionDetails(tied=tied),
+        )
 
 
 def _table_gather(node: gs.Node) -> bool:

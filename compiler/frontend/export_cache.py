@@ -28,7 +28,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -40,6 +39,7 @@ from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.core.importing import import_factory
 from tensorsmith.core.tensor_ranges import TensorRange
 from tensorsmith.passes import GraphPass, PassReport
+from tensorsmith.passes.stored_reports import StoredReport
 from tensorsmith.runtime.manifest import FileRecord, SourceRecord, external_data_path, sha256_of
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ def store(
                 "model": model.name,
                 "sha256": record.sha256,
                 "source": source.model_dump(mode="json"),
-                "reports": [asdict(report) for report in reports],
+                "reports": [StoredReport.of(report).model_dump(mode="json") for report in reports],
                 "accuracy": accuracy,
                 "tuned": tuned,
                 "verified": verified is not None,
@@ -246,7 +246,9 @@ class CachedFusedGraph:
     def __init__(self, info: dict[str, object], arrays: dict[str, np.ndarray]) -> None:
         self.sha256 = str(info["sha256"])
         self.source = SourceRecord.model_validate(info["source"])
-        self.reports = [PassReport(**report) for report in info["reports"]]  # type: ignore[attr-defined]
+        stored = info["reports"]
+        assert isinstance(stored, list), "an entry's reports are a list (store writes them so)"
+        self.reports = [StoredReport.model_validate(report).report() for report in stored]
         self.accuracy: dict[str, float] = dict(info["accuracy"])  # type: ignore[call-overload]
         self.tuned = bool(info["tuned"])
         ranges = info["ranges"]

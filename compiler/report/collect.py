@@ -30,6 +30,7 @@ from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.metrics import budget_terms, loss
 from tensorsmith.core.precisions import precision
+from tensorsmith.passes.fusion import FusionDetails
 from tensorsmith.runtime.manifest import Manifest, StepRecord, read_manifest, resolve_inside
 
 logger = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ def _fusion(manifest: Manifest) -> list[FusionRow]:
     """Matches and misses per rule, from the passes' `RULE.matched` / `RULE.missed` counts and miss reasons."""
     rows: list[FusionRow] = []
     for record in manifest.passes:
-        recorded = record.details.get("misses") or {}
-        misses: Mapping[str, list[Miss]] = recorded if isinstance(recorded, dict) else {}
+        fusion = FusionDetails.read(record.details)
+        misses: Mapping[str, list[Miss]] = fusion.misses if fusion is not None else {}
         for key, matched in record.counts.items():
             if not key.endswith(".matched"):
                 continue

@@ -6,6 +6,10 @@ from __future__ import annotations
 from tensorsmith.compiler.frontend.export_cache import FROM_EXPORT_CACHE
 from tensorsmith.compiler.variants.precision_plan import SEARCHED, LayerChoice, PrecisionPlan, RecipePlan
 from tensorsmith.core.precisions import Quantizes, precision
+from tensorsmith.passes import SkippedDetails
+from tensorsmith.passes.cache_graph import StaticCacheDetails
+from tensorsmith.passes.canonicalize import CanonicalizeDetails
+from tensorsmith.passes.fusion import FusionDetails
 from tensorsmith.runtime.manifest import Manifest, PassRecord, SourceRecord, TargetRecord, VariantRecord
 
 SOURCE_KINDS = {
@@ -65,7 +69,8 @@ def _counted(count: int, rule: str) -> str:
 def _fusion(record: PassRecord) -> str:
     """What each rule of a fusion pass did, from its RULE.matched / .missed / .already_fused / .skipped_opset
     counts; rules that found nothing are left out."""
-    needs_opset, reasons = record.details.get("needs_opset"), record.details.get("reasons")
+    details = FusionDetails.read(record.details)
+    needs_opset, reasons = (details.needs_opset, details.reasons) if details is not None else ({}, {})
     rules = list(dict.fromkeys(key.rsplit(".", 1)[0] for key in record.counts))
     clauses = []
     for rule in rules:
@@ -73,15 +78,15 @@ def _fusion(record: PassRecord) -> str:
         already = record.counts.get(f"{rule}.already_fused", 0)
         missed = record.counts.get(f"{rule}.missed", 0)
         if record.counts.get(f"{rule}.skipped_opset"):
-            opset = needs_opset.get(rule) if isinstance(needs_opset, dict) else None
+            opset = needs_opset.get(rule)
             clauses.append(f"{RULES.get(rule, (rule, rule))[1]} not tried" + (f" below opset {opset}" if opset else ""))
         if matched:
             clauses.append(f"{_counted(matched, rule)} {FUSED.get(rule, 'fused')}")
         if already:
             clauses.append(f"{_counted(already, rule)} written by the exporter already")
         if missed:
-            why = reasons.get(rule) if isinstance(reasons, dict) else None
-            first = f" (most often: {next(iter(why))})" if isinstance(why, dict) and why else ""
+            why = reasons.get(rule)
+            first = f" (most often: {next(iter(why))})" if why else ""
             clauses.append(f"{_counted(missed, rule)} not fused{first}")
     return "; ".join(clauses) or "found no " + " and no ".join(RULES.get(rule, (rule, rule))[1] for rule in rules)
 
@@ -89,21 +94,23 @@ def _fusion(record: PassRecord) -> str:
 def _canonicalize(record: PassRecord) -> str:
     before, after = record.counts.get("nodes_before", 0), record.counts.get("nodes_after", 0)
     text = f"{before} nodes, {after} after folding constants" if before != after else f"{after} nodes, none folded"
-    opsets = record.details.get("opset_before"), record.details.get("opset_after")
-    return text + (f"; opset {opsets[0]} → {opsets[1]}" if opsets[0] != opsets[1] else "")
+    details = CanonicalizeDetails.read(record.details)
+    changed = details is not None and details.opset_before != details.opset_after
+    return text + (f"; opset {details.opset_before} → {details.opset_after}" if details and changed else "")
 
 
 def pass_sentence(record: PassRecord) -> str:
     """e.g. 'weight_only_int4, for variant int4: 12 matmuls quantized, 0 skipped (0.31 s)'."""
     title = record.name + (f", for variant {record.variant}" if record.variant else "")
-    if record.counts == {"skipped": 1} and "reason" in record.details:
-        text = f"skipped: {record.details['reason']}"
+    skipped = SkippedDetails.read(record.details) if record.counts == {"skipped": 1} else None
+    cache = StaticCacheDetails.read(record.details) if record.name == "static_kv_cache" else None
+    if skipped is not None:
+        text = f"skipped: {skipped.reason}"
     elif record.name == "canonicalize":
         text = _canonicalize(record)
-    elif record.name == "static_kv_cache":
-        length = record.details.get("capacity")
-        length = f"{length} slots" if isinstance(length, int) else "the request's length"
-        text = f"{record.counts.get('layers', 0)} layers, {record.details.get('cache_dtype')} caches of {length}"
+    elif cache is not None:
+        length = f"{cache.capacity} slots" if isinstance(cache.capacity, int) else "the request's length"
+        text = f"{record.counts.get('layers', 0)} layers, {cache.cache_dtype} caches of {length}"
     elif any(key.rsplit(".", 1)[-1] in ("matched", "skipped_opset") for key in record.counts):
         text = _fusion(record)
     else:
@@ -199,8 +206,8 @@ def artifact_lines(manifest: Manifest, plan: PrecisionPlan | None = None) -> lis
     """The summary's lines after its headline: the source, passes, variants (a quantized one's layers by precision,
     from `plan`, the artifact's precision.json) and targets."""
     canonicalized = next((record for record in manifest.passes if record.name == "canonicalize"), None)
-    opset = canonicalized.details.get("opset_after") if canonicalized is not None else None
-    lines = [f"source: {source_sentence(manifest.source, opset if isinstance(opset, int) else None)}"]
+    details = CanonicalizeDetails.read(canonicalized.details) if canonicalized is not None else None
+    lines = [f"source: {source_sentence(manifest.source, details.opset_after if details is not None else None)}"]
     if any(step.name.endswith(FROM_EXPORT_CACHE) for step in manifest.steps):
         lines[0] += f"; {FROM_EXPORT_CACHE}"
     lines += [f"pass {pass_sentence(record)}" for record in manifest.passes]

@@ -186,7 +186,7 @@ def choose_cpu_variant(
         reason=reason,
         latency_ms_batch8=latency,
         latency_ms_by_backend=times if dynamic else {},
-        dynamic_preparation={report.name: {**report.counts, **report.details} for report in prepared},
+        dynamic_preparation={report.name: {**report.counts, **report.details.as_json()} for report in prepared},
         onnxruntime_session=SessionChoice(disabled_optimizers=disabled, latency_ms_batch8=by_session),
     )
     return CpuOutcome(chosen if chosen.name == static.name else static, chosen, plan)

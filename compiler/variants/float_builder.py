@@ -35,13 +35,12 @@ from tensorsmith.core.narrow_twin import drop_twin, write_widened_twin
 from tensorsmith.core.precisions import BF16, FP16, FP32, Family, Precision
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
-from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, RoundToBf16
+from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, HalfDetails, RoundToBf16
 from tensorsmith.passes.tied_projection import TiedProjection
 from tensorsmith.runtime.manifest import VariantRecord
 
 logger = logging.getLogger(__name__)
 NAMED = 3  # nodes kept in fp32 for range named in the log line; the rest counted
-RANGE_KEPT = "kept_fp32_for_range"  # the fp16 pass's count and details key
 
 
 @dataclass(frozen=True)
@@ -104,21 +103,23 @@ def build_float_variant(
 def name_modules(report: PassReport, model: Path) -> PassReport:
     """The report with each node kept in fp32 for range given its module path (where the export recorded one):
     onnx-graphsurgeon, which the pass runs on, drops node metadata."""
-    kept = report.details.get(RANGE_KEPT)
-    if not isinstance(kept, dict) or not kept:
+    if not isinstance(report.details, HalfDetails) or not report.details.kept_fp32_for_range:
         return report
+    kept = report.details.kept_fp32_for_range
     paths = module_paths_recorded(onnx.load(str(model), load_external_data=False))
-    named = {node: {**why, "module": paths[node]} if node in paths else why for node, why in kept.items()}
-    return replace(report, details={**report.details, RANGE_KEPT: named})
+    named = {
+        node: why.model_copy(update={"module": paths[node]}) if node in paths else why for node, why in kept.items()
+    }
+    return replace(report, details=HalfDetails(kept_fp32_for_range=named))
 
 
 def log_kept_for_range(report: PassReport) -> None:
     """One line naming the nodes kept in fp32 for range, if any: the first few, with the magnitude that did it."""
-    kept = report.details.get(RANGE_KEPT)
-    if not isinstance(kept, dict) or not kept:
+    if not isinstance(report.details, HalfDetails) or not report.details.kept_fp32_for_range:
         return
+    kept = report.details.kept_fp32_for_range
     named = [
-        f"{why.get('module') or node} ({why['op']}: {why['reason']} {why['tensor']} reaches {why['max_abs']:.3g})"
+        f"{why.module or node} ({why.op}: {why.reason} {why.tensor} reaches {why.max_abs:.3g})"
         for node, why in list(kept.items())[:NAMED]
     ]
     more = f" and {len(kept) - NAMED} more" if len(kept) > NAMED else ""

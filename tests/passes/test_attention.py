@@ -91,7 +91,7 @@ def test_grouped_query_attention_with_a_cache_fuses(
 def test_a_head_dim_tensorrt_has_no_kernel_for_is_a_miss(tmp_path: Path) -> None:
     fused, reports = apply(_export(CachedAttention(True, head_dim=8), tmp_path / "a.onnx"), [Fuse((ATTENTION,))])
     assert ops(fused)["Attention"] == 0
-    assert "head_dim 8" in next(iter(reports[0].details["reasons"]["attention"]))
+    assert "head_dim 8" in next(iter(reports[0].details.as_json()["reasons"]["attention"]))
 
 
 class NotAttention(nn.Module):
@@ -104,4 +104,4 @@ def test_a_softmax_over_another_axis_is_a_miss(tmp_path: Path) -> None:
     torch.onnx.export(NotAttention().eval(), (torch.randn(2, 3, 4),), str(path), dynamo=True, opset_version=23)
     fused, reports = apply(onnx.load(str(path)), [Fuse((ATTENTION,))])
     assert ops(fused)["Attention"] == 0 and reports[0].counts["attention.missed"] == 1
-    assert "not the last" in next(iter(reports[0].details["reasons"]["attention"]))
+    assert "not the last" in next(iter(reports[0].details.as_json()["reasons"]["attention"]))

@@ -43,7 +43,7 @@ def test_vocabulary_table_goes_int8_per_row_and_stays_close(tmp_path: Path, gath
     source, words, positions = embedding_model(tmp_path / "embeddings.onnx")
     graph = gs.import_onnx(onnx.load(str(source)))
     (report,) = run_passes(graph, [QuantizeEmbeddings(gather_first=gather_first)])
-    assert report.counts["tables_quantized"] == 1 and report.details["tables"] == ["words"]
+    assert report.counts["tables_quantized"] == 1 and report.details.as_json()["tables"] == ["words"]
     assert report.counts["bytes_saved"] > words.nbytes * 0.7
     quantized = tmp_path / "quantized.onnx"
     onnx.save(gs.export_onnx(graph), str(quantized))

@@ -158,7 +158,7 @@ def test_weights_and_activations_beyond_fp16_keep_fp32(tmp_path: Path) -> None:
     onnx.checker.check_model(converted, full_check=True)
     for expected, actual in zip(reference, _in_fp16(converted, feeds), strict=True):
         assert np.isfinite(actual).all() and max_relative_error(expected, actual) < 5e-3
-    kept = report.details["kept_fp32_for_range"]
+    kept = report.details.as_json()["kept_fp32_for_range"]
     assert isinstance(kept, dict) and report.counts["kept_fp32_for_range"] == len(kept) > 0
     by_reason = {(why["op"], why["reason"]) for why in kept.values()}
     assert {("MatMul", "weight"), ("MatMul", "output"), ("ReduceMean", "input")} <= by_reason, kept
@@ -187,7 +187,7 @@ def test_an_embedding_row_beyond_fp16_keeps_its_gather_and_readers_in_fp32() -> 
     converted, (report,) = apply(model, [ConvertToFp16()])
     (actual,) = _in_fp16(converted, feeds)
     assert max_relative_error(expected, actual) < 1e-3
-    kept = report.details["kept_fp32_for_range"]
+    kept = report.details.as_json()["kept_fp32_for_range"]
     assert isinstance(kept, dict) and sorted(why["op"] for why in kept.values()) == ["Gather", "Mul"]
     assert {why["reason"] for why in kept.values()} == {"weight"}
 
@@ -206,7 +206,7 @@ def test_a_normal_block_keeps_nothing_in_fp32_for_range(exported: onnx.ModelProt
     assert min(tensor.low for tensor in ranges) < -1e38  # the mask is measured, and left out
     assert out_of_range_activations(tmp_path / "block.onnx", feeds) == {}
     _, (report,) = apply(exported, [ConvertToFp16(out_of_range={})])
-    assert report.counts["kept_fp32_for_range"] == 0 and report.details == {}
+    assert report.counts["kept_fp32_for_range"] == 0 and report.details.as_json() == {}
     assert report.counts["kept_fp32"] == 1  # the LayerNorm
     assert ConvertToBf16()(gs.import_onnx(exported)).counts.keys() == {"constants_converted", "casts_inserted",
                                                                          "kept_fp32"}  # fmt: skip

@@ -123,7 +123,7 @@ def test_refusals_are_misses_with_a_reason(options: dict, reason: str) -> None:
     fused, (report,) = apply(model, [Fuse([LAYERNORM])])
     assert report.counts["layernorm.matched"] == 0
     assert report.counts["layernorm.missed"] == 1
-    (miss,) = report.details["misses"]["layernorm"]  # type: ignore[index]
+    (miss,) = report.details.as_json()["misses"]["layernorm"]  # type: ignore[index]
     assert reason in miss["reason"]
     assert ops(fused) == ops(model), "a miss leaves the graph as it was"
 

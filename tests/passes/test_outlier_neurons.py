@@ -74,7 +74,7 @@ def test_the_exported_mlp_is_found(model: onnx.ModelProto) -> None:
 def test_splitting_keeps_the_function_and_helps_dynamic_int8(model: onnx.ModelProto, tmp_path: Path) -> None:
     split, (report,) = apply(model, [SplitOutlierNeurons(hidden_amax(model))])
     assert report.counts == {"mlps_split": 1, "units_split": 1}
-    assert list(report.details["units"].values()) == [[OUTLIER]]  # type: ignore[attr-defined]
+    assert list(report.details.as_json()["units"].values()) == [[OUTLIER]]  # type: ignore[attr-defined]
     assert ops(split)["MatMul"] == ops(model)["MatMul"] + 2 and ops(split)["Gelu"] == 2
     np.testing.assert_allclose(
         run_onnx(split, {"x": SAMPLES})[0], run_onnx(model, {"x": SAMPLES})[0], rtol=1e-5, atol=1e-5

@@ -43,7 +43,7 @@ def decoder_ends(head: np.ndarray, dtype: type = np.float32) -> onnx.ModelProto:
 def test_a_tied_head_reads_the_table_transposed_with_the_same_outputs() -> None:
     before = decoder_ends(TABLE.T)
     after, (report,) = apply(before, [TiedProjection()])
-    assert report.counts == {"projections_tied": 1} and report.details["tied"] == {"head": "table"}
+    assert report.counts == {"projections_tied": 1} and report.details.as_json()["tied"] == {"head": "table"}
     assert ops(after)["Transpose"] == 1 and [t.name for t in after.graph.initializer] == ["table"]
     np.testing.assert_array_equal(run_onnx(after, FEEDS)[0], run_onnx(before, FEEDS)[0])
 
