@@ -36,8 +36,10 @@ from tensorsmith.compiler.variants.weight_mix import (
 )
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import load_onnx, remove_onnx
+from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.precisions import NVFP4, Family
 from tensorsmith.core.sessions import run_onnx
+from tensorsmith.core.spilled import spilled
 from tensorsmith.passes.int4 import GemmAsMatMul
 from tensorsmith.passes.nvfp4 import StoredNvfp4
 
@@ -136,6 +138,8 @@ def weight_only_evaluation(config: CompileConfig, fused: FusedGraph, split: Spli
 
     def measured_on(feeds: Feeds, described: str, tokens: np.ndarray | None = None) -> Evaluation:
         reference = run_onnx(fused.path, feeds, in_rows=True)
+        if layerwise_segments(fused.path) is not None:  # a model the machine's size: not held through AWQ
+            reference = spilled(reference, fused.path.parent)
         timing = decode_timing_step(tokens, fused.inputs, fused.outputs, reference) if tokens is not None else None
         return Evaluation(feeds, reference, None, described, tokens, timing)
 

@@ -29,8 +29,9 @@ def counted(*args, **kwargs):
 
 awq_layers.search_scale = counted
 text = sys.argv[3]
+# a layer at a time, as a model the machine's size runs: its reference outputs spilled to disk through AWQ too
 config = {"source": sys.argv[4], "targets": ["cpu"], "precision": "int4", "int4_algorithm": "awq",
-          "calibration": text, "calibration_samples": 16, "evaluation": text}
+          "calibration": text, "calibration_samples": 16, "evaluation": text, "layerwise": "always"}
 manifest = compile(CompileConfig.create(config), sys.argv[1]).manifest
 print(json.dumps({"searched": len(searched), "variants": {v.name: v.sha256 for v in manifest.variants}}))
 """
