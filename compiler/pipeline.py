@@ -122,6 +122,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         left_out = (
             source.is_decoder
             and not plan.ships_reference
+            and variants.records[0] not in variants.by_target.values()  # the cpu on it (variants/fallback.py)
             and (external_data_path(fused.path).is_file() or checkpoint_links_path(fused.path).is_dir())
         )
         if left_out:
@@ -144,7 +145,9 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         targets = build_engines(
             config.build, config.targets, variants.by_target, inputs, dims, staging, timed, source.is_decoder, early
         )
-        targets = [_with_note(target, plan.notes.get(target.name)) for target in targets]
+        targets = [
+            _with_note(target, plan.notes.get(target.name), variants.notes.get(target.name)) for target in targets
+        ]
         drop_twin(fused.path)  # measuring is done: the twin is not part of the artifact
         if left_out:
             remove_onnx(fused.path)
@@ -155,7 +158,8 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         timed.stage(f"writing the report and {out}")
         write_report(staging, out.resolve().name, manifest)  # the manifest as written, not read back
     resumable.remove()  # published: nothing is left to resume
-    return CompileResult(out, manifest, round(time.perf_counter() - started, 3), config.opset, variants.unmet)
+    unmet = [f"{name}: {text}" for name, text in variants.unmet.items()]
+    return CompileResult(out, manifest, round(time.perf_counter() - started, 3), config.opset, unmet)
 
 
 def _read_inputs(config: CompileConfig, graph_inputs: list[TensorRecord]) -> CompileConfig:
@@ -169,8 +173,11 @@ def _read_inputs(config: CompileConfig, graph_inputs: list[TensorRecord]) -> Com
     return config.model_copy(update={"inputs": [decl for decl in config.inputs if decl.name in read]})
 
 
-def _with_note(target: TargetRecord, note: str | None) -> TargetRecord:
-    """A target that got another variant than asked (sm_75 for int4) says why, unless a failure says more."""
+def _with_note(target: TargetRecord, note: str | None, stage_note: str | None = None) -> TargetRecord:
+    """A target that got another variant than asked (sm_75 for int4) says why, unless a failure says more; one the
+    variants stage moved (the cpu onto fp32: variants/fallback.py) says why after its own reason."""
+    if stage_note:
+        return target.model_copy(update={"reason": f"{target.reason}; {stage_note}" if target.reason else stage_note})
     return target.model_copy(update={"reason": note}) if note and not target.reason else target
 
 

@@ -232,6 +232,13 @@ class Budget:
         compare = operator.ge if self.comparison == ">=" else operator.le
         return bool(compare(measured, self.value))
 
+    @property
+    def met_by_the_reference(self) -> bool:
+        """Whether the fp32 reference, what every variant is measured against, meets this budget: a metric's
+        lossless value meets it (False where the metric has none: sqnr-db, perplexity, a function of yours)."""
+        lossless = LOSSLESS.get(self.metric)
+        return lossless is not None and self.met(lossless)
+
     def __str__(self) -> str:
         return f"{self.metric}{self.comparison}{self.value:g}"
 

@@ -257,7 +257,11 @@ def collect_report(directory: Path, name: str | None = None, manifest: Manifest 
         ),
         "budget": plan.budget if plan is not None else None,
         "budget_outcomes": {
-            name: {"met": recipe.met, "achieved": recipe.achieved}
+            name: {
+                "met": recipe.met,
+                "achieved": recipe.achieved,
+                "float_instead": recipe.float_instead.reason if recipe.float_instead is not None else None,
+            }
             for name, recipe in (plan.recipes.items() if plan is not None and plan.budget else ())
         },
         "sensitivity": sensitivity,

@@ -50,6 +50,7 @@ class HistogramRow(TypedDict):
 class BudgetOutcome(TypedDict):
     met: bool
     achieved: float | None
+    float_instead: str | None  # why the cpu runs the fp32 reference instead (compiler/variants/fallback.py)
 
 
 class SensitivityRow(TypedDict):

@@ -35,7 +35,7 @@ METRICS = {
     "sqnr-db": "SQNR {:.4g} dB",
     "max_relative_error": "max relative error {:.4g}",
     "perplexity-ratio": "perplexity ratio {:.6g}",  # as many digits as a budget on it
-    "next-token-agreement": "next-token agreement {:.4g}",
+    "next-token-agreement": "next-token agreement {:.6g}",
 }
 NAMED = 3  # float layers named per reason; the rest counted
 

@@ -52,7 +52,7 @@ class FamilyVariants:
     by_target: dict[str, VariantRecord]
     reference: VariantRecord | None = None
     reports: list[PassReport] = field(default_factory=list)
-    unmet: list[str] = field(default_factory=list)  # recipes whose budget does not hold, with the figure
+    unmet: dict[str, str] = field(default_factory=dict)  # variant → its budget not held, with the figure
     plan: PrecisionPlan | None = None  # precision.json, for the families that choose per layer
     tuned: set[str] = field(default_factory=set)  # cpu variants whose backend and session are chosen already
 

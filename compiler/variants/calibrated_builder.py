@@ -63,7 +63,7 @@ def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
     reference = with_text_metrics(reference_variant(fused), evaluation, reference_outputs)
     records, by_target = [], {}
     reports = [calibrated.smoothing] if calibrated.smoothing is not None else []
-    unmet, recipes, tuned = [], {}, set()
+    unmet, recipes, tuned = {}, {}, set()
     for record_of, shared in by_precision.items():
         scales = calibrated.scales(record_of.name)
         search = search_layers(model, record_of.name, scales, layers, evaluation, config.sensitivity_samples, reporter)
@@ -73,7 +73,7 @@ def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
             reports.append(replace(variant.report, variant=record.name))
             by_target.update(dict.fromkeys(targets, record))
             if budget is not None and not recipe_plan.met:
-                unmet.append(f"{record.name}: {budget.metric} {recipe_plan.achieved:.6f} (budget {budget})")
+                unmet[record.name] = f"{budget.metric} {recipe_plan.achieved:.6f} (budget {budget})"
             if budget is not None and record_of is INT8 and recipe.on_cpu:
                 reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
                 alpha = config.smoothing_alpha if config.smoothing else None

@@ -64,7 +64,7 @@ def build_fp8_weight_variants(job: BuildJob) -> FamilyVariants:
     precision_plan = PrecisionPlan(
         precision=plan.request, evaluated_on=evaluation.described, budget=None, recipes=recipes
     )
-    return FamilyVariants(records, by_target, None, reports, [], precision_plan)
+    return FamilyVariants(records, by_target, None, reports, {}, precision_plan)
 
 
 def _plan(

@@ -52,6 +52,13 @@ class CpuChoice(BaseModel):
     onnxruntime_session: SessionChoice = Field(default_factory=SessionChoice)
 
 
+class FloatInstead(BaseModel):
+    """A quantized variant its targets do not run, with the float variant they run instead and why."""
+
+    variant: str
+    reason: str
+
+
 class RecipePlan(BaseModel):
     """One quantized variant's plan."""
 
@@ -68,6 +75,9 @@ class RecipePlan(BaseModel):
     cpu: CpuChoice | None = None
     weight_levels: dict[str, str] = Field(
         default_factory=dict, description="a decoder's auto: each weight precision, considered or why not"
+    )
+    float_instead: FloatInstead | None = Field(
+        None, description="set where the cpu target runs the fp32 reference instead (compiler/variants/fallback.py)"
     )
 
 

@@ -9,6 +9,7 @@ variant share its file and engine input.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +27,18 @@ from tensorsmith.compiler.variants import (  # noqa: F401 (each registers its fa
 )
 from tensorsmith.compiler.variants.builders import BUILDERS, BuildJob, FamilyVariants
 from tensorsmith.compiler.variants.cpu_choice import choose_cpu_backend
+from tensorsmith.compiler.variants.fallback import cpu_float_instead
 from tensorsmith.compiler.variants.plan import CPU_TARGET, VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.resume import LayerRecords
+from tensorsmith.core.ir import remove_onnx
+from tensorsmith.core.metrics import Budget
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord
 from tensorsmith.runtime.specs import Signature
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,15 +46,15 @@ class Variants:
     records: list[VariantRecord]  # the fp32 reference first
     by_target: dict[str, VariantRecord]
     reports: list[PassReport] = field(default_factory=list)  # smoothing and Q/DQ passes, for the manifest
-    unmet: list[str] = field(default_factory=list)  # recipes whose budget does not hold, with the figure
+    unmet: dict[str, str] = field(default_factory=dict)  # variant → its budget not held, with the figure
+    notes: dict[str, str] = field(default_factory=dict)  # target → why it runs another variant than planned
 
     def with_records(self, records: list[VariantRecord]) -> Variants:
         """These variants with each record replaced by the one of the same name in `records`."""
         by_name = {record.name: record for record in records}
         records_ = [by_name.get(r.name, r) for r in self.records]
-        return Variants(
-            records_, {t: by_name.get(r.name, r) for t, r in self.by_target.items()}, self.reports, self.unmet
-        )
+        by_target = {target: by_name.get(record.name, record) for target, record in self.by_target.items()}
+        return Variants(records_, by_target, self.reports, self.unmet, self.notes)
 
 
 def build_variants(
@@ -69,6 +75,7 @@ def build_variants(
     variants, tuned = _merged(parts), {name for part in parts for name in part.tuned}
     plans = [part.plan for part in parts if part.plan is not None]
     written_plan = plans[0] if plans else PrecisionPlan(precision=plan.request)
+    variants, written_plan = _reference_on_cpu(variants, written_plan, config.accuracy_budget(), directory)
     written_plan.model_copy(update={"fallback_float": plan.floats.name}).write(directory)
     cpu = variants.by_target.get(CPU_TARGET)
     if cpu is None or cpu.name in tuned:  # its variant, backend and session chosen together (cpu_choice.py)
@@ -95,4 +102,28 @@ def _merged(parts: list[FamilyVariants]) -> Variants:
         for target, record in part.by_target.items()
     }
     reports = [report for part in parts for report in part.reports]
-    return Variants(records, by_target, reports, [unmet for part in parts for unmet in part.unmet])
+    return Variants(records, by_target, reports, {name: text for part in parts for name, text in part.unmet.items()})
+
+
+def _reference_on_cpu(
+    variants: Variants, plan: PrecisionPlan, budget: Budget | None, directory: Path
+) -> tuple[Variants, PrecisionPlan]:
+    """The cpu target on the fp32 reference where its quantized variant quantizes nothing or misses a budget the
+    reference meets (fallback.py): the variant is not shipped (its file removed) unless another target runs it, its
+    unmet budget is dropped, and precision.json's recipe says what runs instead."""
+    reference = variants.records[0]
+    instead = cpu_float_instead(variants.by_target, reference, plan, budget)
+    if instead is None:
+        return variants, plan
+    replaced = variants.by_target[CPU_TARGET]
+    logger.info("cpu: runs %s: %s", reference.name, instead.reason)
+    by_target = {**variants.by_target, CPU_TARGET: reference}
+    records = variants.records
+    if all(record.name != replaced.name for record in by_target.values()):
+        remove_onnx(directory / replaced.path)
+        records = [r.model_copy(update={"shipped": False}) if r.name == replaced.name else r for r in records]
+    unmet = {name: text for name, text in variants.unmet.items() if name != replaced.name}
+    notes = {**variants.notes, CPU_TARGET: instead.reason}
+    recipe = plan.recipes[replaced.name].model_copy(update={"float_instead": instead})
+    plan = plan.model_copy(update={"recipes": {**plan.recipes, replaced.name: recipe}})
+    return Variants(records, by_target, variants.reports, unmet, notes), plan

@@ -73,7 +73,7 @@ def test_int8_variants_one_calibration_two_recipes(tmp_path: Path, calibration: 
     fused = fused_for(config, tmp_path)
     variants = build_variants(plan_variants(config), fused, config, tmp_path, LogReporter())
     assert [record.name for record in variants.records] == ["fp32", "cpu-int8", "int8"]
-    assert variants.by_target["sm_86"].name == "int8" and variants.unmet == []
+    assert variants.by_target["sm_86"].name == "int8" and variants.unmet == {}
     for record in variants.records[1:]:
         assert (tmp_path / record.path).is_file() and record.precisions[0] == "int8"
         assert record.accuracy["cosine"] > 0.99
