@@ -137,7 +137,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
                 GraphIO(fused.inputs, fused.outputs),
                 staging,
                 timed,
-                lambda: fused.verification_inputs(config)[0],
+                lambda: fused.verification_inputs(config).feeds,
                 early.graphs,
             )
             variants = variants.with_records(records)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tensorsmith.compiler.config import CompileConfig
+from tensorsmith.compiler.frontend.verify import VerifiedRun
 from tensorsmith.core.importing import import_factory
 from tensorsmith.core.tensor_ranges import TensorRange
 from tensorsmith.passes import GraphPass, PassReport
@@ -185,7 +186,7 @@ def store(
     reports: list[PassReport],
     accuracy: dict[str, float],
     tuned: bool,
-    verified: tuple[dict[str, np.ndarray], list[np.ndarray]] | None,
+    verified: VerifiedRun | None,
     ranges: list[TensorRange] | None,
 ) -> None:
     """Keep the fused graph under `key`: written whole into a temporary directory, then renamed into place, so a
@@ -211,7 +212,7 @@ def store(
             }
             (staging / ENTRY_INFO).write_text(json.dumps(info))
             if verified is not None:
-                feeds, outputs = verified
+                feeds, outputs = verified.feeds, verified.outputs
                 arrays = {f"feed/{name}": value for name, value in feeds.items()}
                 arrays.update({f"output/{index}": value for index, value in enumerate(outputs)})
                 with (staging / ENTRY_ARRAYS).open("wb") as stream:
@@ -253,11 +254,11 @@ class CachedFusedGraph:
         self.tuned = bool(info["tuned"])
         ranges = info["ranges"]
         self.ranges = None if ranges is None else [TensorRange(n, lo, hi) for n, lo, hi in ranges]  # type: ignore
-        self.verified: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None
+        self.verified: VerifiedRun | None = None
         if info["verified"]:
             feeds = {name.removeprefix("feed/"): value for name, value in arrays.items() if name.startswith("feed/")}
             count = sum(name.startswith("output/") for name in arrays)
-            self.verified = feeds, [arrays[f"output/{index}"] for index in range(count)]
+            self.verified = VerifiedRun(feeds, [arrays[f"output/{index}"] for index in range(count)])
 
 
 def restore(cache: ExportCache, key: str, model: Path, ranges: bool) -> CachedFusedGraph | None:

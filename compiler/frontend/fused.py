@@ -26,7 +26,7 @@ from tensorsmith.compiler.frontend.exported import ExportedModel
 from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.source_digests import SourceDigests, source_files, source_record
-from tensorsmith.compiler.frontend.verify import compare_outputs
+from tensorsmith.compiler.frontend.verify import VerifiedRun, compare_outputs
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.importing import first_line
@@ -61,7 +61,7 @@ class FusedGraph:
     tuned_sizes: bool = True
     # the verification feeds and this graph's outputs for them: what the float variants are measured against,
     # without opening a second fp32 session (at 1B, 6 GB more)
-    verified: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None
+    verified: VerifiedRun | None = None
     # every float tensor's range in verification's run, where the compile asked (the fp16 variant's range check)
     ranges: list[TensorRange] | None = None
 
@@ -71,13 +71,13 @@ class FusedGraph:
         rewrites it reads it memory-mapped instead (core/mapped_graph.py)."""
         return load_onnx(self.path)
 
-    def verification_inputs(self, config: CompileConfig) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    def verification_inputs(self, config: CompileConfig) -> VerifiedRun:
         """The verification feeds and this graph's outputs for them: verification's own, or (with --no-verify)
         computed here at the sizes verification would have used."""
         if self.verified is not None:
             return self.verified
         feeds = example_feeds(config, seed=1, size_offset=1, tuned=self.tuned_sizes)
-        return feeds, run_onnx(self.path, feeds)
+        return VerifiedRun(feeds, run_onnx(self.path, feeds))
 
 
 def graph_passes(config: CompileConfig) -> list[GraphPass]:
@@ -145,15 +145,15 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
     inputs, outputs = io.inputs, io.outputs
 
     accuracy: dict[str, float] = {}
-    computed: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None
+    computed: VerifiedRun | None = None
     measured: list[TensorRange] | None = None
     tuned = True
     if expected is not None:
         reporter.stage("verifying against the source on ONNX Runtime")
         feeds, reference, tuned = expected
         results, measured = _verification_run(model_path, feeds, ranges)
-        computed = feeds, results
-        errors = verify(config, [o.name for o in outputs], reference, computed[1])
+        computed = VerifiedRun(feeds, results)
+        errors = verify(config, [o.name for o in outputs], reference, computed.outputs)
         accuracy = {"max_relative_error": float(np.max(list(errors.values()), initial=0.0))}
     record = FileRecord(path=MODEL_NAME, sha256=sha256_of(model_path))
     if cache is not None and key is not None and not checkpoint_links_path(model_path).exists():

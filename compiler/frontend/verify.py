@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from tensorsmith.core.metrics import relative_error
+
+
+@dataclass(frozen=True)
+class VerifiedRun:
+    """The verification feeds and the fused graph's outputs for them: what the float variants are measured against
+    without a second fp32 session, kept by the export cache with the graph."""
+
+    feeds: dict[str, np.ndarray]
+    outputs: list[np.ndarray]
 
 
 def compare_outputs(

@@ -148,7 +148,8 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
         record = reference
         if recipe.floats in (FP16, BF16):
             reporter.stage(f"building the {recipe.floats.name} variant")
-            feeds, reference_outputs = fused.verification_inputs(config)
+            verified = fused.verification_inputs(config)
+            feeds, reference_outputs = verified.feeds, verified.outputs
             out_of_range = {}
             if recipe.floats is FP16:  # from verification's run where it measured the ranges
                 out_of_range = out_of_range_activations(fused.path, feeds, measured=fused.ranges)

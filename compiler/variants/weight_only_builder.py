@@ -156,5 +156,6 @@ def weight_only_evaluation(config: CompileConfig, fused: FusedGraph, split: Spli
         path = config.resolve(config.evaluation)
         specs = [record.spec() for record in fused.inputs]
         return measured_on(concatenated(CalibrationData(path, specs, batch_size=READ_BATCH)), str(path))
-    feeds, outputs = fused.verification_inputs(config)
+    verified = fused.verification_inputs(config)
+    feeds, outputs = verified.feeds, verified.outputs
     return Evaluation(feeds, outputs, None, "the verification inputs", None, None)

@@ -78,7 +78,7 @@ def test_the_graph_refers_to_the_checkpoint_and_computes_what_its_weights_would(
     assert not external_data_path(referring).exists() and referring.stat().st_size < stored.stat().st_size / 3
     assert os.path.samefile(checkpoint_links_path(referring) / "model.safetensors", checkpoint / "model.safetensors")
     assert graphs["always"].accuracy["max_relative_error"] < 1e-4
-    for computed, expected in zip(graphs["always"].verified[1], graphs["never"].verified[1], strict=True):  # type: ignore[index]
+    for computed, expected in zip(graphs["always"].verified.outputs, graphs["never"].verified.outputs, strict=True):  # type: ignore[union-attr]
         np.testing.assert_allclose(computed, expected, rtol=1e-5, atol=1e-5)
 
     without_references(referring)
