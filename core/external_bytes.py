@@ -20,11 +20,10 @@ def is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == onnx.TensorProto.EXTERNAL
 
 
-def external_bytes(tensor: onnx.TensorProto, directory: Path) -> tuple[Path, int, int]:
-    """The file, offset and length of a weight's stored bytes, as core/mapped_graph reads them."""
+def external_bytes(tensor: onnx.TensorProto, directory: Path) -> MappedValues:
+    """Where a weight's stored bytes lie (file, offset, length), as core/mapped_graph reads them."""
     location = next(entry.value for entry in tensor.external_data if entry.key == "location")
-    stored = MappedValues(tensor, directory / location)
-    return stored.file, stored.offset, stored.length
+    return MappedValues(tensor, directory / location)
 
 
 def _chunks(offset: int, length: int) -> list[tuple[int, int]]:

@@ -162,11 +162,24 @@ class RunningAccuracy:
 _BUDGET = re.compile(r"^\s*([A-Za-z0-9_.\-:]+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 
 
-def budget_terms(text: str) -> tuple[str, str, float] | None:
-    """(metric, ">=" or "<=", value) of a budget's text, None if it has not that form; unlike `Budget.parse`, it
-    imports no user function (the report reads budgets back this way)."""
+@dataclass(frozen=True)
+class BudgetTerms:
+    """A budget's text read as it is written: `metric`, `comparison` (">=" or "<="), `value`."""
+
+    metric: str
+    comparison: str
+    value: float
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.comparison == ">="
+
+
+def budget_terms(text: str) -> BudgetTerms | None:
+    """The terms of a budget's text, None if it has not that form; unlike `Budget.parse`, it imports no user
+    function (the report reads budgets back this way)."""
     match = _BUDGET.match(text)
-    return (match.group(1), match.group(2), float(match.group(3))) if match else None
+    return BudgetTerms(match.group(1), match.group(2), float(match.group(3))) if match else None
 
 
 @dataclass(frozen=True)
@@ -188,7 +201,7 @@ class Budget:
                 f"budget {text!r} is not METRIC>=VALUE or METRIC<=VALUE",
                 hint=f"e.g. --budget 'cosine>=0.995'; metrics: {', '.join(METRICS)} or pkg.module:function",
             )
-        name, comparison, value = terms
+        name, comparison, value = terms.metric, terms.comparison, terms.value
         function: Metric | None
         if name in METRICS:
             function, higher = METRICS[name]

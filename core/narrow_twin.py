@@ -88,7 +88,7 @@ def write_twin(path: Path) -> Path | None:
     inputs = {value.name for value in graph.input}
     # what narrowing every fp32 weight would save, at most: below SAVES_AT_LEAST nothing is read nor written
     most = sum(
-        external_bytes(tensor, path.parent)[2] // 2
+        external_bytes(tensor, path.parent).length // 2
         for tensor in graph.initializer
         if is_external(tensor) and tensor.data_type == onnx.TensorProto.FLOAT and tensor.name not in inputs
     )
@@ -106,7 +106,8 @@ def write_twin(path: Path) -> Path | None:
         for tensor in graph.initializer:
             if not is_external(tensor):
                 continue
-            source, offset, length = external_bytes(tensor, path.parent)
+            stored = external_bytes(tensor, path.parent)
+            source, offset, length = stored.file, stored.offset, stored.length
             written_at = stream.tell()
             narrowable = (
                 tensor.data_type == onnx.TensorProto.FLOAT

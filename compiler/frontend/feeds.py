@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 
 from tensorsmith.compiler.config import BATCH_DIM, DEFAULT_MAX_SIZE, CompileConfig, DimRange, InputDecl
+from tensorsmith.compiler.frontend.verify import SourceRun
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.sessions import run_onnx
 
@@ -75,7 +76,7 @@ def _shapes(feeds: Feeds) -> str:
     return ", ".join(f"{name}{list(array.shape)}" for name, array in feeds.items())
 
 
-def onnx_source_outputs(config: CompileConfig, model: onnx.ModelProto) -> tuple[Feeds, list[np.ndarray], bool]:
+def onnx_source_outputs(config: CompileConfig, model: onnx.ModelProto) -> SourceRun:
     """Verification's feeds for an ONNX source, its outputs for them on ONNX Runtime, and whether they are at the
     sizes its engines are tuned for (else, where it fails there, at small ones). Where it runs on neither, its
     error at the first is raised, with both shapes in the hint."""
@@ -102,7 +103,7 @@ def onnx_source_outputs(config: CompileConfig, model: onnx.ModelProto) -> tuple[
                 errors[0].message,
                 _shapes(feeds),
             )
-        return feeds, outputs, not errors
+        return SourceRun(feeds, outputs, tuned=not errors)
     shapes = " and ".join(_shapes(feeds) for feeds in candidates)
     hint = (
         f"it ran on example inputs {shapes}; pass sizes the model accepts with --dim NAME=MIN:OPT:MAX "

@@ -26,7 +26,7 @@ from tensorsmith.compiler.frontend.exported import ExportedModel
 from tensorsmith.compiler.frontend.feeds import example_feeds, onnx_source_outputs
 from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.source_digests import SourceDigests, source_files, source_record
-from tensorsmith.compiler.frontend.verify import VerifiedRun, compare_outputs
+from tensorsmith.compiler.frontend.verify import SourceRun, VerifiedRun, compare_outputs
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import VerificationError
 from tensorsmith.core.importing import first_line
@@ -150,7 +150,7 @@ def fused_graph(source: Source, directory: Path, reporter: Reporter, ranges: boo
     tuned = True
     if expected is not None:
         reporter.stage("verifying against the source on ONNX Runtime")
-        feeds, reference, tuned = expected
+        feeds, reference, tuned = expected.feeds, expected.outputs, expected.tuned
         results, measured = _verification_run(model_path, feeds, ranges)
         computed = VerifiedRun(feeds, results)
         errors = verify(config, [o.name for o in outputs], reference, computed.outputs)
@@ -213,16 +213,14 @@ def _verification_run(
     return run_onnx(path, feeds), None
 
 
-def expected_outputs(
-    config: CompileConfig, exported: ExportedModel
-) -> tuple[dict[str, np.ndarray], list[np.ndarray], bool]:
+def expected_outputs(config: CompileConfig, exported: ExportedModel) -> SourceRun:
     """Verification's feeds, the source's outputs for them and whether the feeds are at the tuned sizes: a PyTorch
     source's module at the example sizes (feeds.py), an ONNX source's graph as read, on ONNX Runtime, at the sizes
     it runs on (`onnx_source_outputs`)."""
     if exported.reference is None:
         return onnx_source_outputs(config, exported.model)
     feeds = example_feeds(config, seed=1, size_offset=1)
-    return feeds, exported.reference(feeds), True
+    return SourceRun(feeds, exported.reference(feeds), tuned=True)
 
 
 def verify(

@@ -19,6 +19,16 @@ class VerifiedRun:
     outputs: list[np.ndarray]
 
 
+@dataclass(frozen=True)
+class SourceRun:
+    """Verification's feeds and the source's outputs for them; `tuned`: whether the feeds are at the sizes the
+    engines are tuned for (an ONNX source that fails there is verified at small ones)."""
+
+    feeds: dict[str, np.ndarray]
+    outputs: list[np.ndarray]
+    tuned: bool
+
+
 def compare_outputs(
     names: Sequence[str], reference: Sequence[np.ndarray], actual: Sequence[np.ndarray]
 ) -> dict[str, float]:

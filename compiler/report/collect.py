@@ -91,7 +91,7 @@ def _sensitivity(plan: PrecisionPlan | None) -> dict[str, list[SensitivityRow]]:
     if plan is None:
         return {}
     terms = budget_terms(plan.budget or "")
-    metric, higher_is_better = (terms[0], terms[1] == ">=") if terms is not None else ("cosine", True)
+    metric, higher_is_better = (terms.metric, terms.higher_is_better) if terms is not None else ("cosine", True)
     result: dict[str, list[SensitivityRow]] = {}
     for recipe in plan.recipes.values():
         rows: list[SensitivityRow] = [

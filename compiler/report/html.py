@@ -129,8 +129,8 @@ def _charted_metric(report: Report) -> str:
     """The budget's metric where the variants record it (perplexity-ratio under a decoder's budget), else cosine
     (max-abs and a custom metric are not in the variants' figures)."""
     terms = budget_terms(str(report["budget"])) if report["budget"] else None
-    if terms is not None and any(terms[0] in variant["accuracy"] for variant in report["variants"]):
-        return terms[0]
+    if terms is not None and any(terms.metric in variant["accuracy"] for variant in report["variants"]):
+        return terms.metric
     return "cosine"
 
 
@@ -156,7 +156,7 @@ def _sensitivity(report: Report) -> str:
     if not report["sensitivity"]:
         return ""
     terms = budget_terms(str(report["budget"]))
-    metric = terms[0] if terms is not None else "cosine"
+    metric = terms.metric if terms is not None else "cosine"
     parts = ["<h2>Sensitivity</h2>", f"<p>Budget: <code>{escape(str(report['budget']))}</code>.</p>"]
     for precision, layers in report["sensitivity"].items():
         costly = [layer for layer in layers if layer["cost"] is None or layer["cost"] > 0]

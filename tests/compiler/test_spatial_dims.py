@@ -130,9 +130,9 @@ def test_a_source_that_fails_at_the_tuned_sizes_is_verified_at_small_ones(
                       input_names=["x"], dynamic_axes={"x": {0: "N", 1: "S"}})  # fmt: skip
     source = open_source(CompileConfig.create({"source": str(path)}))
     with caplog.at_level(logging.WARNING):
-        feeds, outputs, tuned = onnx_source_outputs(source.config, onnx.load(str(path)))
-    assert feeds["x"].shape == (3, 4, 4) and outputs[0].shape == (3, 4, 4) and not tuned
-    assert np.isfinite(outputs[0]).all()
+        run = onnx_source_outputs(source.config, onnx.load(str(path)))
+    assert run.feeds["x"].shape == (3, 4, 4) and run.outputs[0].shape == (3, 4, 4) and not run.tuned
+    assert np.isfinite(run.outputs[0]).all()
     assert any("fails at the sizes its engines are tuned for (x[3, 64, 4])" in r.getMessage() for r in caplog.records)
     # and the whole compile measures and times the cpu variant at the sizes verification used
     from tensorsmith.compiler import compile
