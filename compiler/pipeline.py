@@ -176,9 +176,10 @@ def _read_inputs(config: CompileConfig, graph_inputs: list[TensorRecord]) -> Com
 def _with_note(target: TargetRecord, note: str | None, stage_note: str | None = None) -> TargetRecord:
     """A target that got another variant than asked (sm_75 for int4) says why, unless a failure says more; one the
     variants stage moved (the cpu onto fp32: variants/fallback.py) says why after its own reason."""
-    if stage_note:
-        return target.model_copy(update={"reason": f"{target.reason}; {stage_note}" if target.reason else stage_note})
-    return target.model_copy(update={"reason": note}) if note and not target.reason else target
+    said = [reason for reason in (target.reason, stage_note) if reason]
+    if note and not target.reason:
+        said = [note, *said]
+    return target.model_copy(update={"reason": "; ".join(said)}) if said else target
 
 
 def _manifest(

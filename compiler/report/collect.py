@@ -26,7 +26,7 @@ from tensorsmith.compiler.report.schema import (
     StepRow,
     VariantRow,
 )
-from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+from tensorsmith.compiler.variants.precision_plan import PrecisionPlan, RecipePlan
 from tensorsmith.core.files import replace_file
 from tensorsmith.core.metrics import budget_terms, loss
 from tensorsmith.core.precisions import precision
@@ -257,12 +257,13 @@ def collect_report(directory: Path, name: str | None = None, manifest: Manifest 
         ),
         "budget": plan.budget if plan is not None else None,
         "budget_outcomes": {
-            name: {
-                "met": recipe.met,
-                "achieved": recipe.achieved,
-                "float_instead": recipe.float_instead.reason if recipe.float_instead is not None else None,
-            }
+            name: {"met": recipe.met, "achieved": recipe.achieved, "instead": _instead(name, recipe)}
             for name, recipe in (plan.recipes.items() if plan is not None and plan.budget else ())
+        },
+        "float_instead": {
+            name: f"the cpu runs {recipe.float_instead.variant}: {recipe.float_instead.reason}"
+            for name, recipe in (plan.recipes.items() if plan is not None else ())
+            if recipe.float_instead is not None
         },
         "sensitivity": sensitivity,
         "plan": _plan_table(plan),
@@ -270,6 +271,16 @@ def collect_report(directory: Path, name: str | None = None, manifest: Manifest 
         "variants": _variants(directory, manifest),
         "engines": _engines(directory, manifest),
     }
+
+
+def _instead(name: str, recipe: RecipePlan) -> str | None:
+    """What the targets of variant `name` run instead, and why: the fp32 reference (variants/fallback.py), or the
+    cpu's dynamic-quantization variant, built within the budget."""
+    if recipe.float_instead is not None:
+        return f"the cpu runs {recipe.float_instead.variant}: {recipe.float_instead.reason}"
+    if recipe.cpu is not None and recipe.cpu.variant != name:
+        return f"the cpu runs {recipe.cpu.variant}: {recipe.cpu.reason}"
+    return None
 
 
 def write_report(directory: Path, name: str | None = None, manifest: Manifest | None = None) -> Report:

@@ -50,17 +50,19 @@ def _verdict(report: Report) -> str:
     """What a reader wants first: the budget's outcome, and what each target runs and how large it is."""
     budget, outcomes = report["budget"], report.get("budget_outcomes", {})
     if budget:
-        instead = [reason for outcome in outcomes.values() if (reason := outcome.get("float_instead"))]
+        instead = {name: reason for name, outcome in outcomes.items() if (reason := outcome.get("instead"))}
         unmet = [
             name if outcome["achieved"] is None else f"{name} ({outcome['achieved']:.6g})"
             for name, outcome in outcomes.items()
-            if not outcome["met"] and not outcome.get("float_instead")
+            if not outcome["met"] and name not in instead
         ]
-        said = f"not met by {', '.join(unmet)}" if unmet else "met by every variant that ships"
+        said = f"not met by {', '.join(unmet)}" if unmet else "met by what every target runs"
         sentence = f"Budget <code>{escape(str(budget))}</code>: <strong>{escape(said)}</strong>."
-        sentence += "".join(f" The cpu runs the fp32 reference: {escape(reason)}." for reason in instead)
+        sentence += "".join(f" Instead of {escape(name)}, {escape(reason)}." for name, reason in instead.items())
     else:
         sentence = "No accuracy budget was asked: each variant's accuracy against the source is under Accuracy."
+        floats = report.get("float_instead", {})
+        sentence += "".join(f" Instead of {escape(name)}, {escape(reason)}." for name, reason in floats.items())
     sizes = {variant["name"]: variant["bytes"] for variant in report["variants"]}
     rows = []
     for engine in report["engines"]:

@@ -50,7 +50,9 @@ class HistogramRow(TypedDict):
 class BudgetOutcome(TypedDict):
     met: bool
     achieved: float | None
-    float_instead: str | None  # why the cpu runs the fp32 reference instead (compiler/variants/fallback.py)
+    instead: (
+        str | None
+    )  # what its targets run instead and why: the fp32 reference (variants/fallback.py), a dynamic one
 
 
 class SensitivityRow(TypedDict):
@@ -103,6 +105,7 @@ class Report(TypedDict):
     histograms: list[HistogramRow]
     budget: str | None
     budget_outcomes: dict[str, BudgetOutcome]
+    float_instead: dict[str, str]  # variant → what the cpu runs instead of it and why, budget or not
     sensitivity: dict[str, list[SensitivityRow]]
     plan: dict[str, list[PlanRow]]
     cpu: dict[str, object] | None  # compiler/variants/precision_plan.CpuChoice's JSON

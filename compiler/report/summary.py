@@ -184,7 +184,9 @@ def unquantized_variants(plan: PrecisionPlan | None) -> dict[str, str]:
     return {
         name: layer_sentence(recipe, plan.budget)
         for name, recipe in plan.recipes.items()
-        if recipe.layers and all(precision(layer.precision).is_float for layer in recipe.layers)
+        if recipe.layers
+        and all(precision(layer.precision).is_float for layer in recipe.layers)
+        and recipe.float_instead is None  # not shipped: the cpu runs the reference
     }
 
 

@@ -31,11 +31,13 @@ from tensorsmith.compiler.variants.fallback import cpu_float_instead
 from tensorsmith.compiler.variants.plan import CPU_TARGET, VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.resume import LayerRecords
+from tensorsmith.core.external_bytes import graph_bytes
 from tensorsmith.core.ir import remove_onnx
+from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
-from tensorsmith.runtime.manifest import VariantRecord
+from tensorsmith.runtime.manifest import VariantRecord, checkpoint_links_path
 from tensorsmith.runtime.specs import Signature
 
 logger = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ def build_variants(
     variants, tuned = _merged(parts), {name for part in parts for name in part.tuned}
     plans = [part.plan for part in parts if part.plan is not None]
     written_plan = plans[0] if plans else PrecisionPlan(precision=plan.request)
-    variants, written_plan = _reference_on_cpu(variants, written_plan, config.accuracy_budget(), directory)
+    variants, written_plan = reference_on_cpu(variants, written_plan, config.accuracy_budget(), directory)
     written_plan.model_copy(update={"fallback_float": plan.floats.name}).write(directory)
     cpu = variants.by_target.get(CPU_TARGET)
     if cpu is None or cpu.name in tuned:  # its variant, backend and session chosen together (cpu_choice.py)
@@ -105,25 +107,29 @@ def _merged(parts: list[FamilyVariants]) -> Variants:
     return Variants(records, by_target, reports, {name: text for part in parts for name, text in part.unmet.items()})
 
 
-def _reference_on_cpu(
+def reference_on_cpu(
     variants: Variants, plan: PrecisionPlan, budget: Budget | None, directory: Path
 ) -> tuple[Variants, PrecisionPlan]:
     """The cpu target on the fp32 reference where its quantized variant quantizes nothing or misses a budget the
-    reference meets (fallback.py): the variant is not shipped (its file removed) unless another target runs it, its
-    unmet budget is dropped, and precision.json's recipe says what runs instead."""
-    reference = variants.records[0]
-    instead = cpu_float_instead(variants.by_target, reference, plan, budget)
+    reference meets (fallback.py): the variant is not shipped (its file removed) and its unmet budget dropped
+    unless another target runs it, and precision.json's recipe says what runs instead."""
+    reference, cpu = variants.records[0], variants.by_target.get(CPU_TARGET)
+    path = directory / reference.path
+    if cpu is None or layerwise_segments(path) is not None or checkpoint_links_path(path).is_dir():
+        return variants, plan
+    instead = cpu_float_instead(
+        cpu, reference, plan, budget, graph_bytes(directory / cpu.path), graph_bytes(directory / reference.path)
+    )
     if instead is None:
         return variants, plan
-    replaced = variants.by_target[CPU_TARGET]
     logger.info("cpu: runs %s: %s", reference.name, instead.reason)
     by_target = {**variants.by_target, CPU_TARGET: reference}
-    records = variants.records
-    if all(record.name != replaced.name for record in by_target.values()):
-        remove_onnx(directory / replaced.path)
-        records = [r.model_copy(update={"shipped": False}) if r.name == replaced.name else r for r in records]
-    unmet = {name: text for name, text in variants.unmet.items() if name != replaced.name}
+    records, unmet = variants.records, variants.unmet
+    if all(record.name != cpu.name for record in by_target.values()):
+        remove_onnx(directory / cpu.path)
+        records = [r.model_copy(update={"shipped": False}) if r.name == cpu.name else r for r in records]
+        unmet = {name: text for name, text in unmet.items() if name != cpu.name}
     notes = {**variants.notes, CPU_TARGET: instead.reason}
-    recipe = plan.recipes[replaced.name].model_copy(update={"float_instead": instead})
-    plan = plan.model_copy(update={"recipes": {**plan.recipes, replaced.name: recipe}})
+    recipe = plan.recipes[cpu.name].model_copy(update={"float_instead": instead})
+    plan = plan.model_copy(update={"recipes": {**plan.recipes, cpu.name: recipe}})
     return Variants(records, by_target, variants.reports, unmet, notes), plan
