@@ -34,7 +34,7 @@ class Calibration(str, Enum):
 
 
 class Family(str, Enum):
-    """The variant builder that writes a precision (compiler/variants/builders.py registers one per family)."""
+    """The variant builder that writes a precision (compiler/variants/stage.BUILDERS has one per family)."""
 
     FLOAT = "float"  # the graph in a float type: the fp32 reference, fp16 / bf16 regions
     CALIBRATED = "calibrated"  # per-tensor activation scales from calibration, per-channel weights

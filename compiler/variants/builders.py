@@ -5,9 +5,9 @@ turning its recipes, the fused graph and the data into variant records, pass rep
     fused graph ───────────┼─▶ VariantBuilder ─▶ FamilyVariants (records, target → record, reports,
     config (data, budget) ─┘                      unmet budgets, precision.json recipes)
 
-`compiler/variants/stage.py` groups the plan's recipes by family and calls each family's builder in turn; a new
-precision of an existing family needs no new builder, only its table record (and, where it stores weights its
-own way, a pass).
+`compiler/variants/stage.py` groups the plan's recipes by family and calls each family's builder in turn, from its
+table `BUILDERS` (a new family: one module and one row); a new precision of an existing family needs no new
+builder, only its table record (and, where it stores weights its own way, a pass).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from tensorsmith.compiler.variants.plan import VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.resume import LayerRecords
 from tensorsmith.compiler.variants.text_data import is_decoder_graph, text_split
-from tensorsmith.core.precisions import Family
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord
@@ -57,18 +56,7 @@ class FamilyVariants:
     tuned: set[str] = field(default_factory=set)  # cpu variants whose backend and session are chosen already
 
 
-VariantBuilder = Callable[[BuildJob], FamilyVariants]
-BUILDERS: dict[Family, VariantBuilder] = {}
-
-
-def registered(family: Family) -> Callable[[VariantBuilder], VariantBuilder]:
-    """Register the decorated function as `family`'s builder."""
-
-    def register(builder: VariantBuilder) -> VariantBuilder:
-        BUILDERS[family] = builder
-        return builder
-
-    return register
+VariantBuilder = Callable[[BuildJob], FamilyVariants]  # one per precision family, listed in stage.BUILDERS
 
 
 def calibration_split(config: CompileConfig, fused: FusedGraph) -> SplitData:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from tensorsmith.calibration import Observer, tensors_to_observe
 from tensorsmith.calibration.layers import activation_shapes, list_layers
 from tensorsmith.calibration.statistics import merged_statistics
-from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, calibration_split, registered
+from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, calibration_split
 from tensorsmith.compiler.variants.calibrated import calibrate_variants, collect_statistics
 from tensorsmith.compiler.variants.cpu_choice import choose_cpu_variant
 from tensorsmith.compiler.variants.cpu_dynamic import dynamic_source
@@ -24,7 +24,6 @@ from tensorsmith.core.sessions import run_onnx
 from tensorsmith.runtime.specs import Signature
 
 
-@registered(Family.CALIBRATED)
 def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
     plan, fused, config, directory, reporter = job.plan, job.fused, job.config, job.directory, job.reporter
     for override in config.overrides:

@@ -22,7 +22,7 @@ import onnx
 
 from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.targets import get_target
-from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
+from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants
 from tensorsmith.compiler.variants.fp16_range import out_of_range_activations
 from tensorsmith.compiler.variants.language import text_evaluation, with_language_metrics
 from tensorsmith.compiler.variants.measure import token_figures
@@ -32,7 +32,7 @@ from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.metrics import accuracy
 from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.core.narrow_twin import drop_twin, write_widened_twin
-from tensorsmith.core.precisions import BF16, FP16, FP32, Family, Precision
+from tensorsmith.core.precisions import BF16, FP16, FP32, Precision
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, HalfDetails, RoundToBf16
@@ -132,7 +132,6 @@ def log_kept_for_range(report: PassReport) -> None:
     )
 
 
-@registered(Family.FLOAT)
 def build_float_variants(job: BuildJob) -> FamilyVariants:
     fused, config, directory, reporter = job.fused, job.config, job.directory, job.reporter
     reference = reference_variant(fused)

@@ -13,7 +13,7 @@ from typing import cast
 
 from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint
 from tensorsmith.compiler.targets import Recipe
-from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, registered
+from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants
 from tensorsmith.compiler.variants.measure import measure_variant
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan, RecipePlan
 from tensorsmith.compiler.variants.records import variant_record
@@ -23,7 +23,7 @@ from tensorsmith.compiler.variants.weight_matmuls import WeightMatMuls, weight_m
 from tensorsmith.compiler.variants.weight_only_builder import weight_only_evaluation, without_gemm
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import remove_onnx
-from tensorsmith.core.precisions import FP16, Family, precision
+from tensorsmith.core.precisions import FP16, precision
 from tensorsmith.core.scaled_fp8 import ScaledFp8, quantize_fp8
 from tensorsmith.passes import GraphPass
 from tensorsmith.passes.fp8_weights import Fp8Weights, WeightOnlyFp8
@@ -32,7 +32,6 @@ from tensorsmith.passes.fp16 import ConvertToFp16
 SMALLEST_BLOCK = 16  # a stored checkpoint's grid divides its weights whatever their K
 
 
-@registered(Family.FP8_WEIGHTS)
 def build_fp8_weight_variants(job: BuildJob) -> FamilyVariants:
     plan, fused, config, directory, reporter = job.plan, job.fused, job.config, job.directory, job.reporter
     evaluation = weight_only_evaluation(config, fused, None)

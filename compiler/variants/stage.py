@@ -17,30 +17,35 @@ from pathlib import Path
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.feeds import example_feeds
 from tensorsmith.compiler.frontend.fused import FusedGraph
-
-# The builders register themselves on import, one module per family.
-from tensorsmith.compiler.variants import (  # noqa: F401 (each registers its family's builder)
-    calibrated_builder,
-    float_builder,
-    fp8_weight_builder,
-    weight_only_builder,
-)
-from tensorsmith.compiler.variants.builders import BUILDERS, BuildJob, FamilyVariants
+from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, VariantBuilder
+from tensorsmith.compiler.variants.calibrated_builder import build_calibrated_variants
 from tensorsmith.compiler.variants.cpu_choice import choose_cpu_backend
 from tensorsmith.compiler.variants.fallback import cpu_float_instead
+from tensorsmith.compiler.variants.float_builder import build_float_variants
+from tensorsmith.compiler.variants.fp8_weight_builder import build_fp8_weight_variants
 from tensorsmith.compiler.variants.plan import CPU_TARGET, VariantPlan
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.resume import LayerRecords
+from tensorsmith.compiler.variants.weight_only_builder import build_weight_only_variants
 from tensorsmith.core.external_bytes import graph_bytes
 from tensorsmith.core.ir import remove_onnx
 from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.metrics import Budget
+from tensorsmith.core.precisions import Family
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord, checkpoint_links_path
 from tensorsmith.runtime.specs import Signature
 
 logger = logging.getLogger(__name__)
+
+# Each precision family's builder (builders.py): a new family is one module and one row.
+BUILDERS: dict[Family, VariantBuilder] = {
+    Family.FLOAT: build_float_variants,
+    Family.CALIBRATED: build_calibrated_variants,
+    Family.WEIGHT_ONLY: build_weight_only_variants,
+    Family.FP8_WEIGHTS: build_fp8_weight_variants,
+}
 
 
 @dataclass(frozen=True)

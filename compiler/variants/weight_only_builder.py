@@ -16,7 +16,7 @@ from tensorsmith.calibration.data import Feeds
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.fused import FusedGraph
 from tensorsmith.compiler.frontend.quantized_checkpoint import source_checkpoint
-from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, calibration_split, registered
+from tensorsmith.compiler.variants.builders import BuildJob, FamilyVariants, calibration_split
 from tensorsmith.compiler.variants.cpu_choice import choose_accuracy_level
 from tensorsmith.compiler.variants.data import READ_BATCH, SplitData, concatenated
 from tensorsmith.compiler.variants.int4 import build_int4_variant, int4_recipe_plan, plan_int4
@@ -37,14 +37,13 @@ from tensorsmith.compiler.variants.weight_mix import (
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import load_onnx, remove_onnx
 from tensorsmith.core.layerwise import layerwise_segments
-from tensorsmith.core.precisions import NVFP4, Family
+from tensorsmith.core.precisions import NVFP4
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.core.spilled import spilled
 from tensorsmith.passes.int4 import GemmAsMatMul
 from tensorsmith.passes.nvfp4 import StoredNvfp4
 
 
-@registered(Family.WEIGHT_ONLY)
 def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
     plan, fused, config, directory, reporter = job.plan, job.fused, job.config, job.directory, job.reporter
     if config.calibration_stats is not None:

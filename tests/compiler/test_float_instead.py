@@ -94,6 +94,8 @@ def test_a_budget_no_quantized_layer_holds_compiles_to_the_reference(tmp_path: P
     assert recipe["float_instead"]["variant"] == "fp32"
     report = json.loads((out / "report.json").read_text())
     assert recipe["float_instead"]["reason"].startswith("cpu-int4 missed the budget next-token-agreement>=1")
+    # one fact, one number: precision.json's figure is the one manifest.json records (the shipped kernels')
+    assert recipe["achieved"] == variants["cpu-int4"]["accuracy"]["next-token-agreement"]
     assert report["budget_outcomes"]["cpu-int4"]["instead"] == f"the cpu runs fp32: {recipe['float_instead']['reason']}"
     assert "Instead of cpu-int4, the cpu runs fp32" in (out / "report.html").read_text()
     generated = load(out, backend="onnxruntime").generate(np.array([[1, 5, 9]]), max_new_tokens=4)

@@ -16,7 +16,7 @@ from tensorsmith.compiler.variants import cpu_backend, cpu_choice
 from tensorsmith.compiler.variants.cpu_choice import choose_cpu_backend, tune_session, within_tolerance
 from tensorsmith.compiler.variants.plan import plan_variants
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
-from tensorsmith.compiler.variants.stage import build_variants
+from tensorsmith.compiler.variants.stage import BUILDERS, build_variants
 from tensorsmith.core.layerwise import layerwise
 from tensorsmith.core.precisions import FP8, FP16, FP32, INT8, Family
 from tensorsmith.core.progress import LogReporter
@@ -147,3 +147,9 @@ def test_a_variant_measured_a_layer_at_a_time_is_not_timed_on_the_cpu_backends(
     assert chosen.backend == ONNX_RUNTIME.name and chosen.backend_latency_ms == {}
     with pytest.raises(AssertionError, match="a session was opened"):  # held whole, it is timed as before
         choose_cpu_backend(record, tmp_path, feeds, specs)
+
+
+def test_every_precision_family_has_one_builder_in_the_table() -> None:
+    """stage.BUILDERS lists them explicitly (nothing registers itself on import): a family without a row fails here."""
+    assert set(BUILDERS) == set(Family)
+    assert all(BUILDERS[family].__module__.endswith("_builder") for family in Family)
