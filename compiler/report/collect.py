@@ -261,9 +261,9 @@ def collect_report(directory: Path, name: str | None = None, manifest: Manifest 
             for name, recipe in (plan.recipes.items() if plan is not None and plan.budget else ())
         },
         "float_instead": {
-            name: f"the cpu runs {recipe.float_instead.variant}: {recipe.float_instead.reason}"
+            name: said
             for name, recipe in (plan.recipes.items() if plan is not None else ())
-            if recipe.float_instead is not None
+            if recipe.float_instead is not None and (said := _instead(name, recipe))
         },
         "sensitivity": sensitivity,
         "plan": _plan_table(plan),

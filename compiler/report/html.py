@@ -58,11 +58,10 @@ def _verdict(report: Report) -> str:
         ]
         said = f"not met by {', '.join(unmet)}" if unmet else "met by what every target runs"
         sentence = f"Budget <code>{escape(str(budget))}</code>: <strong>{escape(said)}</strong>."
-        sentence += "".join(f" Instead of {escape(name)}, {escape(reason)}." for name, reason in instead.items())
     else:
+        instead = report.get("float_instead", {})
         sentence = "No accuracy budget was asked: each variant's accuracy against the source is under Accuracy."
-        floats = report.get("float_instead", {})
-        sentence += "".join(f" Instead of {escape(name)}, {escape(reason)}." for name, reason in floats.items())
+    sentence += "".join(f" Instead of {escape(name)}, {escape(reason)}." for name, reason in instead.items())
     sizes = {variant["name"]: variant["bytes"] for variant in report["variants"]}
     rows = []
     for engine in report["engines"]:

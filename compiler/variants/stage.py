@@ -122,9 +122,7 @@ def reference_on_cpu(
     path = directory / reference.path
     if cpu is None or layerwise_segments(path) is not None or checkpoint_links_path(path).is_dir():
         return variants, plan
-    instead = cpu_float_instead(
-        cpu, reference, plan, budget, graph_bytes(directory / cpu.path), graph_bytes(directory / reference.path)
-    )
+    instead = cpu_float_instead(cpu, reference, plan, budget, graph_bytes(directory / cpu.path), graph_bytes(path))
     if instead is None:
         return variants, plan
     logger.info("cpu: runs %s: %s", reference.name, instead.reason)
