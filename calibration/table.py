@@ -21,6 +21,7 @@ from tensorsmith.calibration.thresholds import (
     max_threshold,
     percentile_threshold,
 )
+from tensorsmith.core.elements import Element
 
 Method = Literal["entropy", "percentile", "minmax"]
 # A tensor mostly made of -inf/inf/nan (an additive attention mask) is left unquantized.
@@ -63,6 +64,11 @@ class CalibrationTable(BaseModel):
 
     def fp8_scales(self) -> dict[str, float]:
         return {name: t.fp8_scale for name, t in self.tensors.items() if t.quantize}
+
+    def scales_in(self, element: Element) -> dict[str, float]:
+        """Each quantized tensor's scale in `element`: int8's from the calibrated threshold, a float type's from
+        amax over its largest value."""
+        return self.int8_scales() if element.is_integer else self.fp8_scales()
 
     def write_json(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2) + "\n")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,18 +33,30 @@ from tensorsmith.passes.quantize import quantize_activation, switched
 logger = logging.getLogger(__name__)
 
 SWITCHES = "tensorsmith_weight_switches"
-# The levels, by their names in the precision table: what a decoder's search may give a weight layer, grouped by
-# the bits a weight takes (the records' elements), weight-only first where a tie is broken.
-FLOAT = precisions.FP16.name  # the float regions' precision (fp32 in the cpu variant)
-INT8_WEIGHT = precisions.INT8_WEIGHT.name
-INT4 = precisions.INT4.name
-_LEVELS = sorted(precisions.decoder_levels(), key=lambda record: record.quantizes_activations)
-LEVELS = tuple(record.name for record in _LEVELS)
-ONE_BYTE = tuple(record.name for record in _LEVELS if record.element.bits == 8)  # a tie goes to the first
-HALF_BYTE = tuple(record.name for record in _LEVELS if record.element.bits == 4)  # a tie goes to the first
-DEPTH = {FLOAT: 0, **{record.name: 16 // record.element.bits for record in _LEVELS}}  # fewer bytes deeper
-# levels that quantize the layer's input too (W8A8)
-WITH_ACTIVATIONS = tuple(record.name for record in _LEVELS if record.quantizes_activations)
+FLOAT = precisions.FP16.name  # a layer left in the variant's float type (fp32 in the cpu variant)
+
+
+def depth(level: str) -> int:
+    """How far a level narrows a weight: 0 in float, 16 / bits beyond (fewer bytes deeper)."""
+    record = precisions.precision(level)
+    return 0 if record.is_float else 16 // record.element.bits
+
+
+def by_bits(levels: Collection[str]) -> list[tuple[str, ...]]:
+    """The quantized levels among `levels` grouped by the bits a weight takes, most first; in a group weight-only
+    first, then in the table's order: a tie between levels of one group goes to the first."""
+    records = [record for record in precisions.decoder_levels() if record.name in levels]
+    records.sort(key=lambda record: (-record.element.bits, record.quantizes_activations))
+    groups: dict[int, tuple[str, ...]] = {}
+    for record in records:
+        groups[record.element.bits] = (*groups.get(record.element.bits, ()), record.name)
+    return list(groups.values())
+
+
+def bytes_in_words(level: str) -> str:
+    """What one weight takes at `level`, as precision.json says it."""
+    bits = precisions.precision(level).element.bits
+    return {8: "one byte", 4: "half a byte"}.get(bits, f"{bits} bits")
 
 
 @dataclass(frozen=True)
@@ -80,7 +92,7 @@ def assignment_of(
     """Each layer at the deepest level the moves take it to (FLOAT when none does, its pin when pinned)."""
     assignment = dict.fromkeys(layers, FLOAT) | dict(pinned or {})
     for layer, level in moves:
-        if DEPTH[level] > DEPTH[assignment[layer]]:
+        if depth(level) > depth(assignment[layer]):
             assignment[layer] = level
     return assignment
 
@@ -115,7 +127,7 @@ class WeightSearch:
             node.inputs[1] = self._chosen_weight(graph, switches, name, node.inputs[1], option)
             activation = node.inputs[0]
             for level in option.weights:
-                if level in WITH_ACTIVATIONS:
+                if precisions.precision(level).quantizes_activations:
                     own = f"{node.inputs[0].name}/{level}/{name}"
                     scale = option.activation_scales[level]
                     quantize = functools.partial(
@@ -187,18 +199,13 @@ class WeightSearch:
         costs = []
         for name in free:
             stored, measured = self.options[name].bytes, sensitivity[name]
-            one_byte = [level for level in ONE_BYTE if level in measured]
             before, level_before = baseline, FLOAT
-            if one_byte:  # the level that loses least at one byte a weight (the first on a tie)
-                level_before = min(one_byte, key=lambda level: (lost(measured[level], baseline), ONE_BYTE.index(level)))
-                saved = max(stored[FLOAT] - stored[level_before], 1)
-                costs.append((max(lost(measured[level_before], baseline), 1e-12) / saved, name, level_before))
-                before = measured[level_before]
-            half_byte = [level for level in HALF_BYTE if level in measured]
-            if half_byte:  # likewise at about half a byte (int4, or nvfp4 where every target runs it)
-                deepest = min(half_byte, key=lambda level: (lost(measured[level], baseline), HALF_BYTE.index(level)))
-                saved = max(stored[level_before] - stored[deepest], 1)
-                costs.append((max(lost(measured[deepest], before), 1e-12) / saved, name, deepest))
+            for group in by_bits(measured):  # float → the most bits → … → the fewest, one move a step
+                # the level of the group that loses least (the first on a tie)
+                level = min(group, key=lambda level: (lost(measured[level], baseline), group.index(level)))
+                saved = max(stored[level_before] - stored[level], 1)
+                costs.append((max(lost(measured[level], before), 1e-12) / saved, name, level))
+                before, level_before = measured[level], level
         moves = [(name, level) for _, name, level in sorted(costs, key=lambda cost: cost[0])]
         with reporter.task("weight precision: bisecting the moves within budget", None) as advance:
             prefix = largest_prefix(

@@ -60,6 +60,23 @@ def default_of(info: FieldInfo) -> object:
     return None if info.default is PydanticUndefined else info.default
 
 
+class TableChoice(click.Choice):
+    """A choice among a table's names, read when the flag is parsed (a record added to the precision table is a
+    choice of `--precision` without another line here)."""
+
+    def __init__(self, names: Callable[[], Sequence[str]]) -> None:
+        self.names = names
+        super().__init__(list(names()))
+
+    @property  # type: ignore[override]
+    def choices(self) -> Sequence[str]:
+        return tuple(self.names())
+
+    @choices.setter
+    def choices(self, _: Sequence[str]) -> None:  # click's __init__ sets it; the table answers instead
+        pass
+
+
 def option(flag: Flag) -> Callable[[Command], Command]:
     """The click option of `flag`, typed and described by its field."""
     info = field_info(flag.field)
@@ -73,7 +90,7 @@ def option(flag: Flag) -> Callable[[Command], Command]:
     multiple = typing.get_origin(annotation) in (list, dict)
     kind: click.ParamType | type | None = None
     if flag.choices is not None:
-        kind = click.Choice(list(flag.choices()))
+        kind = TableChoice(flag.choices)
     elif typing.get_origin(annotation) is Literal:
         kind = click.Choice([str(value) for value in typing.get_args(annotation)])
     elif annotation is Path:

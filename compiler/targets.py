@@ -16,17 +16,14 @@ from typing import Literal
 from tensorsmith.core.errors import ConfigError, UsageError
 from tensorsmith.core.precisions import (
     AUTO,
-    BF16,
-    FP8,
-    FP16,
-    FP32,
-    INT4,
-    INT8,
     PRECISIONS,
     Family,
     Precision,
-    Quantizes,
+    calibrated_for_auto,
+    float_regions,
+    float_served,
     precision,
+    weight_only_request,
 )
 from tensorsmith.runtime.backends import ONNX_RUNTIME, TENSORRT, BackendSpec
 
@@ -56,7 +53,8 @@ class Recipe:
             return self.floats.name
         if self.on_cpu:
             return f"cpu-{self.quantized.name}"
-        return self.quantized.name if self.floats is FP16 else f"{self.quantized.name}-{self.floats.name}"
+        gpu_regions = self.floats is float_regions(on_gpu=True)
+        return self.quantized.name if gpu_regions else f"{self.quantized.name}-{self.floats.name}"
 
 
 @dataclass(frozen=True)
@@ -77,7 +75,7 @@ class Target:
     @property
     def float_regions(self) -> Precision:
         """What a quantized variant computes its unquantized layers in."""
-        return FP16 if self.capability is not None else FP32
+        return float_regions(on_gpu=self.capability is not None)
 
     @property
     def precisions(self) -> tuple[str, ...]:
@@ -98,52 +96,41 @@ class Target:
         """The builder a pending engine waits for, on a machine with this GPU."""
         return "tensorrt" if self.datacenter else self.builders[0]
 
-    def fallback(self, request: Request, weight_only: bool = False, floats: Precision = FP16) -> str | None:
+    def fallback(self, request: Request, weight_only: bool = False, floats: Precision | None = None) -> str | None:
         """Why this target gets another variant than `request` asks for, where it does (the manifest says it)."""
-        wanted = self._weight_only_request(request, weight_only)
+        wanted = weight_only_request(request, weight_only)
+        if wanted is None and request != AUTO and self.capability is not None:
+            wanted = precision(request)  # a float request a GPU does not run (bf16 on sm_75)
         if wanted is not None and not self.runs_precision(wanted):
-            kind = "INT4 weight-only kernels" if wanted is INT4 else f"{wanted.name} kernels"
             instead = self.recipe(request, weight_only, floats).variant
-            return f"{self.name} ({self.gpus}) has no {kind}: {instead} instead"
-        if request == BF16.name and self.capability is not None and not self.runs_precision(BF16):
-            return f"{self.name} ({self.gpus}) has no bf16 kernels: {self.recipe(request).variant} instead"
+            return f"{self.name} ({self.gpus}) has no {wanted.name} kernels: {instead} instead"
         return None
 
     def runs(self, request: Request) -> bool:
         """Whether a `--precision` request can be served (fp32 on a target without fp32 GEMM gets fp16)."""
         if request == AUTO:
             return True
-        return self.runs_precision(precision(request)) or (request == FP32.name and self.runs_precision(FP16))
-
-    @staticmethod
-    def _weight_only_request(request: Request, weight_only: bool) -> Precision | None:
-        """The weight-only precision a request asks for: itself, or INT4 for a decoder's auto."""
-        if request == AUTO:
-            return INT4 if weight_only else None
         record = precision(request)
-        return record if record.quantizes is Quantizes.WEIGHTS else None
+        return self.runs_precision(record) or record.reference
 
-    def recipe(self, request: Request, weight_only: bool = False, floats: Precision = FP16) -> Recipe:
+    def recipe(self, request: Request, weight_only: bool = False, floats: Precision | None = None) -> Recipe:
         """The variant this target runs for `--precision request`. `weight_only`: a decoder's `auto`, which chooses
         each weight layer's precision (int4, int8 weight-only, float): an INT4-recipe variant, like `int4`.
         `floats`: the float type it takes instead of a weight-only precision it cannot run (a bf16 checkpoint's
-        bf16 where it runs bf16: what it would get alone)."""
-        wanted = self._weight_only_request(request, weight_only)
+        bf16 where it runs bf16: what it would get alone; fp16 by default)."""
+        wanted = weight_only_request(request, weight_only)
+        regions = self.float_regions
         if wanted is not None:
             if self.runs_precision(wanted):
-                return Recipe(wanted, self.float_regions, self.backend)
-            return self.recipe(floats.name)  # the best it runs (sm_75, or nvfp4 before Blackwell): `fallback` says why
+                return Recipe(wanted, regions, self.backend)
+            fallback = floats or float_regions(on_gpu=True)
+            return self.recipe(fallback.name)  # the best it runs (sm_75, or nvfp4 before Blackwell): `fallback` says
         if request == AUTO:
-            return Recipe(FP8 if self.runs_precision(FP8) else INT8, self.float_regions, self.backend)
+            return Recipe(calibrated_for_auto(self.capability), regions, self.backend)
         record = precision(request)
         if record.family is Family.CALIBRATED:
-            return Recipe(record, self.float_regions, self.backend)
-        if self.capability is None:
-            return Recipe(None, FP32, self.backend)  # the cpu computes in fp32 whatever float the GPUs take
-        if record is BF16 and self.runs_precision(BF16):
-            return Recipe(None, BF16, self.backend)
-        half = self.runs_precision(FP16) and (record is not FP32 or not self.runs_precision(FP32))
-        return Recipe(None, FP16 if half else FP32, self.backend)
+            return Recipe(record, regions, self.backend)
+        return Recipe(None, float_served(record, self.capability), self.backend)
 
 
 TARGETS = {

@@ -72,6 +72,7 @@ class Precision:
     overridable: bool = False  # `[[overrides]] precision = NAME`
     decoder_level: bool = False  # a weight level a decoder's auto may give a layer
     preference: int = 0  # `tensorsmith build` on an old artifact: the most quantized variant it runs first
+    reference: bool = False  # what every variant is measured against; every target serves it (fp16 without fp32 GEMM)
 
     def runs_on(self, capability: int | None) -> bool:
         """Whether a GPU of `capability` (None: the cpu target) runs it."""
@@ -107,6 +108,7 @@ FP32 = Precision(
     CPU_BACKENDS,
     overridable=True,
     preference=1,
+    reference=True,
 )
 FP16 = Precision(
     "fp16",
@@ -257,6 +259,47 @@ def storing(element: Element) -> Precision:
     if len(found) != 1:
         raise ConfigError(f"no weight-only precision stores {element.value} codes", hint="a checkpoint format to add")
     return found[0]
+
+
+def float_regions(on_gpu: bool) -> Precision:
+    """What a quantized variant computes its unquantized layers in: fp16 on a GPU (every GPU of the table runs
+    it), fp32 on the cpu (ONNX Runtime's CPU kernels are fp32)."""
+    return FP16 if on_gpu else FP32
+
+
+def float_served(record: Precision, capability: int | None) -> Precision:
+    """What a target computes a float request in: the cpu fp32 whatever the GPUs take (the reference); a GPU the
+    request where it runs it, else fp16 (sm_75 has no bf16 and no fp32 GEMM)."""
+    if capability is None:
+        return FP32
+    return record if record.runs_on(capability) else FP16
+
+
+def calibrated_for_auto(capability: int | None) -> Precision:
+    """The calibrated precision an encoder's `auto` takes on a target: the most quantized one it runs (fp8 on Ada
+    and newer, int8 elsewhere)."""
+    return max((r for r in in_family(Family.CALIBRATED) if r.runs_on(capability)), key=lambda r: r.preference)
+
+
+def weight_only_request(request: str, weight_only: bool = True) -> Precision | None:
+    """The weight-only precision a `--precision` request asks for: itself, or INT4 for `auto` where the model's
+    auto mixes weight levels (`weight_only`: a decoder's); None for any other request."""
+    if request == AUTO:
+        return INT4 if weight_only else None
+    record = precision(request)
+    return record if record.quantizes is Quantizes.WEIGHTS else None
+
+
+def stored_on_cpu(record: Precision) -> Precision:
+    """What the cpu variant of a decoder's mix stores for a layer at `record`: weights only, at the weight-only
+    decoder level of as many bits that the cpu runs (ONNX Runtime's CPU runs a decoder's W8A8 pairs slower than
+    int8 weight-only, fp8 and nvfp4 not at all)."""
+    if record.quantizes is Quantizes.WEIGHTS and record.runs_on(None):
+        return record
+    for level in decoder_levels():
+        if level.quantizes is Quantizes.WEIGHTS and level.runs_on(None) and level.element.bits == record.element.bits:
+            return level
+    raise ConfigError(f"the cpu runs no weight-only level of {record.element.bits} bits for {record.name}")
 
 
 def by_preference() -> list[Precision]:

@@ -24,6 +24,7 @@ from tensorsmith.passes.quantize import QdqDetails
 from tensorsmith.passes.smooth import SmoothDetails
 from tensorsmith.passes.softmax_floor import SoftmaxFloorDetails
 from tensorsmith.passes.tied_projection import TiedProjectionDetails
+from tensorsmith.passes.weight_formats.base import WeightOnlyDetails
 
 DETAILS_TYPES: dict[str, type[PassDetails]] = {
     kind.__name__: kind
@@ -45,6 +46,7 @@ DETAILS_TYPES: dict[str, type[PassDetails]] = {
         SoftmaxFloorDetails,
         StaticCacheDetails,
         TiedProjectionDetails,
+        WeightOnlyDetails,
     )
 }
 

@@ -22,6 +22,7 @@ from tensorsmith.calibration import CalibrationData, CalibrationTable, Observer,
 from tensorsmith.calibration.statistics import HISTOGRAMS_NAME, Statistics, save_histograms, smoothed_statistics
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.variants.rewrite import rewritten
+from tensorsmith.core import precisions
 from tensorsmith.core.precisions import INT8
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
@@ -37,7 +38,7 @@ class Calibrated:
     smoothing: PassReport | None
 
     def scales(self, precision: Precision) -> dict[str, float]:
-        return self.table.int8_scales() if precision == INT8.name else self.table.fp8_scales()
+        return self.table.scales_in(precisions.precision(precision).element)
 
 
 def channel_tensors(model: onnx.ModelProto) -> list[str]:

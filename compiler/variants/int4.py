@@ -10,7 +10,6 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import onnx_graphsurgeon as gs
 
@@ -31,20 +30,17 @@ from tensorsmith.compiler.variants.weight_matmuls import (
     weight_matmuls,
 )
 from tensorsmith.core.budget_search import quantized_fraction
+from tensorsmith.core.elements import Element
 from tensorsmith.core.ir import load_onnx
-from tensorsmith.core.precisions import FP8, FP16, FP32, INT4, INT8, INT8_WEIGHT, NVFP4, float_precisions
+from tensorsmith.core.precisions import INT4
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import GraphPass, PassReport
 from tensorsmith.passes.embeddings import MIN_ROWS, QuantizeEmbeddings, row_block, tied_projections
 from tensorsmith.passes.fp16 import ConvertToFp16
-from tensorsmith.passes.int4 import Int4Weight, WeightOnlyInt4
-from tensorsmith.passes.int8_weights import WeightOnlyInt8
-from tensorsmith.passes.nvfp4 import SimulatedNvfp4, WeightOnlyNvfp4
-from tensorsmith.passes.quantize import InsertQDQ
+from tensorsmith.passes.int4 import Int4Weight
+from tensorsmith.passes.weight_formats.base import LayerWeights, StoredCodes
+from tensorsmith.passes.weight_formats.table import FORMATS, weight_format
 from tensorsmith.runtime.manifest import VariantRecord
-
-if TYPE_CHECKING:
-    from tensorsmith.passes.nvfp4 import StoredNvfp4
 
 logger = logging.getLogger(__name__)
 
@@ -133,54 +129,60 @@ def build_int4_variant(
     assignment: Mapping[str, str] | None = None,
     tables: bool = True,
     scales: Mapping[str, Mapping[str, float]] | None = None,
-    stored_nvfp4: StoredNvfp4 | None = None,
+    stored_weights: StoredCodes | None = None,
 ) -> tuple[VariantRecord, list[PassReport]]:
-    """Write and measure the int4 variant of `recipe` (fp16 or fp32 float regions): every layer of the plan in INT4,
-    or as `assignment` says per layer (int4, int8-weight, int8 or fp8 with the activation `scales` of that
-    precision, fp16); vocabulary tables quantized when `tables`; `stored_nvfp4`: a checkpoint's own NVFP4 weights
-    for those layers. Returns the record (its accuracy
-    measure_variant's figures) and the passes' reports."""
+    """Write and measure the weight-only variant of `recipe` (fp16 or fp32 float regions): every layer of the plan
+    in the requested format, or as `assignment` says per layer (any format of passes/weight_formats, those that
+    quantize activations with the `scales` of that precision, or float); vocabulary tables quantized when `tables`;
+    `stored_weights`: a checkpoint's own weights in the requested format (NVFP4's). Returns the record (its
+    accuracy measure_variant's figures) and the passes' reports."""
     name = recipe.variant
     path = variant_path(directory, name)
-    levels = assignment if assignment is not None else dict.fromkeys(plan.weights, INT4.name)
+    requested = recipe.quantized
+    assert requested is not None, "a quantized recipe"
+    levels = assignment if assignment is not None else dict.fromkeys(plan.weights, requested.name)
     # vocabulary tables: int8 rows gathered first on ONNX Runtime (it cannot Gather INT4); INT4 for TensorRT, where
     # an output projection tied to the table reads the same INT4 table when it is in INT4 itself
     cpu = recipe.on_cpu
     tied = set() if cpu or not tables else {n for n in tied_projection_names(model) if levels.get(n) == INT4.name}
-    weights = {
-        node: weight for node, weight in plan.weights.items() if levels.get(node) == INT4.name and node not in tied
-    }
-    int8 = frozenset(node for node, level in levels.items() if level == INT8_WEIGHT.name)
-    nvfp4 = frozenset(node for node, level in levels.items() if level == NVFP4.name)
     # the requested precision's pass counts the layers left in float as skipped (each of the others is quantized
     # by one pass): its report then agrees with precision.json
     floats = {
         node: plan.skipped.get(node, "kept in float by the plan")
         for node in plan.layers
-        if levels.get(node) in {None, *(record.name for record in float_precisions())}
+        if levels.get(node) not in FORMATS
     }
-    own = recipe.quantized is NVFP4
-    passes: list[GraphPass] = [WeightOnlyInt4(weights, plan.block, {} if own else floats), WeightOnlyInt8(int8)]
-    if nvfp4 or own:
-        passes.append(WeightOnlyNvfp4(nvfp4, floats=floats if own else {}, stored=stored_nvfp4 or {}))
-    for precision in (INT8, FP8):  # W8A8: the input activation quantized too, per tensor
-        nodes = [node for node, level in levels.items() if level == precision.name]
-        if nodes:
-            assert scales is not None and precision.name in scales, f"{precision.name} layers need activation scales"
-            passes.append(InsertQDQ(precision.name, scales[precision.name], nodes=nodes, suffix=f"/{precision.name}"))
-    if tables:
-        passes.append(QuantizeEmbeddings(gather_first=cpu, int4=not cpu, tie=bool(tied)))
-    if recipe.floats is FP16:
-        passes.append(ConvertToFp16())
-    reports = rewrite_file(model, passes, path) if isinstance(model, Path) else rewrite(model, passes, path)
-    if nvfp4:  # ONNX Runtime has no FLOAT4E2M1 DequantizeLinear: measured on the same weights held in fp32
-        simulated = [SimulatedNvfp4(nvfp4, stored=p.stored) if isinstance(p, WeightOnlyNvfp4) else p for p in passes]
+
+    def format_passes(measured: bool) -> list[GraphPass]:
+        """A pass per format the variant stores layers in (the requested one always), in the table's order."""
+        passes = []
+        for format in FORMATS.values():
+            level, own = format.record.name, format.record is requested
+            nodes = {node: plan.weights[node] for node, at in levels.items() if at == level and node not in tied}
+            if nodes or own:
+                activation_scales = (scales or {}).get(level, {})
+                assert nodes or not format.record.quantizes_activations or activation_scales, f"{level} needs scales"
+                stored = (stored_weights or {}) if own else {}
+                layers = LayerWeights(nodes, plan.block, floats if own else {}, stored, activation_scales, measured)
+                passes.append(format.graph_pass(layers))
+        return passes
+
+    def with_tables(passes: list[GraphPass]) -> list[GraphPass]:
+        if tables:
+            passes.append(QuantizeEmbeddings(gather_first=cpu, int4=not cpu, tie=bool(tied)))
+        if recipe.floats.element is Element.FP16:
+            passes.append(ConvertToFp16())
+        return passes
+
+    written = with_tables(format_passes(measured=False))
+    reports = rewrite_file(model, written, path) if isinstance(model, Path) else rewrite(model, written, path)
+    # a format ONNX Runtime cannot run (nvfp4): measured on the same weights held in fp32
+    if any(not FORMATS[level].onnxruntime_runs for level in set(levels.values()) & FORMATS.keys()):
         whole = load_onnx(model) if isinstance(model, Path) else model
-        figures = measure_variant(rewritten(whole, simulated)[0], evaluation)
+        figures = measure_variant(rewritten(whole, with_tables(format_passes(measured=True)))[0], evaluation)
     else:
         figures = measure_variant(path, evaluation)
-    assert recipe.quantized is not None
-    stored = sorted({recipe.quantized.name, *levels.values()} - {FP16.name}, reverse=True)
+    stored = sorted({requested.name, *levels.values()} & FORMATS.keys(), reverse=True)
     record = variant_record(directory, path, name, [*stored, recipe.floats.name], figures, evaluation.described)
     logger.info("%s variant (%s, block %d): %s", name, plan.algorithm, plan.block, record.accuracy)
     return record, reports
@@ -215,17 +217,14 @@ def int4_recipe_plan(
             reason = plan.skipped.get(name, "policy")
         elif plan.algorithm == "checkpoint":
             reason = "the checkpoint's own codes and scales"
-        elif requested is NVFP4:
-            reason = "nvfp4: e2m1 in blocks of 16, fp8 block scales (Model Optimizer's form)"
         elif plan.algorithm == "awq":
             alpha, relative = plan.alphas[layer.activation], plan.error_vs_rtn[layer.activation]
             reason = f"awq: α={alpha:g}, sample error {relative:.3f}× RTN's"
         else:
-            reason = "rtn: round to nearest"
+            reason = weight_format(requested).reason
         if name in plan.weights and plan.block_of(name) != plan.block:
             reason += f"; block {plan.block_of(name)} (its K is not a multiple of {plan.block})"
-        floats = level in (FP16.name, FP32.name)
-        choices.append(layer.choice(name, recipe.floats.name if floats else level, reason))
+        choices.append(layer.choice(name, level if level in FORMATS else recipe.floats.name, reason))
     quantized = {choice.name for choice in choices if choice.precision != recipe.floats.name}
     fraction = quantized_fraction({choice.name: choice.flops for choice in choices}, quantized)
     return RecipePlan(

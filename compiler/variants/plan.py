@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import Recipe, get_target
-from tensorsmith.core.precisions import FP16, FP32, Family, Precision
+from tensorsmith.core.precisions import FP16, Family, Precision
 
 CPU_TARGET = "cpu"
 
@@ -30,7 +30,7 @@ class VariantPlan:
         """Whether the artifact must keep the fp32 reference graph: a target runs it. A large decoder's artifact
         leaves it out otherwise (compiler/pipeline.py: at 14B it is 59 GB); the runtime's fallback on a machine
         without the targets' GPUs is then the cpu target's variant, and a GPU-only artifact has none."""
-        return any(recipe.quantized is None and recipe.floats is FP32 for recipe in self.by_target.values())
+        return any(recipe.quantized is None and recipe.floats.reference for recipe in self.by_target.values())
 
     def recipes(self) -> dict[Recipe, list[str]]:
         """Each recipe with the targets that share its variant, first-come order."""

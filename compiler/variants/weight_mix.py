@@ -18,13 +18,10 @@ import onnx
 from tensorsmith.calibration import CalibrationData
 from tensorsmith.calibration.weight_search import (
     FLOAT,
-    HALF_BYTE,
-    INT4,
-    INT8_WEIGHT,
-    ONE_BYTE,
-    WITH_ACTIVATIONS,
     WeightSearch,
     WeightSearchResult,
+    by_bits,
+    bytes_in_words,
 )
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import Recipe, get_target
@@ -38,14 +35,14 @@ from tensorsmith.core.budget_search import give_back_until_met, quantized_fracti
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.overrides import Override
-from tensorsmith.core.precisions import FP8, FP32, INT8, NVFP4, overridable
+from tensorsmith.core.precisions import decoder_levels, overridable, precision, stored_on_cpu
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.runtime.manifest import VariantRecord
 
 logger = logging.getLogger(__name__)
 
-OVERRIDE_LEVELS = {name: FLOAT if name == FP32.name else name for name in overridable()}  # fp32: the float level
+OVERRIDE_LEVELS = {name: FLOAT if precision(name).is_float else name for name in overridable()}  # fp32: float
 
 
 @dataclass(frozen=True)
@@ -88,49 +85,51 @@ def plan_weight_levels(
 ) -> WeightLevels:
     """The levels every INT4-recipe target runs (int8 W8A8 and fp8 need calibrated activations, fp8 sm_89+), the
     pins, and, where a level quantizes activations, their scales from one calibration of the weight inputs."""
-    allowed, notes = [INT8_WEIGHT, INT4], {INT8_WEIGHT: "considered", INT4: "considered"}
+    allowed: list[str] = []
+    notes: dict[str, str] = {}
     gpus = [name for name in targets if get_target(name).capability is not None]  # the cpu: see recipe_levels
-    if gpus and all(get_target(name).runs_precision(NVFP4) for name in gpus):
-        allowed.append(NVFP4.name)
-        notes[NVFP4.name] = f"considered for the GPU variant; the cpu variant stores such layers {INT4}"
-    else:
-        notes[NVFP4.name] = "not considered: " + ("no GPU target" if not gpus else "a GPU target before Blackwell")
-    for precision in WITH_ACTIVATIONS:
-        missing = [name for name in gpus if precision not in get_target(name).precisions]
+    cpu = len(gpus) < len(targets)
+    for record in sorted(decoder_levels(), key=lambda record: record.quantizes_activations):
+        level, missing = record.name, [name for name in gpus if not get_target(name).runs_precision(record)]
+        on_cpu = stored_on_cpu(record)
         if missing:
-            notes[precision] = f"not considered: {', '.join(missing)} cannot run {precision} activations"
-        elif not gpus:
-            notes[precision] = "not considered: no GPU target (the cpu variant stores weights only)"
-        elif data is None:
-            notes[precision] = "not considered: no calibration data for activation scales"
+            notes[level] = f"not considered: {', '.join(missing)} cannot run {level}"
+        elif record.quantizes_activations and not gpus:
+            notes[level] = "not considered: no GPU target (the cpu variant stores weights only)"
+        elif not gpus and on_cpu is not record:
+            notes[level] = "not considered: no GPU target"
+        elif record.quantizes_activations and data is None:
+            notes[level] = "not considered: no calibration data for activation scales"
         else:
-            allowed.append(precision)
-            notes[precision] = (
-                "considered for the GPU variant (activations calibrated on the calibration text); "
-                f"the cpu variant stores such layers {INT8_WEIGHT}"
-            )
+            allowed.append(level)
+            notes[level] = "considered"
+            if record.quantizes_activations or on_cpu is not record:
+                calibrated = " (activations calibrated on the calibration text)" if record.quantizes_activations else ""
+                notes[level] += f" for the GPU variant{calibrated}"
+            if cpu and on_cpu is not record:
+                notes[level] += f"; the cpu variant stores such layers {on_cpu.name}"
     pinned = pinned_levels(plan, config.overrides)
     for name, pin in pinned.items():
         if pin.level != FLOAT and pin.level not in allowed:
             raise ConfigError(
                 f"{pin.reason} pins {name} to {pin.level}: {notes[pin.level]}",
-                hint="pin it to int8-weight or int4, or change the targets",
+                hint=f"pin it to one of {', '.join(allowed)}, or change the targets",
             )
     searching = config.accuracy_budget() is not None
-    wanted = [level for level in WITH_ACTIVATIONS if level in allowed]
+    wanted = [level for level in allowed if precision(level).quantizes_activations]
     if not wanted or not (searching or any(pin.level in wanted for pin in pinned.values())):
         return WeightLevels(tuple(allowed), notes, {}, pinned)
     assert data is not None
     whole = load_onnx(model) if isinstance(model, Path) else model
     table = write_table(collect_statistics(whole, data, reporter, channels=()), config, directory)
-    scales = {INT8.name: table.int8_scales(), FP8.name: table.fp8_scales()}
+    scales = {level: table.scales_in(precision(level).element) for level in wanted}
     for name, pin in pinned.items():
         activation = plan.layers[name].activation
-        if pin.level in WITH_ACTIVATIONS and activation not in scales[pin.level]:
+        if pin.level in scales and activation not in scales[pin.level]:
             raise ConfigError(
                 f"{pin.reason} pins {name} to {pin.level}, but its input {activation} has no activation scale: "
                 f"{table.tensors[activation].reason if activation in table.tensors else 'not observed'}",
-                hint="pin it to int8-weight or int4",
+                hint="pin it to a weight-only level",
             )
     return WeightLevels(tuple(allowed), notes, scales, pinned)
 
@@ -144,7 +143,7 @@ def search_weights(
     reporter: Reporter,
 ) -> WeightSearchResult:
     assert evaluation.budget is not None
-    named = ", ".join(level for level in (*HALF_BYTE, *ONE_BYTE) if level in levels.allowed)
+    named = ", ".join(level for group in reversed(by_bits(levels.allowed)) for level in group)
     reporter.stage(f"weight precision per layer ({named}, float) against {evaluation.budget}")
     feeds = {name: array[:samples] for name, array in evaluation.feeds.items()}
     return WeightSearch(model, layer_options(model, plan, levels), feeds, evaluation.budget).search(reporter)
@@ -230,8 +229,9 @@ def recipe_levels(recipe: Recipe, assignment: Mapping[str, str]) -> dict[str, st
     it does not run at all; nvfp4 neither (its layers int4 there, the same size class)."""
     if not recipe.on_cpu:
         return dict(assignment)
-    on_cpu = {**dict.fromkeys(WITH_ACTIVATIONS, INT8_WEIGHT), NVFP4.name: INT4}
-    return {name: on_cpu.get(level, level) for name, level in assignment.items()}
+    return {
+        name: level if level == FLOAT else stored_on_cpu(precision(level)).name for name, level in assignment.items()
+    }
 
 
 def _choices(
@@ -261,11 +261,12 @@ def _choices(
             reason = f"search: move {order[(name, searched)] + 1} of {len(search.moves)} by metric lost per byte saved"
             if searched != level:
                 reason += f" ({searched} in the GPU variant; weight-only here, as ONNX Runtime's CPU runs it faster)"
-        for size, candidates in (("one byte", ONE_BYTE), ("half a byte", HALF_BYTE)):
-            alike = {candidate: measured[candidate] for candidate in candidates if candidate in measured}
-            if level != FLOAT and name not in levels.pinned and len(alike) > 1:
-                figures = ", ".join(f"{candidate} {value:.5f}" for candidate, value in alike.items())
-                reason += f"; at {size} a weight, {metric} with it alone: {figures}"
-        precision = recipe.floats.name if level == FLOAT else level
-        choices.append(layer.choice(name, precision, reason, measured.get(level if level != FLOAT else INT4)))
+        groups = by_bits(measured)
+        for group in groups:
+            if level != FLOAT and name not in levels.pinned and len(group) > 1:
+                figures = ", ".join(f"{candidate} {measured[candidate]:.5f}" for candidate in group)
+                reason += f"; at {bytes_in_words(group[0])} a weight, {metric} with it alone: {figures}"
+        deepest = groups[-1][0] if groups else None  # a float layer's figure: the deepest level's
+        stored = recipe.floats.name if level == FLOAT else level
+        choices.append(layer.choice(name, stored, reason, measured.get(level if level != FLOAT else deepest or "")))
     return choices

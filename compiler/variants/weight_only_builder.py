@@ -37,11 +37,11 @@ from tensorsmith.compiler.variants.weight_mix import (
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import load_onnx, remove_onnx
 from tensorsmith.core.layerwise import layerwise_segments
-from tensorsmith.core.precisions import NVFP4
+from tensorsmith.core.precisions import Calibration, weight_only_request
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.core.spilled import spilled
 from tensorsmith.passes.int4 import GemmAsMatMul
-from tensorsmith.passes.nvfp4 import StoredNvfp4
+from tensorsmith.passes.weight_formats.base import StoredCodes
 
 
 def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
@@ -57,18 +57,20 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
     split = calibration_split(config, fused) if config.calibration is not None else None  # AWQ's, W8A8's scales
     evaluation = weight_only_evaluation(config, fused, split)
     model = without_gemm(fused, directory)  # the same function; Gemm weights become INT4-able
-    # nvfp4 on its own: Model Optimizer's scales on every weight whose K is a multiple of its block (16), no AWQ
-    assert NVFP4.block is not None
-    nvfp4 = plan.request == NVFP4.name
-    algorithm, block = ("rtn", NVFP4.block) if nvfp4 else (config.int4_algorithm, config.int4_block_size)
+    # the requested format's record says whether AWQ applies and which block it takes (auto: int4's)
+    requested = weight_only_request(plan.request)
+    assert requested is not None, "the weight-only family's request"
+    takes_awq = requested.calibration is Calibration.OPTIONAL_AWQ
+    algorithm = config.int4_algorithm if takes_awq else "rtn"
+    block = config.int4_block_size if requested.block_from_config else requested.block or config.int4_block_size
     awq_data = split.calibration if split is not None and algorithm == "awq" else None
     stored = source_checkpoint(config) if algorithm == "checkpoint" else None
-    fp4 = stored_checkpoint(config, NVFP4.element) if nvfp4 else None  # a checkpoint's own NVFP4 codes
-    stored_fp4: StoredNvfp4 = {}
+    own = None if takes_awq else stored_checkpoint(config, requested.element)  # a checkpoint's own codes (NVFP4)
+    stored_own: StoredCodes = {}
     if stored is not None:
         int4_plan = plan_stored(model, stored)
-    elif fp4 is not None:
-        int4_plan, stored_fp4 = plan_stored_nvfp4(model, fp4)
+    elif own is not None:
+        int4_plan, stored_own = plan_stored_nvfp4(model, own)
     else:
         int4_plan = plan_int4(model, algorithm, block, awq_data, reporter, job.records)
     data = split.calibration if split is not None else None
@@ -93,9 +95,9 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
                 evaluation,
                 directory,
                 assignment,
-                tables=stored is None and fp4 is None,
+                tables=stored is None and own is None,
                 scales=levels.scales,
-                stored_nvfp4=stored_fp4,
+                stored_weights=stored_own,
             )
             pinned = {name: Pin(assignment[name], pin.reason) for name, pin in levels.pinned.items()}
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)

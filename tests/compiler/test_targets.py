@@ -55,7 +55,7 @@ def test_recipes_name_their_backend() -> None:
         ("cpu", "bf16", "fp32", None),
         ("sm_89", "nvfp4", "fp16", "sm_89 (Ada) has no nvfp4 kernels: fp16 instead"),
         ("sm_120", "nvfp4", "nvfp4", None),
-        ("sm_75", "int4", "fp16", "sm_75 (Turing) has no INT4 weight-only kernels: fp16 instead"),
+        ("sm_75", "int4", "fp16", "sm_75 (Turing) has no int4 kernels: fp16 instead"),
     ],
 )
 def test_new_precisions_come_from_the_table(target: str, request_: str, variant: str, fallback: str | None) -> None:
