@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from tensorsmith.core.module_paths import MODULE_KEY, module_path_from_name
 from tensorsmith.core.overrides import Override
-from tensorsmith.core.precisions import FP32
+from tensorsmith.core.precisions import reference_precision
 from tensorsmith.passes.matching import constant_value
 from tensorsmith.passes.quantize import activation_inputs, quantizable_nodes
 
@@ -98,7 +98,7 @@ def list_layers(
                 break
         else:
             if _feeds_an_output(graph, node):
-                layer.pinned, layer.reason = FP32.name, "policy: final projection"
+                layer.pinned, layer.reason = reference_precision().name, "policy: final projection"
         layers.append(layer)
     return layers
 

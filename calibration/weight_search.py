@@ -33,7 +33,7 @@ from tensorsmith.passes.quantize import quantize_activation, switched
 logger = logging.getLogger(__name__)
 
 SWITCHES = "tensorsmith_weight_switches"
-FLOAT = precisions.FP16.name  # a layer left in the variant's float type (fp32 in the cpu variant)
+FLOAT = precisions.float_regions(on_gpu=True).name  # a layer left in the variant's float type (fp32 in the cpu variant)
 
 
 def depth(level: str) -> int:

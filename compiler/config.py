@@ -16,7 +16,15 @@ from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.layerwise import Layerwise
 from tensorsmith.core.metrics import Budget
 from tensorsmith.core.overrides import Override
-from tensorsmith.core.precisions import AUTO, CAPABILITIES, FP32, INT4, Calibration, Family, precision, requestable
+from tensorsmith.core.precision_record import CAPABILITIES
+from tensorsmith.core.precisions import (
+    AUTO,
+    Calibration,
+    Family,
+    precision,
+    reference_precision,
+    requestable,
+)
 from tensorsmith.core.quantization_declared import declares_quantization
 
 SourceKind = Literal["factory", "exported_program", "onnx", "huggingface"]
@@ -78,7 +86,7 @@ class CompileConfig(StrictModel):
     )
     fuse: bool = Field(True, description="run the fusion passes (LayerNorm, GELU, attention scale)")
     precision: Request = Field(
-        FP32.name,
+        reference_precision().name,
         description="a precision of the table (core/precisions.py): fp16/bf16: GPU targets compute in it (LayerNorm "
         "kept fp32); int8/fp8: calibrate and quantize every layer the policy allows; int4/nvfp4: weight-only; auto: "
         "per target (int8, or fp8 from sm_89), each layer chosen so that `budget` holds on held-out data",
@@ -178,8 +186,9 @@ class CompileConfig(StrictModel):
         calibrated = record is None or record.calibration is Calibration.ACTIVATIONS
         if calibrated and self.calibration is None and self.calibration_stats is None:
             raise ValueError(f"precision {self.precision} needs calibration data: --calibration PATH")
-        awq = record is INT4 and self.int4_algorithm == "awq"  # by default an INT4 checkpoint's own codes (an FP8
-        # checkpoint's request is checked when its layout is read: quantized_checkpoint.checkpoint_precision)
+        # by default an INT4 checkpoint's own codes (an FP8 checkpoint's request is checked when its layout is read:
+        # quantized_checkpoint.checkpoint_precision)
+        awq = record is not None and record.calibration is Calibration.OPTIONAL_AWQ and self.int4_algorithm == "awq"
         stored = "int4_algorithm" not in self.model_fields_set and declares_quantization(self.resolve(self.source))
         if awq and self.calibration is None and not stored:
             raise ValueError(

@@ -37,7 +37,7 @@ from tensorsmith.core.ir import GraphIO, remove_onnx
 from tensorsmith.core.layerwise import layerwise
 from tensorsmith.core.mapped_save import without_references
 from tensorsmith.core.narrow_twin import drop_twin
-from tensorsmith.core.precisions import AUTO, FP16, precision
+from tensorsmith.core.precisions import AUTO, precision
 from tensorsmith.core.progress import LogReporter, Reporter, Step, TimedReporter
 from tensorsmith.core.sessions import quiet_onnxruntime
 from tensorsmith.runtime.manifest import (
@@ -111,7 +111,7 @@ def compile(config: CompileConfig, out: str | Path, reporter: Reporter | None = 
         staged_artifact(out) as staging,
         EarlyEngines(config, staging, source.huggingface) as early,
     ):
-        fp16 = any(recipe.floats is FP16 and recipe.quantized is None for recipe in plan.recipes())
+        fp16 = any(recipe.fp16_regions and recipe.quantized is None for recipe in plan.recipes())
         fused = fused_graph(source, staging, timed, ranges=fp16)  # the fp16 variant's range check, in verification
         config = _read_inputs(config, fused.inputs)
         early.fused(GraphIO(fused.inputs, fused.outputs))

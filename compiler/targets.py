@@ -13,6 +13,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Literal
 
+from tensorsmith.core.elements import Element
 from tensorsmith.core.errors import ConfigError, UsageError
 from tensorsmith.core.precisions import (
     AUTO,
@@ -44,6 +45,11 @@ class Recipe:
     def on_cpu(self) -> bool:
         """Whether the cpu target's backends run it (ONNX Runtime or OpenVINO), not a TensorRT engine."""
         return not self.backend.runs_engines
+
+    @property
+    def fp16_regions(self) -> bool:
+        """Whether its float regions are fp16 (ConvertToFp16 writes them; bf16 regions have their own pass)."""
+        return self.floats.element is Element.FP16
 
     @property
     def variant(self) -> str:

@@ -45,3 +45,34 @@ def test_the_check_finds_a_spelled_name(tmp_path: Path) -> None:
         assert spelled_precisions(sample) == ["core/_vocabulary_probe.py:1: 'int4'"]
     finally:
         sample.unlink()
+
+
+MAX_NAMED_RECORDS = 24  # issue 41: under 25 (117 in 27 files when it was filed)
+
+
+def named_records(path: Path) -> list[str]:
+    """`file:line: NAME` for each use of a named record of the table (`INT4`, `precisions.FP16`…), imports
+    excluded: the code that handles formats asks the records (their element, block, calibration) instead."""
+    names = {name.upper().replace("-", "_") for name in PRECISIONS}
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("core.precisions")
+        for alias in node.names
+        if alias.name in names
+    }
+    found = []
+    for node in ast.walk(tree):
+        named = isinstance(node, ast.Name) and node.id in imported
+        named |= isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.value, ast.Name)
+        named &= not (isinstance(node, ast.Attribute) and getattr(node.value, "id", "") != "precisions")
+        if named:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {getattr(node, 'id', getattr(node, 'attr', ''))}")
+    return found
+
+
+def test_named_records_stay_few() -> None:
+    files = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py")) if path != TABLE]
+    uses = [hit for path in files for hit in named_records(path)]
+    assert 0 < len(uses) <= MAX_NAMED_RECORDS, f"{len(uses)} uses of named records:\n" + "\n".join(uses)

@@ -33,7 +33,7 @@ from tensorsmith.compiler.frontend.module_protocols import CachedKeysValues
 from tensorsmith.compiler.frontend.short_convolution import rewrite_short_convolution
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.ir import GraphIO
-from tensorsmith.core.precisions import FP16
+from tensorsmith.core.precisions import float_regions
 from tensorsmith.passes.static_cache import CACHE_DIM
 from tensorsmith.runtime.kv_cache import WRITE_INDICES, past_name, present_of
 from tensorsmith.runtime.manifest import GenerationRecord, TensorRecord
@@ -202,8 +202,9 @@ def declare_decoder(config: CompileConfig, model: HuggingFaceModel) -> CompileCo
     }
     if "opset" not in config.model_fields_set:
         update["opset"] = DECODER_OPSET  # RMSNormalization: ONNX Runtime and TensorRT for RTX take it (measured)
-    if "precision" not in config.model_fields_set and any(get_target(t).runs(FP16.name) for t in config.targets):
-        update["precision"] = FP16.name  # a decoder's GPU targets default to fp16 (the cpu target keeps fp32), bf16
+    half = float_regions(on_gpu=True)
+    if "precision" not in config.model_fields_set and any(get_target(t).runs(half.name) for t in config.targets):
+        update["precision"] = half.name  # a decoder's GPU targets default to fp16 (the cpu target keeps fp32), bf16
         # for a bf16 checkpoint (set before this: quantized_checkpoint.checkpoint_float_precision)
     return config.model_copy(update=update)
 

@@ -36,7 +36,7 @@ from tensorsmith.core.mapped_graph import mapped
 from tensorsmith.core.mapped_save import save_mapped
 from tensorsmith.core.module_paths import module_paths
 from tensorsmith.core.narrow_twin import write_twin
-from tensorsmith.core.precisions import FP32
+from tensorsmith.core.precisions import reference_precision
 from tensorsmith.core.progress import Reporter
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.core.tensor_ranges import TensorRange, outputs_and_ranges
@@ -85,7 +85,8 @@ def graph_passes(config: CompileConfig) -> list[GraphPass]:
     if not config.fuse:
         return []
     gpu = [name for name in config.targets if get_target(name).builders]
-    if config.precision == FP32.name and gpu:  # TensorRT for RTX 1.7 has no fp32 Attention kernel (measured)
+    # TensorRT for RTX 1.7 has no fp32 Attention kernel (measured)
+    if config.precision == reference_precision().name and gpu:
         return default_passes(f"fp32 on {', '.join(gpu)}: TensorRT for RTX builds Attention in fp16 or lower only")
     return default_passes()
 

@@ -22,8 +22,7 @@ from tensorsmith.calibration import CalibrationData, CalibrationTable, Observer,
 from tensorsmith.calibration.statistics import HISTOGRAMS_NAME, Statistics, save_histograms, smoothed_statistics
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.variants.rewrite import rewritten
-from tensorsmith.core import precisions
-from tensorsmith.core.precisions import INT8
+from tensorsmith.core.precisions import precision as precision_of
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.quantize import Precision
@@ -38,7 +37,7 @@ class Calibrated:
     smoothing: PassReport | None
 
     def scales(self, precision: Precision) -> dict[str, float]:
-        return self.table.scales_in(precisions.precision(precision).element)
+        return self.table.scales_in(precision_of(precision).element)
 
 
 def channel_tensors(model: onnx.ModelProto) -> list[str]:
@@ -66,7 +65,7 @@ def calibrate_variants(
 ) -> Calibrated:
     """Thresholds for the quantized `precisions` the plan has, from `statistics` of the fused graph."""
     model, smoothing = fused, None
-    if config.smoothing and INT8.name in precisions:
+    if config.smoothing and any(precision_of(name).element.is_integer for name in precisions):
         reporter.stage("smoothing activation outliers into the weights (int8)")
         model, smoothing = _smooth(fused, statistics.channel_amax, config.smoothing_alpha)
     table = write_table(_statistics_of(model, statistics), config, directory)

@@ -19,7 +19,7 @@ from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
 from tensorsmith.compiler.variants.quantized import build_quantized, search_layers
 from tensorsmith.compiler.variants.text_data import decode_timing_step
 from tensorsmith.core.errors import ConfigError
-from tensorsmith.core.precisions import INT8, Family, precision
+from tensorsmith.core.precisions import Family, precision
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.runtime.specs import Signature
 
@@ -71,7 +71,7 @@ def build_calibrated_variants(job: BuildJob) -> FamilyVariants:
             record, recipe_plan = variant.record, variant.plan.model_copy(update={"targets": targets})
             reports.append(replace(variant.report, variant=record.name))
             by_target.update(dict.fromkeys(targets, record))
-            if budget is not None and record_of is INT8 and recipe.on_cpu:
+            if budget is not None and record_of.element.is_integer and recipe.on_cpu:
                 reporter.stage("cpu: dynamic quantization within the budget, and the faster recipe")
                 alpha = config.smoothing_alpha if config.smoothing else None
                 source = dynamic_source(fused_model, calibrated.channel_amax, alpha)

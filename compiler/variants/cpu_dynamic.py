@@ -30,7 +30,7 @@ from tensorsmith.core.budget_search import largest_prefix
 from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.metrics import Budget, accuracy
 from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
-from tensorsmith.core.precisions import FP32, INT8
+from tensorsmith.core.precisions import INT8, reference_precision
 from tensorsmith.core.sessions import quiet_onnxruntime, run_onnx
 from tensorsmith.passes import GraphPass, PassReport, run_passes
 from tensorsmith.passes.embeddings import QuantizeEmbeddings
@@ -141,7 +141,7 @@ def build_dynamic_variant(
         name=DYNAMIC_NAME,
         path=str(path.relative_to(directory)),
         sha256=sha256_of(path),
-        precisions=[INT8.name, FP32.name],
+        precisions=[INT8.name, reference_precision().name],
         accuracy=measured,
     )
     return DynamicVariant(record, order[:count], value, evaluations)

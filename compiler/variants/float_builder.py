@@ -28,11 +28,12 @@ from tensorsmith.compiler.variants.language import text_evaluation, with_languag
 from tensorsmith.compiler.variants.measure import token_figures
 from tensorsmith.compiler.variants.records import variant_record
 from tensorsmith.compiler.variants.rewrite import rewrite_file, rewritten, variant_path
+from tensorsmith.core.elements import Element
 from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.metrics import accuracy
 from tensorsmith.core.module_paths import module_paths_recorded
 from tensorsmith.core.narrow_twin import drop_twin, write_widened_twin
-from tensorsmith.core.precisions import BF16, FP16, FP32, Precision
+from tensorsmith.core.precisions import Precision, reference_precision
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.passes import PassReport
 from tensorsmith.passes.fp16 import ConvertToBf16, ConvertToFp16, HalfDetails, RoundToBf16
@@ -54,8 +55,8 @@ class FloatVariant:
 def reference_variant(fused: FusedGraph) -> VariantRecord:
     """The fused fp32 graph itself, as the variant every float target may run."""
     return VariantRecord(
-        name=FP32.name,
-        precisions=[FP32.name],
+        name=reference_precision().name,
+        precisions=[reference_precision().name],
         accuracy=fused.accuracy,
         evaluated_on="against the source" if fused.accuracy else "",
         **fused.record.model_dump(),
@@ -81,7 +82,7 @@ def build_float_variant(
     path = variant_path(directory, floats.name)
     measured_on: onnx.ModelProto | None = None
     tie = [TiedProjection()] if engines_only else []
-    if floats is BF16:
+    if floats.element is Element.BF16:
         report, *tied = rewrite_file(model, [ConvertToBf16(), *tie], path)
         if written is not None:
             written(path)
@@ -95,7 +96,8 @@ def build_float_variant(
         outputs = run_onnx(path, feeds)
     measured = accuracy(reference, outputs)
     described = "the verification inputs" + ("; bf16 rounding simulated in fp32" if measured_on is not None else "")
-    record = variant_record(directory, path, floats.name, [floats.name, FP32.name], measured, described)
+    stored = [floats.name, reference_precision().name]
+    record = variant_record(directory, path, floats.name, stored, measured, described)
     tied_report = replace(tied[0], variant=record.name) if tied else None
     return FloatVariant(record, replace(report, variant=record.name), measured_on, tied_report)
 
@@ -145,12 +147,12 @@ def build_float_variants(job: BuildJob) -> FamilyVariants:
     by_target: dict[str, VariantRecord] = {}
     for recipe, targets in job.plan.recipes().items():
         record = reference
-        if recipe.floats in (FP16, BF16):
+        if not recipe.floats.reference:  # a 16-bit float; fp32 is the fused graph itself
             reporter.stage(f"building the {recipe.floats.name} variant")
             verified = fused.verification_inputs(config)
             feeds, reference_outputs = verified.feeds, verified.outputs
             out_of_range = {}
-            if recipe.floats is FP16:  # from verification's run where it measured the ranges
+            if recipe.fp16_regions:  # from verification's run where it measured the ranges
                 out_of_range = out_of_range_activations(fused.path, feeds, measured=fused.ranges)
             try:
                 told = functools.partial(job.written, recipe.floats.name, list(targets)) if job.written else None

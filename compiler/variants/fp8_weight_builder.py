@@ -23,7 +23,7 @@ from tensorsmith.compiler.variants.weight_matmuls import WeightMatMuls, weight_m
 from tensorsmith.compiler.variants.weight_only_builder import weight_only_evaluation, without_gemm
 from tensorsmith.core.budget_search import quantized_fraction
 from tensorsmith.core.ir import remove_onnx
-from tensorsmith.core.precisions import FP16, precision
+from tensorsmith.core.precisions import precision
 from tensorsmith.core.scaled_fp8 import ScaledFp8, quantize_fp8
 from tensorsmith.passes import GraphPass
 from tensorsmith.passes.fp8_weights import Fp8Weights, WeightOnlyFp8
@@ -47,7 +47,7 @@ def build_fp8_weight_variants(job: BuildJob) -> FamilyVariants:
         reporter.stage(f"{recipe.variant}: writing and measuring the variant")
         path = variant_path(directory, recipe.variant)
         passes: list[GraphPass] = [WeightOnlyFp8(weights, floats)]
-        if recipe.floats is FP16:
+        if recipe.fp16_regions:
             passes.append(ConvertToFp16())
         written = rewrite_file(model, passes, path)
         figures = measure_variant(path, evaluation)

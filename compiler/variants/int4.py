@@ -30,7 +30,6 @@ from tensorsmith.compiler.variants.weight_matmuls import (
     weight_matmuls,
 )
 from tensorsmith.core.budget_search import quantized_fraction
-from tensorsmith.core.elements import Element
 from tensorsmith.core.ir import load_onnx
 from tensorsmith.core.precisions import INT4
 from tensorsmith.core.progress import Reporter
@@ -170,7 +169,7 @@ def build_int4_variant(
     def with_tables(passes: list[GraphPass]) -> list[GraphPass]:
         if tables:
             passes.append(QuantizeEmbeddings(gather_first=cpu, int4=not cpu, tie=bool(tied)))
-        if recipe.floats.element is Element.FP16:
+        if recipe.fp16_regions:
             passes.append(ConvertToFp16())
         return passes
 

@@ -34,7 +34,7 @@ from tensorsmith.core.errors import ConfigError, PassError
 from tensorsmith.core.ir import GraphIO
 from tensorsmith.core.mapped_graph import mapped
 from tensorsmith.core.mapped_save import save_mapped
-from tensorsmith.core.precisions import FP32
+from tensorsmith.core.precisions import reference_precision
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import PassReport, run_passes
 from tensorsmith.passes.kv_quantize import QuantizedCache
@@ -72,7 +72,7 @@ def check_static_cache(config: CompileConfig) -> None:
         if not config.fuse
         else f"fp32 on {', '.join(gpu)} keeps attention decomposed (TensorRT for RTX builds ONNX Attention in fp16 "
         "or lower only)"
-        if config.precision == FP32.name and gpu
+        if config.precision == reference_precision().name and gpu
         else None
     )
     if reason:

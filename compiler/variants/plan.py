@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.targets import Recipe, get_target
-from tensorsmith.core.precisions import FP16, Family, Precision
+from tensorsmith.core.precisions import Family, Precision, float_regions
 
 CPU_TARGET = "cpu"
 
@@ -23,7 +23,8 @@ class VariantPlan:
     request: str  # the `--precision` asked for
     by_target: dict[str, Recipe]
     notes: dict[str, str] = field(default_factory=dict)  # target → why it gets another recipe than asked (sm_75)
-    floats: Precision = FP16  # what a target takes that cannot run a weight-only request (a bf16 checkpoint's bf16)
+    # what a target takes that cannot run a weight-only request (a bf16 checkpoint's bf16)
+    floats: Precision = field(default_factory=lambda: float_regions(on_gpu=True))
 
     @property
     def ships_reference(self) -> bool:
@@ -58,11 +59,11 @@ class VariantPlan:
         return grouped
 
 
-def plan_variants(config: CompileConfig, decoder: bool = False, floats: Precision = FP16) -> VariantPlan:
+def plan_variants(config: CompileConfig, decoder: bool = False, floats: Precision | None = None) -> VariantPlan:
     """A decoder's `auto` chooses weight precisions (int4 / int8 / float per layer, bytes being what decoding
     pays); any other model's chooses int8 or fp8 layers with calibrated activations. `floats`: what a target that
     cannot run a weight-only request takes instead (Target.recipe)."""
     targets = [get_target(name) for name in config.targets]
     notes = {target.name: note for target in targets if (note := target.fallback(config.precision, decoder, floats))}
     recipes = {target.name: target.recipe(config.precision, decoder, floats) for target in targets}
-    return VariantPlan(config.precision, recipes, notes, floats)
+    return VariantPlan(config.precision, recipes, notes, floats or float_regions(on_gpu=True))

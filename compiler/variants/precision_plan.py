@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from tensorsmith.compiler.targets import Request
 from tensorsmith.core.errors import ArtifactError
 from tensorsmith.core.files import replace_file
-from tensorsmith.core.precisions import FP16, PRECISIONS
+from tensorsmith.core.precisions import PRECISIONS, float_regions
 
 FLOAT_NAMES = tuple(name for name, record in PRECISIONS.items() if record.is_float)
 
@@ -86,7 +86,7 @@ class PrecisionPlan(BaseModel):
 
     precision: Request = Field(description="the --precision request; `tensorsmith build` gives new targets its recipe")
     fallback_float: str = Field(
-        FP16.name,
+        float_regions(on_gpu=True).name,
         description="the float type a target takes that cannot run a weight-only request (a bf16 checkpoint's bf16)",
     )
     evaluated_on: str = ""

@@ -12,7 +12,6 @@ from tensorsmith.core.ir import save_onnx
 from tensorsmith.core.mapped_graph import mapped
 from tensorsmith.core.mapped_save import save_mapped
 from tensorsmith.core.module_paths import attach_module_paths, module_paths_recorded
-from tensorsmith.core.precisions import FP16
 from tensorsmith.passes import GraphPass, PassReport, run_passes
 from tensorsmith.passes.embeddings import QuantizeEmbeddings
 from tensorsmith.passes.fp16 import ConvertToFp16
@@ -71,6 +70,6 @@ def write_quantized(
     passes: list[GraphPass] = [InsertQDQ(precision, scales, nodes=nodes)]
     if embeddings:
         passes.append(QuantizeEmbeddings(gather_first=recipe.on_cpu))  # the cpu's backends gather int8 rows first
-    if recipe.floats is FP16:
+    if recipe.fp16_regions:
         passes.append(ConvertToFp16())
     return rewrite(model, passes, path)[0]
