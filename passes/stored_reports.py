@@ -25,6 +25,7 @@ from tensorsmith.passes.smooth import SmoothDetails
 from tensorsmith.passes.softmax_floor import SoftmaxFloorDetails
 from tensorsmith.passes.tied_projection import TiedProjectionDetails
 from tensorsmith.passes.weight_formats.base import WeightOnlyDetails
+from tensorsmith.passes.weight_formats.stacked import StackedDetails
 
 DETAILS_TYPES: dict[str, type[PassDetails]] = {
     kind.__name__: kind
@@ -47,6 +48,7 @@ DETAILS_TYPES: dict[str, type[PassDetails]] = {
         StaticCacheDetails,
         TiedProjectionDetails,
         WeightOnlyDetails,
+        StackedDetails,
     )
 }
 

@@ -38,6 +38,7 @@ from tensorsmith.passes.embeddings import MIN_ROWS, QuantizeEmbeddings, row_bloc
 from tensorsmith.passes.fp16 import ConvertToFp16
 from tensorsmith.passes.int4 import Int4Weight
 from tensorsmith.passes.weight_formats.base import LayerWeights, StoredCodes
+from tensorsmith.passes.weight_formats.stacked import StackedWeightOnly
 from tensorsmith.passes.weight_formats.table import FORMATS, weight_format
 from tensorsmith.runtime.manifest import VariantRecord
 
@@ -129,12 +130,14 @@ def build_int4_variant(
     tables: bool = True,
     scales: Mapping[str, Mapping[str, float]] | None = None,
     stored_weights: StoredCodes | None = None,
+    experts: bool = False,
 ) -> tuple[VariantRecord, list[PassReport]]:
     """Write and measure the weight-only variant of `recipe` (fp16 or fp32 float regions): every layer of the plan
     in the requested format, or as `assignment` says per layer (any format of passes/weight_formats, those that
     quantize activations with the `scales` of that precision, or float); vocabulary tables quantized when `tables`;
-    `stored_weights`: a checkpoint's own weights in the requested format (NVFP4's). Returns the record (its
-    accuracy measure_variant's figures) and the passes' reports."""
+    `stored_weights`: a checkpoint's own weights in the requested format (NVFP4's); `experts`: a mixture of
+    experts' stacked weights in the requested format too (passes/weight_formats/stacked.py). Returns the record
+    (its accuracy measure_variant's figures) and the passes' reports."""
     name = recipe.variant
     path = variant_path(directory, name)
     requested = recipe.quantized
@@ -164,6 +167,8 @@ def build_int4_variant(
                 stored = (stored_weights or {}) if own else {}
                 layers = LayerWeights(nodes, plan.block, floats if own else {}, stored, activation_scales, measured)
                 passes.append(format.graph_pass(layers))
+        if experts:
+            passes.append(StackedWeightOnly(weight_format(requested), plan.block, measured))
         return passes
 
     def with_tables(passes: list[GraphPass]) -> list[GraphPass]:

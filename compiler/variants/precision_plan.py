@@ -76,6 +76,9 @@ class RecipePlan(BaseModel):
     weight_levels: dict[str, str] = Field(
         default_factory=dict, description="a decoder's auto: each weight precision, considered or why not"
     )
+    stacked_experts: str = Field(
+        "", description="a mixture of experts' stacked weights: the format they are stored in, or why float"
+    )
     float_instead: FloatInstead | None = Field(
         None, description="set where the cpu target runs the fp32 reference instead (compiler/variants/fallback.py)"
     )

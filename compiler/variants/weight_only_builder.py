@@ -22,7 +22,7 @@ from tensorsmith.compiler.variants.data import READ_BATCH, SplitData, concatenat
 from tensorsmith.compiler.variants.int4 import build_int4_variant, int4_recipe_plan, plan_int4
 from tensorsmith.compiler.variants.language import text_evaluation
 from tensorsmith.compiler.variants.measure import Evaluation
-from tensorsmith.compiler.variants.precision_plan import PrecisionPlan
+from tensorsmith.compiler.variants.precision_plan import PrecisionPlan, RecipePlan
 from tensorsmith.compiler.variants.rewrite import rewrite_file
 from tensorsmith.compiler.variants.stored_codes import stored_checkpoint
 from tensorsmith.compiler.variants.stored_int4 import plan_stored, plan_stored_nvfp4
@@ -40,8 +40,10 @@ from tensorsmith.core.layerwise import layerwise_segments
 from tensorsmith.core.precisions import Calibration, weight_only_request
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.core.spilled import spilled
+from tensorsmith.passes import PassReport
 from tensorsmith.passes.int4 import GemmAsMatMul
 from tensorsmith.passes.weight_formats.base import StoredCodes
+from tensorsmith.passes.weight_formats.stacked import StackedDetails
 
 
 def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
@@ -98,6 +100,9 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
                 tables=stored is None and own is None,
                 scales=levels.scales,
                 stored_weights=stored_own,
+                # a GPU's stacked experts in the request too (ONNX Runtime would dequantize every expert at every
+                # step); a checkpoint's own codes stay as the checkpoint has them
+                experts=not recipe.on_cpu and int4_plan.algorithm != "checkpoint",
             )
             pinned = {name: Pin(assignment[name], pin.reason) for name, pin in levels.pinned.items()}
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
@@ -117,6 +122,7 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
         reports += [replace(report, variant=record.name) for report in passes]
     if model != fused.path:
         remove_onnx(model)
+    recipes = with_stacked_notes(recipes, reports)
     precision_plan = PrecisionPlan(
         precision=plan.request,
         evaluated_on=evaluation.described,
@@ -124,6 +130,27 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
         recipes=recipes,
     )
     return FamilyVariants(records, by_target, None, reports, unmet, precision_plan)
+
+
+def with_stacked_notes(recipes: dict[str, RecipePlan], reports: list[PassReport]) -> dict[str, RecipePlan]:
+    """precision.json's words for each variant's stacked experts' weights (passes/weight_formats/stacked.py),
+    from the stacked pass's reports: their format, or, for the cpu's where a GPU's are quantized, why float."""
+    notes = {}
+    for report in reports:
+        details = report.details
+        if isinstance(details, StackedDetails) and report.changed and report.variant is not None:
+            blocks = ", ".join(map(str, details.block_sizes))
+            notes[report.variant] = (
+                f"{len(details.weights)} stacked weights in {details.precision}, blocks of {blocks} rows of K, "
+                "rounded to nearest"
+            )
+    if not notes:
+        return recipes
+    floats = "float: ONNX Runtime would dequantize every expert at every step (the GPU variants store them quantized)"
+    return {
+        name: plan.model_copy(update={"stacked_experts": notes.get(name, floats if plan.cpu is not None else "")})
+        for name, plan in recipes.items()
+    }
 
 
 def without_gemm(fused: FusedGraph, directory: Path) -> Path:

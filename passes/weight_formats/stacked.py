@@ -1,0 +1,166 @@
+"""A mixture of experts' stacked weights in a weight format: each expert's [K, N] slice quantized as a 2-D
+weight is, blocks along K.
+
+    W [E, K, N] (or [E, N, K]) ──► codes [E, K, N], scales [E, K/B, N] ──► DequantizeLinear(axis of K,
+    block_size B) ──► Gather / GatherND (the routed branch) or MatMul (the every-expert branch)
+
+The export holds each stacked weight as an initializer of the If branch that reads it (compiler/frontend/
+routed_experts.py: a branch gathers the chosen experts' weights, the other multiplies every expert); each copy
+gets its DequantizeLinear where it is read, from codes made once per weight. K is the axis the every-expert
+branch's MatMul contracts: the middle one where the weight is read as it is stored, the last one behind a
+Transpose. Checked with tensorrt-rtx 1.7: INT4 codes [E, N, K] through a DequantizeLinear and a Gather build for
+SM86 and SM120 and the engine keeps the codes in 4 bits (8 experts of 256 x 512: 0.82 MB against 4.3 MB from
+fp32 weights); a Gather of the codes before the DequantizeLinear is refused (TensorRT's INT4 tensors feed a
+DequantizeLinear only; ONNX Runtime's Gather takes no int4). ONNX Runtime dequantizes every expert at each run
+of such a graph (610 ms against 30 ms a decode step of DeepSeek-V2-Lite's 64 experts, measured), so the cpu
+variant keeps its experts in float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from tensorsmith.passes.base import PassDetails, PassReport
+from tensorsmith.passes.weight_formats.base import Quantized, WeightFormat, stored_constant
+
+READERS = ("Gather", "GatherND", "MatMul")  # what reads a stacked weight in the routed experts' branches
+
+
+def graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
+    """`graph` and every subgraph under it (If branches, Loop and Scan bodies)."""
+    yield graph
+    for node in graph.nodes:
+        for value in node.attrs.values():
+            if isinstance(value, gs.Graph):
+                yield from graphs(value)
+
+
+def stacked_weights(graph: gs.Graph) -> dict[str, int]:
+    """Each stacked experts' weight [E, ·, ·] (a 3-D constant read by a Gather, GatherND or MatMul in any graph) →
+    the axis of its K, from the MatMul that contracts it (through a Gather of chosen experts and a Transpose)."""
+    found: dict[str, int] = {}
+    for sub in graphs(graph):
+        for node in sub.nodes:
+            for tensor in node.inputs:
+                if isinstance(tensor, gs.Constant) and len(tensor.shape) == 3 and node.op in READERS:
+                    found[tensor.name] = _contracted_axis(tensor)
+    return found
+
+
+def _contracted_axis(tensor: gs.Tensor, swapped: bool = False) -> int:
+    """The weight's axis a MatMul contracts: its second input's middle axis (x @ W reads W [E, K, N]), its first
+    input's last (W @ x: [E, N, K], as a gathered expert's product is written), either swapped behind a Transpose of
+    the last two axes; 1 where no MatMul is found."""
+    for user in tensor.outputs:
+        if user.op == "MatMul" and tensor in user.inputs[:2]:
+            middle = user.inputs[1] is tensor
+            return 1 if middle != swapped else 2
+        if user.op in ("Gather", "GatherND") and user.inputs[0] is tensor:
+            return _contracted_axis(user.outputs[0], swapped)
+        if user.op == "Transpose" and list(user.attrs.get("perm", [])) == [0, 2, 1]:
+            return _contracted_axis(user.outputs[0], not swapped)
+    return 1
+
+
+class StackedDetails(PassDetails):
+    precision: str
+    weights: dict[str, list[int]]  # stacked weight → its shape
+    block_sizes: list[int]  # rows of K a scale covers
+    weight_bytes: int  # codes and scales as stored, once per weight
+
+
+@dataclass
+class StackedWeightOnly:
+    """The stacked experts' weights of the graph in `format` (the module's sketch); in the graph ONNX Runtime
+    measures (`measured`) where it cannot run the format, the same values in float32."""
+
+    format: WeightFormat
+    block: int
+    measured: bool = False
+    name: str = ""
+    made: dict[str, Quantized] = field(default_factory=dict)  # weight → its codes, made once for every copy
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"stacked_{self.format.record.name.replace('-', '_')}"
+
+    def __call__(self, graph: gs.Graph) -> PassReport:
+        axes = stacked_weights(graph)
+        shapes: dict[str, list[int]] = {}
+        for sub in graphs(graph):
+            for node in list(sub.nodes):
+                for index, tensor in enumerate(node.inputs):
+                    if isinstance(tensor, gs.Constant) and tensor.name in axes:
+                        shapes[tensor.name] = list(tensor.shape)
+                        node.inputs[index] = self._read(sub, tensor, axes[tensor.name])
+        bits = self.format.record.element.bits
+        return PassReport(
+            self.name,
+            changed=bool(shapes),
+            counts={"stacked_weights": len(shapes)},
+            details=StackedDetails(
+                precision=self.format.record.name,
+                weights=shapes,
+                block_sizes=sorted({q.codes.shape[axes[n]] // q.scales.shape[axes[n]] for n, q in self.made.items()}),
+                weight_bytes=sum(q.codes.size * bits // 8 + q.scales.nbytes for q in self.made.values()),
+            ),
+        )
+
+    def _quantized(self, tensor: gs.Constant, axis: int) -> Quantized:
+        """Each expert's [K, N] slice in the format, stacked back in the weight's layout: codes as the weight,
+        scales [E, K/B, N] (or [E, N, K/B] for K last)."""
+        if tensor.name not in self.made:
+            weight = np.asarray(tensor.values, np.float32)
+            slices = weight if axis == 1 else np.swapaxes(weight, 1, 2)  # [E, K, N]
+            block = self.format.block_for(slices.shape[1], self.block) or slices.shape[1]
+            each = [self.format.quantize(np.ascontiguousarray(part), block) for part in slices]
+            codes = np.stack([q.codes for q in each])
+            scales = np.stack([_one_level(q) for q in each])
+            if axis == 2:
+                codes, scales = np.swapaxes(codes, 1, 2), np.swapaxes(scales, 1, 2)
+            self.made[tensor.name] = Quantized(np.ascontiguousarray(codes), np.ascontiguousarray(scales))
+        return self.made[tensor.name]
+
+    def _read(self, graph: gs.Graph, tensor: gs.Constant, axis: int) -> gs.Tensor:
+        """The weight as the format stores it, read where `graph` reads it: a DequantizeLinear first in `graph`
+        (its inputs are constants), or the measured values."""
+        made = self._quantized(tensor, axis)
+        rows, groups = made.codes.shape[axis], made.scales.shape[axis]
+        if self.measured and not self.format.onnxruntime_runs:
+            scales = np.repeat(made.scales, rows // groups, axis=axis)
+            return gs.Constant(
+                f"{tensor.name}/{self.format.record.name}_values", made.codes.astype(np.float32) * scales
+            )
+        element = self.format.record.element
+        inputs = [
+            stored_constant(f"{tensor.name}/codes", made.codes, element),
+            gs.Constant(f"{tensor.name}/scales", made.scales.astype(np.float32)),
+        ]
+        if element.is_integer:
+            inputs.append(stored_constant(f"{tensor.name}/zero_point", np.zeros(made.scales.shape), element))
+        dequantized = gs.Variable(f"{tensor.name}/dequantized", dtype=np.float32, shape=list(made.codes.shape))
+        graph.nodes.insert(
+            0,
+            gs.Node(
+                "DequantizeLinear",
+                name=f"{tensor.name}/DequantizeLinear",
+                attrs={"axis": axis, "block_size": rows // groups},
+                inputs=inputs,
+                outputs=[dequantized],
+            ),
+        )
+        return dequantized
+
+
+def _one_level(quantized: Quantized) -> np.ndarray:
+    """A slice's scales [K/B, N] in float32, a scale per column as one block of K, a tensor scale folded in (the
+    product NVFP4's two DequantizeLinear compute, in float32: the same values)."""
+    scales = quantized.scales.astype(np.float32)
+    if scales.ndim == 1:
+        scales = scales[None, :]
+    if quantized.tensor_scale is not None:
+        scales = scales * np.float32(quantized.tensor_scale)
+    return scales
