@@ -66,8 +66,8 @@ class CalibrationTable(BaseModel):
         return {name: t.fp8_scale for name, t in self.tensors.items() if t.quantize}
 
     def scales_in(self, element: Element) -> dict[str, float]:
-        """Each quantized tensor's scale in `element`: int8's from the calibrated threshold, a float type's from
-        amax over its largest value."""
+        """Each quantized tensor's scale in `element`: int8's from the calibrated threshold, fp8 e4m3's amax / 448
+        (the only float element a calibrated precision quantizes activations to)."""
         return self.int8_scales() if element.is_integer else self.fp8_scales()
 
     def write_json(self, path: Path) -> None:

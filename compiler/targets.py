@@ -105,7 +105,7 @@ class Target:
     def fallback(self, request: Request, weight_only: bool = False, floats: Precision | None = None) -> str | None:
         """Why this target gets another variant than `request` asks for, where it does (the manifest says it)."""
         wanted = weight_only_request(request, weight_only)
-        if wanted is None and request != AUTO and self.capability is not None:
+        if wanted is None and request != AUTO and self.capability is not None and precision(request).is_float:
             wanted = precision(request)  # a float request a GPU does not run (bf16 on sm_75)
         if wanted is not None and not self.runs_precision(wanted):
             instead = self.recipe(request, weight_only, floats).variant

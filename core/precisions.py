@@ -130,6 +130,20 @@ NVFP4 = Precision(
     preference=8,
 )
 
+MXFP4 = Precision(
+    "mxfp4",
+    Element.FP4_E2M1,
+    Quantizes.WEIGHTS,
+    Family.WEIGHT_ONLY,
+    "float4 e2m1 weights only in blocks of 32, a power-of-two scale each (OCP MX; gpt-oss's experts as published, "
+    "kept as float32 scales: exact), Blackwell",
+    # tensorrt-rtx 1.7 builds its FLOAT4E2M1 DequantizeLinear with float32 scales for SM120 and SM121 (checked)
+    frozenset({120, 121}),
+    block=32,
+    scale="a power of two per block of 32 (e8m0), held in float32",
+    scale_element=Element.FP32,
+    min_opset=23,
+)
 FP8_WEIGHT = Precision(
     "fp8-weight",
     Element.FP8_E4M3,
@@ -144,7 +158,8 @@ FP8_WEIGHT = Precision(
 )
 
 PRECISIONS: dict[str, Precision] = {
-    precision.name: precision for precision in (FP32, FP16, BF16, INT8, FP8, INT8_WEIGHT, INT4, NVFP4, FP8_WEIGHT)
+    precision.name: precision
+    for precision in (FP32, FP16, BF16, INT8, FP8, INT8_WEIGHT, INT4, NVFP4, MXFP4, FP8_WEIGHT)
 }
 AUTO = "auto"  # not a precision: `--precision auto` chooses one per layer against a budget
 
@@ -176,14 +191,16 @@ def decoder_levels() -> tuple[Precision, ...]:
     return tuple(record for record in PRECISIONS.values() if record.decoder_level)
 
 
-def float_precisions() -> tuple[Precision, ...]:
-    return in_family(Family.FLOAT)
-
-
-def storing(element: Element) -> Precision:
-    """The weight-only precision whose codes are `element` values: a pre-quantized checkpoint's own level."""
-    found = [r for r in PRECISIONS.values() if r.element is element and r.quantizes is Quantizes.WEIGHTS]
-    if len(found) != 1:
+def storing(element: Element, block: int | None = None) -> Precision:
+    """The weight-only precision whose codes are `element` values (in blocks of `block` along K, where given): a
+    pre-quantized checkpoint's own level. Of several, the table's first (a Linear's e2m1 codes are NVFP4's;
+    gpt-oss's MXFP4 experts ask for blocks of 32)."""
+    found = [
+        r
+        for r in PRECISIONS.values()
+        if r.element is element and r.quantizes is Quantizes.WEIGHTS and (block is None or r.block == block)
+    ]
+    if not found:
         raise ConfigError(f"no weight-only precision stores {element.value} codes", hint="a checkpoint format to add")
     return found[0]
 
@@ -222,7 +239,7 @@ def weight_only_request(request: str, weight_only: bool = True) -> Precision | N
     return record if record.quantizes is Quantizes.WEIGHTS else None
 
 
-def stored_on_cpu(record: Precision) -> Precision:
+def stored_on_cpu(record: Precision) -> Precision | None:
     """What the cpu variant of a decoder's mix stores for a layer at `record`: weights only, at the weight-only
     decoder level of as many bits that the cpu runs (ONNX Runtime's CPU runs a decoder's W8A8 pairs slower than
     int8 weight-only, fp8 and nvfp4 not at all)."""
@@ -231,7 +248,7 @@ def stored_on_cpu(record: Precision) -> Precision:
     for level in decoder_levels():
         if level.quantizes is Quantizes.WEIGHTS and level.runs_on(None) and level.element.bits == record.element.bits:
             return level
-    raise ConfigError(f"the cpu runs no weight-only level of {record.element.bits} bits for {record.name}")
+    return None  # the cpu runs no weight-only level of as many bits
 
 
 def by_preference() -> list[Precision]:

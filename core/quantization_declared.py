@@ -15,7 +15,8 @@ from tensorsmith.core.errors import ConfigError
 
 FIELD = "quantization_config"
 MODELOPT_FILE = "hf_quant_config.json"
-MXFP4 = "mxfp4"  # gpt-oss's experts: read dequantized, no codes of its own to take (compiler/frontend/mxfp4_weights.py)
+# gpt-oss's experts (compiler/frontend/mxfp4_weights.py): read dequantized, their codes kept where a target runs them
+MXFP4 = "mxfp4"  # quant_method, not a precision
 
 
 @dataclass(frozen=True)

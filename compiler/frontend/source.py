@@ -14,10 +14,12 @@ from tensorsmith.compiler.declarations import DType
 from tensorsmith.compiler.frontend.dims import declare_dims
 from tensorsmith.compiler.frontend.huggingface import declare_model_inputs, read_model_directory
 from tensorsmith.compiler.frontend.model_directory import HuggingFaceModel
+from tensorsmith.compiler.frontend.mxfp4_weights import mxfp4_precision
 from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_float_precision, checkpoint_precision
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import io_records, load_onnx, value_dims, value_record
 from tensorsmith.core.precisions import AUTO, precision
+from tensorsmith.core.quantization_declared import MXFP4
 from tensorsmith.runtime.manifest import TensorRecord
 
 
@@ -41,6 +43,8 @@ def open_source(config: CompileConfig) -> Source:
     directory = read_model_directory(config.resolve(config.source)) if config.source_kind == "huggingface" else None
     if directory is not None and directory.quantized is not None:
         config = checkpoint_precision(config, directory.quantized)
+    if directory is not None and directory.declared_method == MXFP4:
+        config = mxfp4_precision(config)
     if directory is not None:
         config = checkpoint_float_precision(config, directory.directory)
     decoder = directory is not None and directory.is_decoder  # exported at opset 23 unless the config says

@@ -7,7 +7,7 @@ Runtime), each measured against the fp32 graph, as a language model where the mo
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +37,7 @@ from tensorsmith.passes import GraphPass, PassReport
 from tensorsmith.passes.embeddings import MIN_ROWS, QuantizeEmbeddings, row_block, tied_projections
 from tensorsmith.passes.fp16 import ConvertToFp16
 from tensorsmith.passes.int4 import Int4Weight
-from tensorsmith.passes.weight_formats.base import LayerWeights, StoredCodes
+from tensorsmith.passes.weight_formats.base import LayerWeights, Quantized, StoredCodes
 from tensorsmith.passes.weight_formats.stacked import StackedWeightOnly
 from tensorsmith.passes.weight_formats.table import FORMATS, weight_format
 from tensorsmith.runtime.manifest import VariantRecord
@@ -67,12 +67,17 @@ def plan_int4(
     data: CalibrationData | None,
     reporter: Reporter,
     records: LayerRecords | None = None,
+    smaller_blocks: bool = True,
 ) -> Int4Plan:
     """Round-to-nearest, or AWQ's scales and clipping searched on one pass over the calibration data. `records`:
     each activation's statistics and search results kept as they are found, and read back where a killed compile
     found them already (compiler/variants/resume.py)."""
     found = weight_matmuls(source, block)
     matmuls, skipped, smaller = found.chosen, found.skipped, found.blocks
+    if not smaller_blocks:  # a format whose block is its own (mxfp4's 32): a layer it does not divide stays float
+        skipped = {**skipped, **{name: f"its K is not a multiple of {block}" for name in smaller}}
+        matmuls = {name: matmul for name, matmul in matmuls.items() if name not in smaller}
+        smaller = {}
     if smaller:
         logger.info(
             "int4: %d of %d weight layers take a smaller block than %d (their K is not a multiple of it)",
@@ -131,12 +136,14 @@ def build_int4_variant(
     scales: Mapping[str, Mapping[str, float]] | None = None,
     stored_weights: StoredCodes | None = None,
     experts: bool = False,
+    stored_experts: Mapping[str, Callable[[], Quantized]] | None = None,
 ) -> tuple[VariantRecord, list[PassReport]]:
     """Write and measure the weight-only variant of `recipe` (fp16 or fp32 float regions): every layer of the plan
     in the requested format, or as `assignment` says per layer (any format of passes/weight_formats, those that
     quantize activations with the `scales` of that precision, or float); vocabulary tables quantized when `tables`;
     `stored_weights`: a checkpoint's own weights in the requested format (NVFP4's); `experts`: a mixture of
-    experts' stacked weights in the requested format too (passes/weight_formats/stacked.py). Returns the record
+    experts' stacked weights in the requested format too (passes/weight_formats/stacked.py), `stored_experts` a
+    checkpoint's own codes for them. Returns the record
     (its accuracy measure_variant's figures) and the passes' reports."""
     name = recipe.variant
     path = variant_path(directory, name)
@@ -163,12 +170,13 @@ def build_int4_variant(
             nodes = {node: plan.weights[node] for node, at in levels.items() if at == level and node not in tied}
             if nodes or own:
                 activation_scales = (scales or {}).get(level, {})
-                assert nodes or not format.record.quantizes_activations or activation_scales, f"{level} needs scales"
+                assert not nodes or not format.record.quantizes_activations or activation_scales, f"{level}: scales"
                 stored = (stored_weights or {}) if own else {}
                 layers = LayerWeights(nodes, plan.block, floats if own else {}, stored, activation_scales, measured)
                 passes.append(format.graph_pass(layers))
         if experts:
-            passes.append(StackedWeightOnly(weight_format(requested), plan.block, measured))
+            stacked = StackedWeightOnly(weight_format(requested), plan.block, measured, dict(stored_experts or {}))
+            passes.append(stacked)
         return passes
 
     def with_tables(passes: list[GraphPass]) -> list[GraphPass]:
@@ -180,8 +188,12 @@ def build_int4_variant(
 
     written = with_tables(format_passes(measured=False))
     reports = rewrite_file(model, written, path) if isinstance(model, Path) else rewrite(model, written, path)
-    # a format ONNX Runtime cannot run (nvfp4): measured on the same weights held in fp32
-    if any(not FORMATS[level].onnxruntime_runs for level in set(levels.values()) & FORMATS.keys()):
+    # a format ONNX Runtime cannot run (nvfp4, mxfp4), in a layer or in the stacked experts: measured on the same
+    # weights held in fp32
+    written_formats = {FORMATS[level] for level in set(levels.values()) & FORMATS.keys()}
+    if experts:
+        written_formats.add(weight_format(requested))
+    if any(not format.onnxruntime_runs for format in written_formats):
         whole = load_onnx(model) if isinstance(model, Path) else model
         figures = measure_variant(rewritten(whole, with_tables(format_passes(measured=True)))[0], evaluation)
     else:

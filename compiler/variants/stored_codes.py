@@ -4,16 +4,20 @@ moved into its scales, the codes untouched). compiler/variants/stored_int4.py an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
 
 from tensorsmith.compiler.config import CompileConfig
 from tensorsmith.compiler.frontend.layout_record import StoredWeight
+from tensorsmith.compiler.frontend.mxfp4_weights import CODES_PER_BLOCK, Mxfp4Weights
 from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoint, quantized_checkpoint_of
 from tensorsmith.compiler.variants.weight_matmuls import WeightLayer
 from tensorsmith.core.errors import ExportError
-from tensorsmith.core.precisions import Element
+from tensorsmith.core.precisions import Element, Precision, storing
+from tensorsmith.core.quantization_declared import MXFP4, declared_method
+from tensorsmith.passes.weight_formats.base import Quantized
 
 
 def module_matmuls(layers: dict[str, WeightLayer], checkpoint: QuantizedCheckpoint) -> dict[str, str]:
@@ -70,3 +74,14 @@ def stored_checkpoint(config: CompileConfig, element: Element) -> QuantizedCheck
         return None
     found = quantized_checkpoint_of(config.resolve(config.source))
     return found if found is not None and found.element is element else None
+
+
+def stored_experts(config: CompileConfig, record: Precision) -> dict[str, Callable[[], Quantized]]:
+    """A checkpoint's stacked experts' own codes where `record` is their format (gpt-oss's MXFP4 for the e2m1
+    record in blocks of 32), made when the pass reaches them; none for any other source or record."""
+    if config.source_kind != "huggingface":
+        return {}
+    directory = config.resolve(config.source)
+    if declared_method(directory) != MXFP4 or record is not storing(Element.FP4_E2M1, CODES_PER_BLOCK):
+        return {}
+    return Mxfp4Weights(directory).stacked_codes()

@@ -46,3 +46,10 @@ def plan_stored_nvfp4(source: GraphSource, checkpoint: QuantizedCheckpoint) -> t
     weights = {name: Int4Weight(None, None, NVFP4_BLOCK) for name in made}
     skipped = {name: reason for name, reason in reasons.items() if name not in made}
     return Int4Plan(weights, "checkpoint", NVFP4_BLOCK, found.layers, skipped), cast(StoredNvfp4, made)
+
+
+def plan_float(source: GraphSource, block: int, reason: str) -> Int4Plan:
+    """Every weight MatMul of `source` kept in float, with `reason` (a checkpoint that quantizes only its
+    experts: passes/weight_formats/stacked.py takes those)."""
+    found = weight_matmuls(source, block)
+    return Int4Plan({}, "checkpoint", block, found.layers, dict.fromkeys(found.layers, reason))

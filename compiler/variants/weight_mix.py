@@ -91,13 +91,15 @@ def plan_weight_levels(
     cpu = len(gpus) < len(targets)
     for record in sorted(decoder_levels(), key=lambda record: record.quantizes_activations):
         level, missing = record.name, [name for name in gpus if not get_target(name).runs_precision(record)]
-        on_cpu = stored_on_cpu(record)
+        on_cpu = stored_on_cpu(record) if cpu or not gpus else record
         if missing:
             notes[level] = f"not considered: {', '.join(missing)} cannot run {level}"
         elif record.quantizes_activations and not gpus:
             notes[level] = "not considered: no GPU target (the cpu variant stores weights only)"
         elif not gpus and on_cpu is not record:
             notes[level] = "not considered: no GPU target"
+        elif cpu and on_cpu is None:
+            notes[level] = f"not considered: the cpu runs no weight-only level of {record.element.bits} bits"
         elif record.quantizes_activations and data is None:
             notes[level] = "not considered: no calibration data for activation scales"
         else:
@@ -106,7 +108,7 @@ def plan_weight_levels(
             if record.quantizes_activations or on_cpu is not record:
                 calibrated = " (activations calibrated on the calibration text)" if record.quantizes_activations else ""
                 notes[level] += f" for the GPU variant{calibrated}"
-            if cpu and on_cpu is not record:
+            if cpu and on_cpu is not None and on_cpu is not record:
                 notes[level] += f"; the cpu variant stores such layers {on_cpu.name}"
     pinned = pinned_levels(plan, config.overrides)
     for name, pin in pinned.items():
@@ -229,9 +231,10 @@ def recipe_levels(recipe: Recipe, assignment: Mapping[str, str]) -> dict[str, st
     it does not run at all; nvfp4 neither (its layers int4 there, the same size class)."""
     if not recipe.on_cpu:
         return dict(assignment)
-    return {
-        name: level if level == FLOAT else stored_on_cpu(precision(level)).name for name, level in assignment.items()
-    }
+    stored = {level: stored_on_cpu(precision(level)) for level in set(assignment.values()) - {FLOAT}}
+    names = {level: record.name for level, record in stored.items() if record is not None}
+    assert len(names) == len(stored), f"a level the cpu stores nothing for was allowed: {stored}"
+    return {name: level if level == FLOAT else names[level] for name, level in assignment.items()}
 
 
 def _choices(

@@ -24,8 +24,8 @@ from tensorsmith.compiler.variants.language import text_evaluation
 from tensorsmith.compiler.variants.measure import Evaluation
 from tensorsmith.compiler.variants.precision_plan import PrecisionPlan, RecipePlan
 from tensorsmith.compiler.variants.rewrite import rewrite_file
-from tensorsmith.compiler.variants.stored_codes import stored_checkpoint
-from tensorsmith.compiler.variants.stored_int4 import plan_stored, plan_stored_nvfp4
+from tensorsmith.compiler.variants.stored_codes import stored_checkpoint, stored_experts
+from tensorsmith.compiler.variants.stored_int4 import plan_float, plan_stored, plan_stored_nvfp4
 from tensorsmith.compiler.variants.text_data import decode_timing_step
 from tensorsmith.compiler.variants.weight_matmuls import Pin
 from tensorsmith.compiler.variants.weight_mix import (
@@ -37,7 +37,7 @@ from tensorsmith.compiler.variants.weight_mix import (
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import load_onnx, remove_onnx
 from tensorsmith.core.layerwise import layerwise_segments
-from tensorsmith.core.precisions import Calibration, weight_only_request
+from tensorsmith.core.precisions import Calibration, storing, weight_only_request
 from tensorsmith.core.sessions import run_onnx
 from tensorsmith.core.spilled import spilled
 from tensorsmith.passes import PassReport
@@ -67,14 +67,21 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
     block = config.int4_block_size if requested.block_from_config else requested.block or config.int4_block_size
     awq_data = split.calibration if split is not None and algorithm == "awq" else None
     stored = source_checkpoint(config) if algorithm == "checkpoint" else None
-    own = None if takes_awq else stored_checkpoint(config, requested.element)  # a checkpoint's own codes (NVFP4)
+    # a checkpoint's own codes where the request is the level that stores them (NVFP4's Linears, MXFP4's experts)
+    takes_own = not takes_awq and storing(requested.element) is requested  # INT4's: --int4-algorithm checkpoint
+    own = stored_checkpoint(config, requested.element) if takes_own else None
+    experts_own = stored_experts(config, requested)
     stored_own: StoredCodes = {}
     if stored is not None:
         int4_plan = plan_stored(model, stored)
+    elif experts_own:  # the checkpoint quantizes its experts only: every other layer stays as it stores it
+        int4_plan = plan_float(model, block, "not quantized in the checkpoint (its mxfp4 experts are)")
     elif own is not None:
         int4_plan, stored_own = plan_stored_nvfp4(model, own)
     else:
-        int4_plan = plan_int4(model, algorithm, block, awq_data, reporter, job.records)
+        int4_plan = plan_int4(
+            model, algorithm, block, awq_data, reporter, job.records, smaller_blocks=requested.block_from_config
+        )
     data = split.calibration if split is not None else None
     levels = plan_weight_levels(model, int4_plan, config, data, list(plan.by_target), directory, reporter)
     budget = config.accuracy_budget()  # `auto`: each weight layer's precision against it
@@ -97,12 +104,13 @@ def build_weight_only_variants(job: BuildJob) -> FamilyVariants:
                 evaluation,
                 directory,
                 assignment,
-                tables=stored is None and own is None,
+                tables=stored is None and own is None and not experts_own,
                 scales=levels.scales,
                 stored_weights=stored_own,
                 # a GPU's stacked experts in the request too (ONNX Runtime would dequantize every expert at every
                 # step); a checkpoint's own codes stay as the checkpoint has them
-                experts=not recipe.on_cpu and int4_plan.algorithm != "checkpoint",
+                experts=not recipe.on_cpu and (int4_plan.algorithm != "checkpoint" or bool(experts_own)),
+                stored_experts=experts_own,
             )
             pinned = {name: Pin(assignment[name], pin.reason) for name, pin in levels.pinned.items()}
             recipes[record.name] = int4_recipe_plan(recipe, int4_plan, targets, 1, pinned)
@@ -140,9 +148,9 @@ def with_stacked_notes(recipes: dict[str, RecipePlan], reports: list[PassReport]
         details = report.details
         if isinstance(details, StackedDetails) and report.changed and report.variant is not None:
             blocks = ", ".join(map(str, details.block_sizes))
+            how = "the checkpoint's own codes and scales" if details.stored else "rounded to nearest"
             notes[report.variant] = (
-                f"{len(details.weights)} stacked weights in {details.precision}, blocks of {blocks} rows of K, "
-                "rounded to nearest"
+                f"{len(details.weights)} stacked weights in {details.precision}, blocks of {blocks} rows of K, {how}"
             )
     if not notes:
         return recipes

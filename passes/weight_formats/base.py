@@ -4,9 +4,11 @@
     column) or [N] (a column) ──► DequantizeLinear(axis 0, block_size B | axis 1) ──► MatMul(x, ·)
 
 A format is its precision record (what one code and one scale are, the block) and a `WeightFormat` subclass: the
-numbers of quantizing and dequantizing, and the graph pass that writes a variant's layers in it. The defaults
-here serve a format whose graph form is one DequantizeLinear (int8 weight-only, a new blockwise format); INT4
-(AWQ's scales, a checkpoint's codes and zero points) and NVFP4 (two scale levels) write their own.
+numbers of quantizing and dequantizing, and the graph pass that writes a variant's layers in it; table.py lists
+every format. The defaults here serve a format whose graph form is one DequantizeLinear (int8 weight-only, mxfp4,
+a new blockwise format); INT4 (AWQ's scales, a checkpoint's codes and zero points), NVFP4 (two scale levels),
+fp8-weight (a checkpoint's 2-D blocks) and the W8A8 levels (their activations' Q/DQ) write their own. A mixture of
+experts' stacked weights take the same quantize, a slice at a time (stacked.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ class Quantized:
 
     def dequantized(self) -> np.ndarray:
         return (self.codes.astype(np.float32) * self.column_scales()).astype(np.float32)
+
+    def one_level_scales(self) -> np.ndarray:
+        """The scales as one DequantizeLinear takes them: float32 [K/B, N] ([1, N] for a scale per column), the
+        tensor scale folded in (the product a second DequantizeLinear would compute, in float32: the same)."""
+        scales = self.scales.astype(np.float32)
+        if self.tensor_scale is not None:
+            scales = scales * np.float32(self.tensor_scale)
+        return scales
 
 
 StoredCodes = Mapping[str, Callable[[np.ndarray], object]]  # MatMul → a checkpoint's own weight, from the graph's
@@ -119,8 +129,9 @@ class WeightOnlyDetails(PassDetails):
 
 @dataclass
 class WeightOnly:
-    """The MatMuls of `layers` read their weight through one DequantizeLinear of the format's codes (the module's
-    sketch), or, in the graph ONNX Runtime measures where it cannot run the format, the same values in float32."""
+    """The MatMuls of `layers` read their weight through one DequantizeLinear of the format's codes (as the module's
+    docstring draws it), or, in the graph ONNX Runtime measures where it cannot run the format, the same values in
+    float32."""
 
     format: WeightFormat
     layers: LayerWeights
@@ -144,7 +155,7 @@ class WeightOnly:
             assert isinstance(made, Quantized), f"{node.name}: a stored weight of {type(made).__name__}"
             node.inputs[1] = self._read(graph, node.name, made)
             quantized += 1
-            weight_bytes += made.codes.size * self.format.record.element.bits // 8 + made.scales.nbytes
+            weight_bytes += made.codes.size * self.format.record.element.bits // 8 + made.scales.size * 4
             blocks.add(made.block or len(made.codes))
         return PassReport(
             self.name,
@@ -167,7 +178,7 @@ class WeightOnly:
             return gs.Constant(f"{name}/weight_{self.format.record.name}_values", self.format.dequantize(made))
         element = self.format.record.element
         inputs = [stored_constant(f"{name}/weight_codes", made.codes, element)]
-        inputs.append(gs.Constant(f"{name}/weight_scale", np.ascontiguousarray(made.scales, np.float32)))
+        inputs.append(gs.Constant(f"{name}/weight_scale", np.ascontiguousarray(made.one_level_scales())))
         if element.is_integer:  # TensorRT reads integer codes with an explicit zero point of 0
             inputs.append(stored_constant(f"{name}/weight_zero_point", np.zeros(made.scales.shape), element))
         attributes = {"axis": 1} if made.block is None else {"axis": 0, "block_size": made.block}

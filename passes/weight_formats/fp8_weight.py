@@ -1,5 +1,7 @@
 """FP8 weight-only: float8 e4m3 codes, a float32 scale per block of K rows and column (amax / 448), read through
-one blockwise DequantizeLinear (passes/fp8_weights.py, which also writes a checkpoint's 2-D blocks); Ada and newer."""
+one blockwise DequantizeLinear (passes/fp8_weights.py, which also writes a checkpoint's 2-D blocks); Ada and newer.
+Its builder (compiler/variants/fp8_weight_builder.py) plans a checkpoint's codes itself and writes that pass
+directly; this module serves the numbers (quantize, and the search's `computed`) and any other caller."""
 
 from __future__ import annotations
 

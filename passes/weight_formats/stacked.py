@@ -18,12 +18,13 @@ variant keeps its experts in float.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from tensorsmith.core.errors import PassError
 from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.weight_formats.base import Quantized, WeightFormat, stored_constant
 
@@ -70,6 +71,7 @@ class StackedDetails(PassDetails):
     precision: str
     weights: dict[str, list[int]]  # stacked weight → its shape
     block_sizes: list[int]  # rows of K a scale covers
+    stored: int = 0  # weights whose codes are a checkpoint's own, as stored
     weight_bytes: int  # codes and scales as stored, once per weight
 
 
@@ -81,8 +83,10 @@ class StackedWeightOnly:
     format: WeightFormat
     block: int
     measured: bool = False
+    stored: Mapping[str, Callable[[], Quantized]] = field(default_factory=dict)  # a checkpoint's own [E, K, N]
     name: str = ""
     made: dict[str, Quantized] = field(default_factory=dict)  # weight → its codes, made once for every copy
+    copies: dict[str, int] = field(default_factory=dict)  # weight → DequantizeLinear written for it so far
 
     def __post_init__(self) -> None:
         self.name = self.name or f"stacked_{self.format.record.name.replace('-', '_')}"
@@ -106,6 +110,7 @@ class StackedWeightOnly:
                 weights=shapes,
                 block_sizes=sorted({q.codes.shape[axes[n]] // q.scales.shape[axes[n]] for n, q in self.made.items()}),
                 weight_bytes=sum(q.codes.size * bits // 8 + q.scales.nbytes for q in self.made.values()),
+                stored=sum(self._stored(name) is not None for name in shapes),
             ),
         )
 
@@ -115,14 +120,33 @@ class StackedWeightOnly:
         if tensor.name not in self.made:
             weight = np.asarray(tensor.values, np.float32)
             slices = weight if axis == 1 else np.swapaxes(weight, 1, 2)  # [E, K, N]
-            block = self.format.block_for(slices.shape[1], self.block) or slices.shape[1]
-            each = [self.format.quantize(np.ascontiguousarray(part), block) for part in slices]
-            codes = np.stack([q.codes for q in each])
-            scales = np.stack([_one_level(q) for q in each])
+            stored = self._stored(tensor.name)
+            own = stored() if stored is not None else None
+            if own is not None:
+                if not np.array_equal(_values(own, axis=1), slices):
+                    raise PassError(
+                        f"{tensor.name}: the graph's weight is not the checkpoint's {self.format.record.name} codes "
+                        "times their scales",
+                        hint="please report this with -v",
+                    )
+                codes, scales = own.codes, own.scales
+            else:
+                block = self.format.block_for(slices.shape[1], self.block) or slices.shape[1]
+                each = [self.format.quantize(np.ascontiguousarray(part), block) for part in slices]
+                codes = np.stack([q.codes for q in each])
+                scales = np.stack([q.one_level_scales().reshape(-1, q.codes.shape[1]) for q in each])
             if axis == 2:
                 codes, scales = np.swapaxes(codes, 1, 2), np.swapaxes(scales, 1, 2)
             self.made[tensor.name] = Quantized(np.ascontiguousarray(codes), np.ascontiguousarray(scales))
         return self.made[tensor.name]
+
+    def _stored(self, name: str) -> Callable[[], Quantized] | None:
+        """The checkpoint's own codes of the graph's weight `name`: stored under its name, or under the name the
+        checkpoint gives it inside the exported module (`model.` + the checkpoint's)."""
+        for stored, quantized in self.stored.items():
+            if name == stored or name.endswith(f".{stored}"):
+                return quantized
+        return None
 
     def _read(self, graph: gs.Graph, tensor: gs.Constant, axis: int) -> gs.Tensor:
         """The weight as the format stores it, read where `graph` reads it: a DequantizeLinear first in `graph`
@@ -141,12 +165,15 @@ class StackedWeightOnly:
         ]
         if element.is_integer:
             inputs.append(stored_constant(f"{tensor.name}/zero_point", np.zeros(made.scales.shape), element))
-        dequantized = gs.Variable(f"{tensor.name}/dequantized", dtype=np.float32, shape=list(made.codes.shape))
+        # one name per copy: the branches of an If may read one weight, and TensorRT names its layers by them
+        copy = self.copies[tensor.name] = self.copies.get(tensor.name, -1) + 1
+        suffix = f"_{copy}" if copy else ""
+        dequantized = gs.Variable(f"{tensor.name}/dequantized{suffix}", dtype=np.float32, shape=list(made.codes.shape))
         graph.nodes.insert(
             0,
             gs.Node(
                 "DequantizeLinear",
-                name=f"{tensor.name}/DequantizeLinear",
+                name=f"{tensor.name}/DequantizeLinear{suffix}",
                 attrs={"axis": axis, "block_size": rows // groups},
                 inputs=inputs,
                 outputs=[dequantized],
@@ -155,12 +182,7 @@ class StackedWeightOnly:
         return dequantized
 
 
-def _one_level(quantized: Quantized) -> np.ndarray:
-    """A slice's scales [K/B, N] in float32, a scale per column as one block of K, a tensor scale folded in (the
-    product NVFP4's two DequantizeLinear compute, in float32: the same values)."""
-    scales = quantized.scales.astype(np.float32)
-    if scales.ndim == 1:
-        scales = scales[None, :]
-    if quantized.tensor_scale is not None:
-        scales = scales * np.float32(quantized.tensor_scale)
-    return scales
+def _values(stacked: Quantized, axis: int) -> np.ndarray:
+    """Stacked codes times their scales, each scale repeated over its block along `axis` (K): float32."""
+    block = stacked.codes.shape[axis] // stacked.scales.shape[axis]
+    return stacked.codes.astype(np.float32) * np.repeat(stacked.scales.astype(np.float32), block, axis=axis)

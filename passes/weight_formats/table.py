@@ -10,6 +10,7 @@ from tensorsmith.core.precisions import (
     INT4,
     INT8,
     INT8_WEIGHT,
+    MXFP4,
     NVFP4,
     PRECISIONS,
     Precision,
@@ -20,6 +21,7 @@ from tensorsmith.passes.weight_formats.calibrated import CalibratedFormat
 from tensorsmith.passes.weight_formats.fp8_weight import Fp8WeightFormat
 from tensorsmith.passes.weight_formats.int4 import Int4Format
 from tensorsmith.passes.weight_formats.int8_weight import Int8WeightFormat
+from tensorsmith.passes.weight_formats.mxfp4 import Mxfp4Format
 from tensorsmith.passes.weight_formats.nvfp4 import Nvfp4Format
 
 FORMATS: dict[str, WeightFormat] = {
@@ -30,6 +32,7 @@ FORMATS: dict[str, WeightFormat] = {
         Int8WeightFormat(INT8_WEIGHT),
         Int4Format(INT4),
         Nvfp4Format(NVFP4),
+        Mxfp4Format(MXFP4),
         Fp8WeightFormat(FP8_WEIGHT),
     )
 }

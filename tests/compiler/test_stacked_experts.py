@@ -38,7 +38,12 @@ def _branch_dequantizers(path: Path) -> list[tuple[list[int], int]]:
 def test_int4_reaches_the_stacked_experts_of_the_gpu_variant(tmp_path: Path) -> None:
     save_family("mixtral", tmp_path / "checkpoint")
     config = CompileConfig.create(
-        {"source": str(tmp_path / "checkpoint"), "targets": ["cpu", "sm_86"], "precision": "int4", "int4_algorithm": "rtn"}
+        {
+            "source": str(tmp_path / "checkpoint"),
+            "targets": ["cpu", "sm_86"],
+            "precision": "int4",
+            "int4_algorithm": "rtn",
+        }
     )
     manifest = compile(config, tmp_path / "out").manifest
     assert {target.name: (target.variant, target.status) for target in manifest.targets} == {
