@@ -97,6 +97,13 @@ SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+# gpt-oss-20b's width (32 experts of 2880 x 5760 and 2880 x 2880, 4 routed) at 2 of its 24 layers: its experts
+# in MXFP4 as published are bench/mxfp4.py's; the other layers add only depth
+SHAPES["gpt-oss-20b-2-layers"] = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+                                  "num_local_experts": 32, "num_experts_per_tok": 4, "num_hidden_layers": 2,
+                                  "layer_types": ["sliding_attention", "full_attention"]}  # fmt: skip
+
+
 def shape_config(shape: str) -> transformers.PretrainedConfig:
     import transformers
 
@@ -187,7 +194,7 @@ def initial_tensor(model: transformers.PreTrainedModel, name: str, meta: torch.T
     module = model.get_submodule(module_name)
     kind = type(module).__name__
     tensor = torch.empty(meta.shape, dtype=meta.dtype)
-    if attribute == "bias":
+    if attribute == "bias" or attribute.endswith("_bias") or attribute == "sinks":  # gpt-oss: experts' biases, sinks
         return tensor.zero_()
     if attribute == "weight" and ("RMSNorm" in kind or "LayerNorm" in kind):
         return tensor.fill_(1.0)

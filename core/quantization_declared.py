@@ -16,7 +16,7 @@ from tensorsmith.core.errors import ConfigError
 FIELD = "quantization_config"
 MODELOPT_FILE = "hf_quant_config.json"
 # gpt-oss's experts (compiler/frontend/mxfp4_weights.py): read dequantized, their codes kept where a target runs them
-MXFP4 = "mxfp4"  # quant_method, not a precision
+MXFP4_METHOD = "mxfp4"  # quant_method, not a precision
 
 
 @dataclass(frozen=True)
@@ -61,4 +61,4 @@ def declares_quantization(directory: Path) -> bool:
     """Whether a checkpoint directory declares quantized weights whose codes the compile can take: they are then
     the default (compiler/frontend/quantized_checkpoint.py reads them). MXFP4's are read dequantized."""
     method = declared_method(directory)
-    return method is not None and method != MXFP4
+    return method is not None and method != MXFP4_METHOD

@@ -29,7 +29,7 @@ from tensorsmith.compiler.frontend.mxfp4_weights import Mxfp4Weights
 from tensorsmith.compiler.targets import get_target
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.precisions import AUTO, BF16, FP16, Calibration, Element, Precision, precision, storing
-from tensorsmith.core.quantization_declared import FIELD, MXFP4, declared_method, declared_quantization
+from tensorsmith.core.quantization_declared import FIELD, MXFP4_METHOD, declared_method, declared_quantization
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -117,14 +117,14 @@ class DequantizedWeights(CheckpointWeights):
 
 def checkpoint_weights(directory: Path) -> CheckpointWeights:
     """The directory's tensors by name, a pre-quantized checkpoint's quantized weights among them as float weights
-    (gpt-oss's MXFP4 experts too: mxfp4_weights.py)."""
+    (gpt-oss's MXFP4_METHOD experts too: mxfp4_weights.py)."""
     method = declared_method(directory)
-    return weights_reader(directory, method, quantized_checkpoint_of(directory) if method != MXFP4 else None)
+    return weights_reader(directory, method, quantized_checkpoint_of(directory) if method != MXFP4_METHOD else None)
 
 
 def weights_reader(directory: Path, method: str | None, quantized: QuantizedCheckpoint | None) -> CheckpointWeights:
     """checkpoint_weights for a directory whose declared `quant_method` and quantization are read already."""
-    if method == MXFP4:
+    if method == MXFP4_METHOD:
         return Mxfp4Weights(directory)
     return CheckpointWeights(directory) if quantized is None else DequantizedWeights(quantized)
 
@@ -143,7 +143,9 @@ def read_quantized_checkpoint(directory: Path, config: Mapping[str, object]) -> 
     if not isinstance(settings, dict):
         raise ConfigError(f"{where} is not a mapping", hint=HINT)
     method = str(settings.get("quant_method", "unnamed"))
-    if method == MXFP4:  # stacked experts, not Linears: read dequantized as a float checkpoint (checkpoint_weights)
+    if (
+        method == MXFP4_METHOD
+    ):  # stacked experts, not Linears: read dequantized as a float checkpoint (checkpoint_weights)
         return None
     found, described = published_layout(where, method, settings)
     weights = CheckpointWeights(directory)
@@ -211,7 +213,7 @@ def stored_weights(directory: Path) -> str:
     """How a checkpoint directory stores its weights, for the manifest and the summary: its float type by most
     values ('bfloat16'), after its quantized format where it has one ('awq gemm int4, group 128; bfloat16')."""
     floats = stored_float(directory) or "no float"
-    if declared_method(directory) == MXFP4:
+    if declared_method(directory) == MXFP4_METHOD:
         return f"mxfp4 experts (e2m1, an e8m0 scale per 32), read dequantized; the rest {floats}"
     quantized = quantized_checkpoint_of(directory)
     return floats if quantized is None else f"{quantized.described}; the rest {floats}"
@@ -242,7 +244,7 @@ def source_checkpoint(config: CompileConfig) -> QuantizedCheckpoint:
     if found is None:
         raise ConfigError(
             f"--int4-algorithm checkpoint: {config.source} has no codes to take as stored (its config.json has "
-            f"no {FIELD}, or one whose weights are read dequantized: {MXFP4})",
+            f"no {FIELD}, or one whose weights are read dequantized: {MXFP4_METHOD})",
             hint="use --int4-algorithm awq or rtn",
         )
     if found.element is not Element.INT4:

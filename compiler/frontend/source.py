@@ -19,7 +19,7 @@ from tensorsmith.compiler.frontend.quantized_checkpoint import checkpoint_float_
 from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import io_records, load_onnx, value_dims, value_record
 from tensorsmith.core.precisions import AUTO, precision
-from tensorsmith.core.quantization_declared import MXFP4
+from tensorsmith.core.quantization_declared import MXFP4_METHOD
 from tensorsmith.runtime.manifest import TensorRecord
 
 
@@ -43,7 +43,7 @@ def open_source(config: CompileConfig) -> Source:
     directory = read_model_directory(config.resolve(config.source)) if config.source_kind == "huggingface" else None
     if directory is not None and directory.quantized is not None:
         config = checkpoint_precision(config, directory.quantized)
-    if directory is not None and directory.declared_method == MXFP4:
+    if directory is not None and directory.declared_method == MXFP4_METHOD:
         config = mxfp4_precision(config)
     if directory is not None:
         config = checkpoint_float_precision(config, directory.directory)

@@ -16,7 +16,7 @@ from tensorsmith.compiler.frontend.quantized_checkpoint import QuantizedCheckpoi
 from tensorsmith.compiler.variants.weight_matmuls import WeightLayer
 from tensorsmith.core.errors import ExportError
 from tensorsmith.core.precisions import Element, Precision, storing
-from tensorsmith.core.quantization_declared import MXFP4, declared_method
+from tensorsmith.core.quantization_declared import MXFP4_METHOD, declared_method
 from tensorsmith.passes.weight_formats.base import Quantized
 
 
@@ -77,11 +77,11 @@ def stored_checkpoint(config: CompileConfig, element: Element) -> QuantizedCheck
 
 
 def stored_experts(config: CompileConfig, record: Precision) -> dict[str, Callable[[], Quantized]]:
-    """A checkpoint's stacked experts' own codes where `record` is their format (gpt-oss's MXFP4 for the e2m1
+    """A checkpoint's stacked experts' own codes where `record` is their format (gpt-oss's MXFP4_METHOD for the e2m1
     record in blocks of 32), made when the pass reaches them; none for any other source or record."""
     if config.source_kind != "huggingface":
         return {}
     directory = config.resolve(config.source)
-    if declared_method(directory) != MXFP4 or record is not storing(Element.FP4_E2M1, CODES_PER_BLOCK):
+    if declared_method(directory) != MXFP4_METHOD or record is not storing(Element.FP4_E2M1, CODES_PER_BLOCK):
         return {}
     return Mxfp4Weights(directory).stacked_codes()

@@ -54,7 +54,7 @@ class Quantized:
         return (self.codes.astype(np.float32) * self.column_scales()).astype(np.float32)
 
     def one_level_scales(self) -> np.ndarray:
-        """The scales as one DequantizeLinear takes them: float32 [K/B, N] ([1, N] for a scale per column), the
+        """The scales as one DequantizeLinear takes them: float32 [K/B, N] ([N] for a scale per column), the
         tensor scale folded in (the product a second DequantizeLinear would compute, in float32: the same)."""
         scales = self.scales.astype(np.float32)
         if self.tensor_scale is not None:

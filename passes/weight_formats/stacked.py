@@ -1,16 +1,21 @@
 """A mixture of experts' stacked weights in a weight format: each expert's [K, N] slice quantized as a 2-D
 weight is, blocks along K.
 
-    W [E, K, N] (or [E, N, K]) ──► codes [E, K, N], scales [E, K/B, N] ──► DequantizeLinear(axis of K,
-    block_size B) ──► Gather / GatherND (the routed branch) or MatMul (the every-expert branch)
+    W [E, K, N] ──► codes [E, K, N], scales [E, K/B, N] ──► DequantizeLinear(axis 1, block_size B) ──►
+    Gather / GatherND (the routed branch) or MatMul (the every-expert branch); a weight stored [E, N, K] keeps
+    its layout: codes [E, N, K], scales [E, N, K/B], axis 2
 
 The export holds each stacked weight as an initializer of the If branch that reads it (compiler/frontend/
 routed_experts.py: a branch gathers the chosen experts' weights, the other multiplies every expert); each copy
 gets its DequantizeLinear where it is read, from codes made once per weight. K is the axis the every-expert
 branch's MatMul contracts: the middle one where the weight is read as it is stored, the last one behind a
-Transpose. Checked with tensorrt-rtx 1.7: INT4 codes [E, N, K] through a DequantizeLinear and a Gather build for
-SM86 and SM120 and the engine keeps the codes in 4 bits (8 experts of 256 x 512: 0.82 MB against 4.3 MB from
-fp32 weights); a Gather of the codes before the DequantizeLinear is refused (TensorRT's INT4 tensors feed a
+Transpose; a weight whose K no MatMul shows, or whose K the format's block does not divide, stays float. In fp16
+regions its DequantizeLinear computes in fp32 and its output is cast (passes/fp16.py): NVFP4's scales folded into
+one level, or small MXFP4 powers of two, may be subnormal in fp16.
+
+Checked with tensorrt-rtx 1.7: INT4 codes [E, N, K] through a DequantizeLinear and a Gather build for SM86 and
+SM120 and the engine keeps the codes in 4 bits (8 experts of 256 x 512: 0.82 MB against 4.3 MB from fp32
+weights); a Gather of the codes before the DequantizeLinear is refused (TensorRT's INT4 tensors feed a
 DequantizeLinear only; ONNX Runtime's Gather takes no int4). ONNX Runtime dequantizes every expert at each run
 of such a graph (610 ms against 30 ms a decode step of DeepSeek-V2-Lite's 64 experts, measured), so the cpu
 variant keeps its experts in float.
@@ -28,8 +33,6 @@ from tensorsmith.core.errors import PassError
 from tensorsmith.passes.base import PassDetails, PassReport
 from tensorsmith.passes.weight_formats.base import Quantized, WeightFormat, stored_constant
 
-READERS = ("Gather", "GatherND", "MatMul")  # what reads a stacked weight in the routed experts' branches
-
 
 def graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
     """`graph` and every subgraph under it (If branches, Loop and Scan bodies)."""
@@ -41,21 +44,37 @@ def graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
 
 
 def stacked_weights(graph: gs.Graph) -> dict[str, int]:
-    """Each stacked experts' weight [E, ·, ·] (a 3-D constant read by a Gather, GatherND or MatMul in any graph) →
-    the axis of its K, from the MatMul that contracts it (through a Gather of chosen experts and a Transpose)."""
-    found: dict[str, int] = {}
+    """Each stacked experts' weight (a float 3-D constant whose experts a Gather or GatherND picks, or a MatMul
+    multiplies, in any graph) → the axis of its K, from the MatMul that contracts it (through the Gather of the
+    chosen experts and a Transpose). A weight no MatMul is found to contract stays out: nothing says where K is."""
+    found: dict[str, set[int]] = {}
     for sub in graphs(graph):
         for node in sub.nodes:
             for tensor in node.inputs:
-                if isinstance(tensor, gs.Constant) and len(tensor.shape) == 3 and node.op in READERS:
-                    found[tensor.name] = _contracted_axis(tensor)
-    return found
+                if _stacked_weight(node, tensor):
+                    axis = _contracted_axis(tensor)
+                    found.setdefault(tensor.name, set()).update({axis} if axis is not None else set())
+    return {name: axes.pop() for name, axes in found.items() if len(axes) == 1}  # copies that disagree stay out
 
 
-def _contracted_axis(tensor: gs.Tensor, swapped: bool = False) -> int:
+def _stacked_weight(node: gs.Node, tensor: gs.Tensor) -> bool:
+    """Whether `node` reads `tensor` as a float [experts, ·, ·] weight: the data a Gather picks experts from
+    (axis 0), a GatherND's data (no batch dims, one index a row), or a MatMul's operand."""
+    if not isinstance(tensor, gs.Constant) or len(tensor.shape) != 3 or not np.issubdtype(tensor.dtype, np.floating):
+        return False
+    if node.op == "Gather":
+        return node.inputs[0] is tensor and int(node.attrs.get("axis", 0)) == 0
+    if node.op == "GatherND":
+        index = node.inputs[1].shape
+        rows = index is not None and len(index) > 0 and index[-1] == 1
+        return node.inputs[0] is tensor and int(node.attrs.get("batch_dims", 0)) == 0 and rows
+    return node.op == "MatMul" and tensor in node.inputs[:2]
+
+
+def _contracted_axis(tensor: gs.Tensor, swapped: bool = False) -> int | None:
     """The weight's axis a MatMul contracts: its second input's middle axis (x @ W reads W [E, K, N]), its first
     input's last (W @ x: [E, N, K], as a gathered expert's product is written), either swapped behind a Transpose of
-    the last two axes; 1 where no MatMul is found."""
+    the last two axes; None where no MatMul is found."""
     for user in tensor.outputs:
         if user.op == "MatMul" and tensor in user.inputs[:2]:
             middle = user.inputs[1] is tensor
@@ -64,15 +83,16 @@ def _contracted_axis(tensor: gs.Tensor, swapped: bool = False) -> int:
             return _contracted_axis(user.outputs[0], swapped)
         if user.op == "Transpose" and list(user.attrs.get("perm", [])) == [0, 2, 1]:
             return _contracted_axis(user.outputs[0], not swapped)
-    return 1
+    return None
 
 
 class StackedDetails(PassDetails):
     precision: str
     weights: dict[str, list[int]]  # stacked weight → its shape
     block_sizes: list[int]  # rows of K a scale covers
+    weight_bytes: int  # codes and scales, once per weight (each If branch's copy holds its own)
+    skipped: dict[str, str]  # stacked weight → why it stays float
     stored: int = 0  # weights whose codes are a checkpoint's own, as stored
-    weight_bytes: int  # codes and scales as stored, once per weight
 
 
 @dataclass
@@ -92,8 +112,14 @@ class StackedWeightOnly:
         self.name = self.name or f"stacked_{self.format.record.name.replace('-', '_')}"
 
     def __call__(self, graph: gs.Graph) -> PassReport:
-        axes = stacked_weights(graph)
+        found = stacked_weights(graph)
         shapes: dict[str, list[int]] = {}
+        skipped = {  # the format's block must divide K (TensorRT takes whole blocks only), else the weight stays float
+            name: f"its K ({graph_shape[axis]}) is not a multiple of a {self.format.record.name} block"
+            for name, (graph_shape, axis) in _shapes(graph, found).items()
+            if self.format.block_for(graph_shape[axis], self.block) is None
+        }
+        axes = {name: axis for name, axis in found.items() if name not in skipped}
         for sub in graphs(graph):
             for node in list(sub.nodes):
                 for index, tensor in enumerate(node.inputs):
@@ -111,6 +137,7 @@ class StackedWeightOnly:
                 block_sizes=sorted({q.codes.shape[axes[n]] // q.scales.shape[axes[n]] for n, q in self.made.items()}),
                 weight_bytes=sum(q.codes.size * bits // 8 + q.scales.nbytes for q in self.made.values()),
                 stored=sum(self._stored(name) is not None for name in shapes),
+                skipped=skipped,
             ),
         )
 
@@ -131,7 +158,7 @@ class StackedWeightOnly:
                     )
                 codes, scales = own.codes, own.scales
             else:
-                block = self.format.block_for(slices.shape[1], self.block) or slices.shape[1]
+                block = self.format.block_for(slices.shape[1], self.block)
                 each = [self.format.quantize(np.ascontiguousarray(part), block) for part in slices]
                 codes = np.stack([q.codes for q in each])
                 scales = np.stack([q.one_level_scales().reshape(-1, q.codes.shape[1]) for q in each])
@@ -180,6 +207,17 @@ class StackedWeightOnly:
             ),
         )
         return dequantized
+
+
+def _shapes(graph: gs.Graph, axes: Mapping[str, int]) -> dict[str, tuple[list[int], int]]:
+    """Each of the stacked weights' shape and K axis."""
+    return {
+        tensor.name: (list(tensor.shape), axes[tensor.name])
+        for sub in graphs(graph)
+        for node in sub.nodes
+        for tensor in node.inputs
+        if isinstance(tensor, gs.Constant) and tensor.name in axes
+    }
 
 
 def _values(stacked: Quantized, axis: int) -> np.ndarray:

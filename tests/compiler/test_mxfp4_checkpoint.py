@@ -31,7 +31,9 @@ def quantize_mxfp4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     amax = np.abs(values).max(axis=-1, keepdims=True)
     exponent = np.floor(np.log2(np.maximum(amax, 2.0**-100))) - 2
     scaled = np.clip(values / 2.0**exponent, -6.0, 6.0)
-    codes = np.abs(scaled[..., None] - E2M1_VALUES[:8]).argmin(axis=-1).astype(np.uint8) | (scaled < 0) * np.uint8(8)
+    codes = np.abs(np.abs(scaled)[..., None] - E2M1_VALUES[:8]).argmin(axis=-1).astype(np.uint8) | (
+        scaled < 0
+    ) * np.uint8(8)
     blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
     return blocks, (exponent[..., 0] + E8M0_BIAS).astype(np.uint8)
 

@@ -92,3 +92,27 @@ def test_the_measured_form_of_a_format_onnx_runtime_cannot_run_is_its_values() -
     feeds = _feeds()
     _, every_expert = run_onnx(written, feeds)
     np.testing.assert_allclose(every_expert, feeds["row"] @ expected, rtol=1e-5, atol=1e-5)
+
+
+def test_only_float_weights_a_matmul_contracts_are_taken() -> None:
+    """A 3-D integer constant (GatherND's indices), a float table no MatMul contracts, and a weight whose K the
+    format's block does not divide stay as they are; the last is reported with why."""
+    model = _model()
+    indices = numpy_helper.from_array(np.zeros((1, 2, 1), np.int64), "rows")
+    table = numpy_helper.from_array(np.ones((4, 3, 5), np.float32), "table")
+    narrow = numpy_helper.from_array(np.ones((E, 24, N), np.float32), "narrow")  # K = 24: no block of 32 divides it
+    model.graph.initializer.extend([indices, table, narrow])
+    model.graph.node.extend([
+        helper.make_node("GatherND", ["table", "rows"], ["picked"]),
+        helper.make_node("Gather", ["narrow", "index"], ["narrow_chosen"], axis=0),
+        helper.make_node("MatMul", ["narrow_row", "narrow_chosen"], ["narrow_out"]),
+    ])  # fmt: skip
+    model.graph.input.append(helper.make_tensor_value_info("narrow_row", TensorProto.FLOAT, [2, 1, 24]))
+    model.graph.output.extend([helper.make_tensor_value_info("picked", TensorProto.FLOAT, [1, 2, 3, 5]),
+                               helper.make_tensor_value_info("narrow_out", TensorProto.FLOAT, [2, 1, N])])  # fmt: skip
+    assert stacked_weights(gs.import_onnx(model)) == {"experts": 2, "experts_t": 1, "narrow": 1}
+    written, (report,) = apply(model, [StackedWeightOnly(FORMATS["mxfp4"], block=32)])
+    assert report.counts == {"stacked_weights": 2}
+    assert list(report.details.as_json()["skipped"]) == ["narrow"]
+    kept = {tensor.name for tensor in written.graph.initializer}
+    assert {"rows", "table", "narrow"} <= kept

@@ -87,3 +87,18 @@ def test_quantized_reads_back_blocks_and_tensor_scales() -> None:
     per_column = Quantized(codes, np.array([2.0, 3.0], np.float32))
     assert per_column.block is None
     np.testing.assert_array_equal(per_column.dequantized(), codes * np.array([2.0, 3.0]))
+
+
+def test_mxfp4_rounds_as_the_ocp_mx_format() -> None:
+    """A power of two per 32 values along K (the block's amax exponent less e2m1's 2), each value to its nearest
+    e2m1 code: the same weight as the checkpoint writer of tests/compiler/test_mxfp4_checkpoint.py gives."""
+    from tensorsmith.compiler.frontend.mxfp4_weights import dequantize_mxfp4
+    from tests.compiler.test_mxfp4_checkpoint import quantize_mxfp4
+
+    weight = (np.random.default_rng(2).standard_normal((2, 64, 24)) * 0.03).astype(np.float32)
+    blocks, scales = quantize_mxfp4(weight)
+    published = np.swapaxes(dequantize_mxfp4(blocks, scales), -1, -2)
+    ours = np.stack([FORMATS["mxfp4"].computed(expert) for expert in weight])
+    np.testing.assert_array_equal(ours, published)
+    quantized = FORMATS["mxfp4"].quantize(weight[0], 32)
+    assert quantized.block == 32 and set(np.unique(np.log2(quantized.scales) % 1)) == {0.0}  # powers of two
