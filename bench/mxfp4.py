@@ -7,8 +7,8 @@ mxfp4.py), config.json's `quantization_config` as OpenAI publishes it.
 
     .venv/bin/python -m bench.mxfp4 [gpt-oss-20b-2-layers]
 
-Per side (target sm_120): wall, peak RSS, artifact and engine bytes, the variant's accuracy against the fp32 graph
-(the checkpoint as transformers runs it) on held-out text.
+Per side: wall, peak RSS, artifact and engine bytes, the variant's accuracy against the fp32 graph (the checkpoint
+as transformers runs it) on held-out text.
 """
 
 from __future__ import annotations
@@ -94,13 +94,16 @@ def measure(shape: str) -> dict[str, Any]:
     results: dict[str, Any] = {"mxfp4_checkpoint_gb": round(_bytes(mxfp4, "*.safetensors") / 1e9, 3),
                                "bf16_checkpoint_gb": round(_bytes(bf16, "*.safetensors") / 1e9, 3)}  # fmt: skip
     tensorsmith = str(Path(sys.executable).with_name("tensorsmith"))
-    common = [tensorsmith, "compile", str(mxfp4), "--target", "sm_120", "--eval-data", str(TEXT), "--json"]
+    common = [tensorsmith, "compile", str(mxfp4), "--eval-data", str(TEXT), "--json"]
     with tempfile.TemporaryDirectory(prefix="tensorsmith-mxfp4-") as scratch:
         work = Path(scratch)
         sides = {
-            "the checkpoint's mxfp4 codes (default)": [*common, "-o", str(work / "mxfp4")],
-            "its experts dequantized, bf16": [*common, "--precision", "bf16", "-o", str(work / "bf16")],
-        }
+            "the checkpoint's mxfp4 codes (sm_120's default)": [*common, "--target", "sm_120", "-o", str(work / "mx")],
+            "converted to INT4 (sm_86, --precision int4 rtn)": [*common, "--target", "sm_86", "--precision", "int4",
+                                                                "--int4-algorithm", "rtn", "-o", str(work / "int4")],
+            "its experts dequantized, bf16 (sm_120)": [*common, "--target", "sm_120", "--precision", "bf16", "-o",
+                                                       str(work / "bf16")],
+        }  # fmt: skip
         for side, command in sides.items():
             figures, out = compile_side(command, work)
             if figures["exit"] == 0:

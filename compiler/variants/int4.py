@@ -30,7 +30,7 @@ from tensorsmith.compiler.variants.weight_matmuls import (
     weight_matmuls,
 )
 from tensorsmith.core.budget_search import quantized_fraction
-from tensorsmith.core.ir import load_onnx
+from tensorsmith.core.ir import remove_onnx
 from tensorsmith.core.precisions import INT4
 from tensorsmith.core.progress import Reporter
 from tensorsmith.passes import GraphPass, PassReport
@@ -193,9 +193,18 @@ def build_int4_variant(
     written_formats = {FORMATS[level] for level in set(levels.values()) & FORMATS.keys()}
     if experts:
         written_formats.add(weight_format(requested))
-    if any(not format.onnxruntime_runs for format in written_formats):
-        whole = load_onnx(model) if isinstance(model, Path) else model
-        figures = measure_variant(rewritten(whole, with_tables(format_passes(measured=True)))[0], evaluation)
+    if any(not format.onnxruntime_runs for format in written_formats) and isinstance(model, Path):
+        # written beside the variant, its weights mapped, and measured from the file: a graph the machine's size
+        # is measured a layer at a time there (measure.py), where a copy in memory would hold every weight in fp32
+        measured = path.with_name(f".{path.stem}-measured.onnx")
+        rewrite_file(model, with_tables(format_passes(measured=True)), measured)
+        try:
+            figures = measure_variant(measured, evaluation)
+        finally:
+            remove_onnx(measured)
+    elif any(not format.onnxruntime_runs for format in written_formats):
+        assert not isinstance(model, Path)
+        figures = measure_variant(rewritten(model, with_tables(format_passes(measured=True)))[0], evaluation)
     else:
         figures = measure_variant(path, evaluation)
     stored = sorted({requested.name, *levels.values()} & FORMATS.keys(), reverse=True)

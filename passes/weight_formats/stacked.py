@@ -127,7 +127,7 @@ class StackedWeightOnly:
                         shapes[tensor.name] = list(tensor.shape)
                         node.inputs[index] = self._read(sub, tensor, axes[tensor.name])
         bits = self.format.record.element.bits
-        return PassReport(
+        report = PassReport(
             self.name,
             changed=bool(shapes),
             counts={"stacked_weights": len(shapes)},
@@ -140,6 +140,8 @@ class StackedWeightOnly:
                 skipped=skipped,
             ),
         )
+        self.made.clear()  # each weight's codes live in the graph now: held here too, a model's experts twice
+        return report
 
     def _quantized(self, tensor: gs.Constant, axis: int) -> Quantized:
         """Each expert's [K, N] slice in the format, stacked back in the weight's layout: codes as the weight,
@@ -150,7 +152,7 @@ class StackedWeightOnly:
             stored = self._stored(tensor.name)
             own = stored() if stored is not None else None
             if own is not None:
-                if not np.array_equal(_values(own, axis=1), slices):
+                if not all(np.array_equal(_values(own, 1, expert), slices[expert]) for expert in range(len(slices))):
                     raise PassError(
                         f"{tensor.name}: the graph's weight is not the checkpoint's {self.format.record.name} codes "
                         "times their scales",
@@ -164,7 +166,9 @@ class StackedWeightOnly:
                 scales = np.stack([q.one_level_scales().reshape(-1, q.codes.shape[1]) for q in each])
             if axis == 2:
                 codes, scales = np.swapaxes(codes, 1, 2), np.swapaxes(scales, 1, 2)
-            self.made[tensor.name] = Quantized(np.ascontiguousarray(codes), np.ascontiguousarray(scales))
+            compact = codes.astype(self.format.record.element.numpy_dtype())  # a byte a code, not float32's four
+            self.made[tensor.name] = Quantized(np.ascontiguousarray(compact), np.ascontiguousarray(scales))
+            del weight, slices, codes
         return self.made[tensor.name]
 
     def _stored(self, name: str) -> Callable[[], Quantized] | None:
@@ -220,7 +224,11 @@ def _shapes(graph: gs.Graph, axes: Mapping[str, int]) -> dict[str, tuple[list[in
     }
 
 
-def _values(stacked: Quantized, axis: int) -> np.ndarray:
-    """Stacked codes times their scales, each scale repeated over its block along `axis` (K): float32."""
+def _values(stacked: Quantized, axis: int, expert: int | None = None) -> np.ndarray:
+    """Stacked codes times their scales (one expert's, where given), each scale repeated over its block along
+    `axis` (K): float32."""
     block = stacked.codes.shape[axis] // stacked.scales.shape[axis]
-    return stacked.codes.astype(np.float32) * np.repeat(stacked.scales.astype(np.float32), block, axis=axis)
+    if expert is None:
+        return stacked.codes.astype(np.float32) * np.repeat(stacked.scales.astype(np.float32), block, axis=axis)
+    scales = np.repeat(stacked.scales[expert].astype(np.float32), block, axis=axis - 1)
+    return stacked.codes[expert].astype(np.float32) * scales
