@@ -102,6 +102,8 @@ SHAPES: dict[str, dict[str, Any]] = {
 SHAPES["gpt-oss-20b-2-layers"] = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
                                   "num_local_experts": 32, "num_experts_per_tok": 4, "num_hidden_layers": 2,
                                   "layer_types": ["sliding_attention", "full_attention"]}  # fmt: skip
+SHAPES["gpt-oss-20b-1-layer"] = {**SHAPES["gpt-oss-20b-2-layers"], "num_hidden_layers": 1,
+                                 "layer_types": ["full_attention"]}  # fmt: skip
 
 
 def shape_config(shape: str) -> transformers.PretrainedConfig:

@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
+from tensorsmith.core.files import write_array
 from tensorsmith.runtime.manifest import checkpoint_links_path
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class ReferencedValues(LazyValues):
         rows = shape[0] if shape else 1
         step = max(1, ROWS_BLOCK // max(1, self.nbytes // max(1, rows)))
         for start in range(0, rows, step):
-            self.rows(start, min(rows, start + step)).reshape(-1).tofile(stream)
+            write_array(self.rows(start, min(rows, start + step)), stream)
         return onnx.TensorProto(name=name, dims=list(shape), data_type=onnx.TensorProto.FLOAT)
 
     @property

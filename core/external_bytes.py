@@ -10,6 +10,7 @@ from typing import BinaryIO
 import numpy as np
 import onnx
 
+from tensorsmith.core.files import write_array
 from tensorsmith.core.mapped_graph import MappedValues
 from tensorsmith.runtime.manifest import external_data_path
 
@@ -52,7 +53,7 @@ def write_narrow(source: Path, offset: int, length: int, stream: BinaryIO) -> in
                 stream.seek(start)
                 stream.truncate()
                 break
-            narrow.tofile(stream)
+            write_array(narrow, stream)
         else:
             return kind
     return None

@@ -28,6 +28,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from tensorsmith.core import ir
 from tensorsmith.core.checkpoint_references import ReferencedValues, holds_references, take_references
+from tensorsmith.core.files import write_array
 
 INLINE_BELOW = ir.INLINE_BELOW
 WRITE_BLOCK = 64 << 20  # bytes of a converted weight written at a time
@@ -108,7 +109,7 @@ class ConvertedValues(LazyValues):
             else:
                 assert whole is not None
                 block = whole[start:stop]
-            np.ascontiguousarray(self.convert(block)).reshape(-1).tofile(stream)
+            write_array(self.convert(block), stream)
         tensor = onnx.TensorProto(name=name, dims=[int(dim) for dim in self.shape])
         tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(self.dtype)
         return tensor

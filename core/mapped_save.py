@@ -17,6 +17,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from tensorsmith.core import ir
 from tensorsmith.core.checkpoint_references import Reference, ReferencedValues, holds_references, write_references
 from tensorsmith.core.file_layout import nearly_all_read, plan_layout
+from tensorsmith.core.files import write_array
 from tensorsmith.core.mapped_graph import (
     INLINE_BELOW,
     PACKED,
@@ -98,7 +99,7 @@ def _save(
             offset = stream.tell()
             if isinstance(constant._values, MappedValues):  # its stored bytes, copied as they are
                 stored, tensor = constant._values.stored(), constant._values.tensor
-                stored.tofile(stream)
+                write_array(stored, stream)
                 written.append((constant, _external(tensor, sidecar.name, offset, stored.nbytes)))
                 continue
             if isinstance(constant._values, CONVERTED):  # converted as it is written
