@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.prequantized import compile_side
+from bench.prequantized import compiled_side
 from bench.scale import SHAPES_DIRECTORY, TEXT, _bytes
 from bench.shapes import make_checkpoint
 from tensorsmith.core.elements import Element
@@ -105,16 +105,7 @@ def measure(shape: str) -> dict[str, Any]:
                                                        str(work / "bf16")],
         }  # fmt: skip
         for side, command in sides.items():
-            figures, out = compile_side(command, work)
-            if figures["exit"] == 0:
-                manifest = json.loads((out / "manifest.json").read_text())
-                figures["engines_gb"] = {path.stem: round(path.stat().st_size / 1e9, 3)
-                                         for path in sorted((out / "engines").glob("*.engine"))}  # fmt: skip
-                figures["targets"] = {target["name"]: target["variant"] for target in manifest["targets"]}
-                figures["accuracy"] = {variant["name"]: variant["accuracy"] for variant in manifest["variants"]}
-            shutil.rmtree(out, ignore_errors=True)
-            results[side] = figures
-            print(f"{shape} {side}: {figures}", file=sys.stderr, flush=True)
+            results[side] = compiled_side(command, work, f"{shape} {side}")
     return results
 
 

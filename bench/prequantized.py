@@ -105,6 +105,22 @@ def compile_side(command: list[str], work: Path) -> tuple[dict[str, Any], Path]:
     return figures, out
 
 
+def compiled_side(command: list[str], work: Path, label: str) -> dict[str, Any]:
+    """One side compiled in its own process (compile_side), with its artifact's engine sizes, each target's variant,
+    each variant's accuracy and the source's weights where it exited 0; its output removed after."""
+    figures, out = compile_side(command, work)
+    if figures["exit"] == 0:
+        manifest = json.loads((out / "manifest.json").read_text())
+        figures["engines_gb"] = {path.stem: round(path.stat().st_size / 1e9, 3)
+                                 for path in sorted((out / "engines").glob("*.engine"))}  # fmt: skip
+        figures["targets"] = {target["name"]: target["variant"] for target in manifest["targets"]}
+        figures["accuracy"] = {variant["name"]: variant["accuracy"] for variant in manifest["variants"]}
+        figures["source_weights"] = manifest["source"].get("weights")
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"{label}: {figures}", file=sys.stderr, flush=True)
+    return figures
+
+
 def sides(awq: Path, bf16: Path, work: Path) -> dict[str, list[str]]:
     tensorsmith = str(Path(sys.executable).with_name("tensorsmith"))
     builder = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-c", str(work / "cache")]

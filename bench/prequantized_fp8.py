@@ -14,13 +14,12 @@ against the fp32 graph (the checkpoint as transformers runs it, verified at the 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.prequantized import compile_side, quantized_copy
+from bench.prequantized import compiled_side, quantized_copy
 from bench.scale import SHAPES_DIRECTORY, TEXT, _bytes
 from bench.shapes import make_checkpoint
 
@@ -69,17 +68,7 @@ def measure(shape: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tensorsmith-prequantized-") as scratch:
         work = Path(scratch)
         for side, command in sides(fp8, bf16, work).items():
-            figures, out = compile_side(command, work)
-            if figures["exit"] == 0:
-                manifest = json.loads((out / "manifest.json").read_text())
-                figures["engines_gb"] = {path.stem: round(path.stat().st_size / 1e9, 3)
-                                         for path in sorted((out / "engines").glob("*.engine"))}  # fmt: skip
-                figures["targets"] = {target["name"]: target["variant"] for target in manifest["targets"]}
-                figures["accuracy"] = {variant["name"]: variant["accuracy"] for variant in manifest["variants"]}
-                figures["source_weights"] = manifest["source"].get("weights")
-            shutil.rmtree(out, ignore_errors=True)
-            results[side] = figures
-            print(f"{shape} {side}: {figures}", file=sys.stderr, flush=True)
+            results[side] = compiled_side(command, work, f"{shape} {side}")
     return results
 
 
