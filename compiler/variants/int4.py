@@ -193,7 +193,8 @@ def build_int4_variant(
     written_formats = {FORMATS[level] for level in set(levels.values()) & FORMATS.keys()}
     if experts:
         written_formats.add(weight_format(requested))
-    if any(not format.onnxruntime_runs for format in written_formats) and isinstance(model, Path):
+    simulated = any(not format.onnxruntime_runs for format in written_formats)
+    if simulated and isinstance(model, Path):
         # written beside the variant, its weights mapped, and measured from the file: a graph the machine's size
         # is measured a layer at a time there (measure.py), where a copy in memory would hold every weight in fp32
         measured = path.with_name(f".{path.stem}-measured.onnx")
@@ -202,7 +203,7 @@ def build_int4_variant(
             figures = measure_variant(measured, evaluation)
         finally:
             remove_onnx(measured)
-    elif any(not format.onnxruntime_runs for format in written_formats):
+    elif simulated:
         assert not isinstance(model, Path)
         figures = measure_variant(rewritten(model, with_tables(format_passes(measured=True)))[0], evaluation)
     else:
