@@ -8,7 +8,11 @@ untimed requests warm it up first. The figures are serve_workload.figures'.
 
 Runs in its own environment (openvino-genai pins its own stack), on a model exported with optimum-cli:
 
-    python bench/serve_openvino.py OV_DIR CLIENTS COUNT OUT_JSON
+    python bench/serve_openvino.py OV_DIR CLIENTS COUNT OUT_JSON [PRECISION]
+
+PRECISION: the CPU plugin's INFERENCE_PRECISION_HINT (`f32`, `bf16`); without it, the plugin's default, which is
+bf16 on a CPU with AVX-512 BF16 or AMX (this machine's EPYC) and f32 elsewhere: tensorsmith's cpu target computes in
+float32 on ONNX Runtime, so `f32` is the like-for-like side.
 """
 
 from __future__ import annotations
@@ -81,9 +85,10 @@ def closed_loop(pipe: ov_genai.ContinuousBatchingPipeline, items: list[WorkItem]
     return times
 
 
-def main(model: str, clients: int, count: int, out: str) -> dict[str, Any]:
+def main(model: str, clients: int, count: int, out: str, precision: str | None = None) -> dict[str, Any]:
     core = ov.Core()
-    pipe = ov_genai.ContinuousBatchingPipeline(model, scheduler(), "CPU")
+    properties = {} if precision is None else {"INFERENCE_PRECISION_HINT": precision}
+    pipe = ov_genai.ContinuousBatchingPipeline(model, scheduler(), "CPU", properties)
     closed_loop(pipe, workload(WARMUP, seed=1), WARMUP)
     items = workload(count, seed=clients)  # the same requests as bench/serve.py sends at this level
     start = time.monotonic()
@@ -101,9 +106,9 @@ def main(model: str, clients: int, count: int, out: str) -> dict[str, Any]:
             "cache_size_gb": config.cache_size,
             "enable_prefix_caching": config.enable_prefix_caching,
         },
-        # the CPU plugin's defaults (the pipeline is given no properties): the compute and KV cache precisions
+        # the compute precision asked for (else the CPU plugin's default) and the KV cache's (the plugin's default)
         "cpu": {
-            key.lower(): core.get_property("CPU", key).to_string()
+            key.lower(): str(properties.get(key) or core.get_property("CPU", key))
             for key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")
         },
     }
@@ -112,6 +117,7 @@ def main(model: str, clients: int, count: int, out: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 5:
+    if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]), indent=2))
+    precision = sys.argv[5] if len(sys.argv) == 6 else None
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], precision), indent=2))
