@@ -8,11 +8,12 @@ untimed requests warm it up first. The figures are serve_workload.figures'.
 
 Runs in its own environment (openvino-genai pins its own stack), on a model exported with optimum-cli:
 
-    python bench/serve_openvino.py OV_DIR CLIENTS COUNT OUT_JSON [PRECISION]
+    python bench/serve_openvino.py OV_DIR CLIENTS COUNT OUT_JSON [PRECISION|default [SHARED_PREFIX_TOKENS]]
 
 PRECISION: the CPU plugin's INFERENCE_PRECISION_HINT (`f32`, `bf16`); without it, the plugin's default, which is
 bf16 on a CPU with AVX-512 BF16 or AMX (this machine's EPYC) and f32 elsewhere: tensorsmith's cpu target computes in
-float32 on ONNX Runtime, so `f32` is the like-for-like side.
+float32 on ONNX Runtime, so `f32` is the like-for-like side. SHARED_PREFIX_TOKENS: bench/prefix_cache.py's workload
+(a system prompt that long shared by every request), with the pipeline's prefix caching on.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import openvino as ov
 import openvino_genai as ov_genai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.serve_workload import RequestTimes, WorkItem, figures, workload
+from bench.serve_workload import RequestTimes, WorkItem, figures, shared_prefix_workload, workload
 
 MAX_SEQS = 32  # the most clients the benchmark runs
 BATCHED_TOKENS = 256  # tokens per step, prompt chunks and decodes together (the library's default)
@@ -37,13 +38,13 @@ CACHE_GB = 1  # 32 x (256 + 128) tokens of this model's KV cache take ~0.6 GB ev
 WARMUP = 2
 
 
-def scheduler() -> ov_genai.SchedulerConfig:
+def scheduler(prefix_caching: bool = False) -> ov_genai.SchedulerConfig:
     config = ov_genai.SchedulerConfig()
     config.max_num_seqs = MAX_SEQS
     config.max_num_batched_tokens = BATCHED_TOKENS
     config.dynamic_split_fuse = True  # prompts split into chunks that share steps with the decodes
     config.cache_size = CACHE_GB
-    config.enable_prefix_caching = False  # the prompts are distinct; no reuse to measure
+    config.enable_prefix_caching = prefix_caching  # bench/serve.py's prompts are distinct: no reuse to measure
     return config
 
 
@@ -85,12 +86,15 @@ def closed_loop(pipe: ov_genai.ContinuousBatchingPipeline, items: list[WorkItem]
     return times
 
 
-def main(model: str, clients: int, count: int, out: str, precision: str | None = None) -> dict[str, Any]:
+def main(
+    model: str, clients: int, count: int, out: str, precision: str | None = None, shared_prefix: int = 0
+) -> dict[str, Any]:
     core = ov.Core()
     properties = {} if precision is None else {"INFERENCE_PRECISION_HINT": precision}
-    pipe = ov_genai.ContinuousBatchingPipeline(model, scheduler(), "CPU", properties)
+    pipe = ov_genai.ContinuousBatchingPipeline(model, scheduler(shared_prefix > 0), "CPU", properties)
     closed_loop(pipe, workload(WARMUP, seed=1), WARMUP)
-    items = workload(count, seed=clients)  # the same requests as bench/serve.py sends at this level
+    # the same requests as bench/serve.py sends at this level, or as bench/prefix_cache.py sends
+    items = shared_prefix_workload(count, shared_prefix) if shared_prefix else workload(count, seed=clients)
     start = time.monotonic()
     times = closed_loop(pipe, items, clients)
     wall = time.monotonic() - start
@@ -117,7 +121,8 @@ def main(model: str, clients: int, count: int, out: str, precision: str | None =
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (5, 6):
+    if len(sys.argv) not in (5, 6, 7):
         sys.exit(__doc__)
-    precision = sys.argv[5] if len(sys.argv) == 6 else None
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], precision), indent=2))
+    precision = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "default" else None
+    shared = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], precision, shared), indent=2))

@@ -26,14 +26,31 @@ class WorkItem:
     max_new_tokens: int
 
 
-def workload(count: int, seed: int = 0) -> list[WorkItem]:
-    """`count` requests, the same ones for a seed on every side."""
+def _text() -> list[int]:
     import pydoc_data.topics
 
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(TOKENIZER))
-    text = tokenizer.encode(" ".join(pydoc_data.topics.topics.values())).ids
+    return list(tokenizer.encode(" ".join(pydoc_data.topics.topics.values())).ids)
+
+
+def shared_prefix_workload(count: int, prefix_tokens: int) -> list[WorkItem]:
+    """`count` requests that share their first `prefix_tokens` (a system prompt), then a question of 16-64 tokens of
+    their own, asking 16-32 new tokens: bench/prefix_cache.py's workload, the same on every side."""
+    text, rng = _text(), np.random.default_rng(0)
+    system = [1, *text[: prefix_tokens - 1]]
+    items = []
+    for _ in range(count):
+        length = int(rng.integers(16, 65))
+        start = int(rng.integers(prefix_tokens, len(text) - length))
+        items.append(WorkItem(system + text[start : start + length], int(rng.integers(16, 33))))
+    return items
+
+
+def workload(count: int, seed: int = 0) -> list[WorkItem]:
+    """`count` requests, the same ones for a seed on every side."""
+    text = _text()
     rng = np.random.default_rng(seed)
     items = []
     for _ in range(count):

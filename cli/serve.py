@@ -24,6 +24,12 @@ from tensorsmith.runtime.errors import TensorsmithError
 @click.option("--max-sequence-length", type=int, help="Tokens per slot, prompt and completion [the compile's].")
 @click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Prompt tokens read per step.")
 @click.option(
+    "--enable-prefix-caching/--no-enable-prefix-caching",
+    default=True,
+    show_default=True,
+    help="Reuse a slot's cache for a prompt that starts as an earlier one did (vLLM's flag).",
+)
+@click.option(
     "--chat-template",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="A jinja2 chat template file [the tokenizer's].",
@@ -46,6 +52,7 @@ def serve_command(
     max_queue: int,
     max_sequence_length: int | None,
     prefill_chunk: int,
+    enable_prefix_caching: bool,
     chat_template: Path | None,
     tokenizer: Path | None,
     served_model_name: str | None,
@@ -77,6 +84,7 @@ def serve_command(
         max_queue,
         max_sequence_length,
         prefill_chunk,
+        enable_prefix_caching,
         chat_template.read_text() if chat_template else None,
         tokenizer,
         metrics_prefix,

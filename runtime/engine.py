@@ -4,12 +4,12 @@
     stream = engine.submit(prompt_ids, max_new_tokens=64)
     async for token in stream: ...
 
-One thread runs the model. Each turn it gives waiting requests the free slots (lowest first, so the running
-ones stay packed at the front), reads up to `prefill_chunk` prompt tokens of the requests still reading theirs
-(oldest first, a model call each: a long prompt takes several turns, so the running requests keep decoding in
-between), then runs one decode step for every decoding slot in one model call. A request that ends
-(end-of-sequence, a stop token, max_new_tokens) or is cancelled frees its slot before the next turn. Greedy
-tokens are `Model.generate`'s for the same request.
+One thread runs the model. Each turn it gives waiting requests the free slots (a slot that still holds the start of
+the prompt first: runtime/prefix_cache.py; else the lowest, so the running ones stay packed at the front), reads up
+to `prefill_chunk` prompt tokens of the requests still reading theirs (oldest first, a model call each: a long
+prompt takes several turns, so the running requests keep decoding in between), then runs one decode step for every
+decoding slot in one model call. A request that ends (end-of-sequence, a stop token, max_new_tokens) or is
+cancelled frees its slot before the next turn. Greedy tokens are `Model.generate`'s for the same request.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 from tensorsmith.runtime.errors import InferenceError, InputError
 from tensorsmith.runtime.generation_request import check_request
 from tensorsmith.runtime.manifest import Manifest
+from tensorsmith.runtime.prefix_cache import KeptPrefixes
 from tensorsmith.runtime.sampling import Sampling
 from tensorsmith.runtime.slots import SlotCache, SlotFeeds
 from tensorsmith.runtime.token_stream import TokenStream
@@ -67,9 +68,16 @@ class EngineStats:
 
 class GenerationEngine:
     def __init__(
-        self, slots: SlotCache, manifest: Manifest, origin: str, max_queue: int = 256, prefill_chunk: int = 256
+        self,
+        slots: SlotCache,
+        manifest: Manifest,
+        origin: str,
+        max_queue: int = 256,
+        prefill_chunk: int = 256,
+        prefix_caching: bool = True,
     ) -> None:
         self._slots = slots
+        self._prefixes = KeptPrefixes(slots.slots, slots.capacity, prefix_caching)
         self._manifest = manifest
         self._origin = origin
         self.max_queue = max_queue
@@ -182,10 +190,14 @@ class GenerationEngine:
                 self._end(slot, request, "cancelled")
 
     def _admit(self) -> None:
-        free = sorted(set(range(self.slots)) - set(self._running))
+        free = set(range(self.slots)) - set(self._running)
         while self._waiting and free:
             request = self._waiting.popleft()
-            request.slot = free.pop(0)
+            choice = self._prefixes.choose(request.prompt, free)
+            free.discard(choice.slot)
+            request.slot = choice.slot
+            request.read = request.cached = request.stream.cached_tokens = choice.reused
+            self._slots.start(choice.slot, keep=choice.reused)
             request.stream.timings.scheduled = time.monotonic()
             self._running[request.slot] = request
 
@@ -206,8 +218,6 @@ class GenerationEngine:
         """Read up to `budget` more of a request's prompt into its slot; the tokens read."""
         start, slot = request.read, request.slot
         chunk = request.prompt[start : start + budget]
-        if start == 0:
-            self._slots.start(slot)
         positions = np.arange(start, start + len(chunk), dtype=np.int64)
         feeds = SlotFeeds(slice(slot, slot + 1), chunk[None, :], positions[None, :], np.array([start], np.int64))
         logits = self._slots.step(feeds, np.array([True]))
@@ -239,6 +249,8 @@ class GenerationEngine:
                 visible[row] = True
             elif request is not None:  # between prefill chunks: the throwaway lands where its next chunk writes
                 writes[row] = request.read
+            else:  # a free slot: past the tokens it keeps
+                writes[row] = self._prefixes.throwaway_write(slot)
         logits = self._slots.step(SlotFeeds(slice(start, stop), ids, positions, writes), visible)
         for row, slot in enumerate(range(start, stop)):
             if visible[row]:
@@ -262,4 +274,8 @@ class GenerationEngine:
         if self._running.get(slot) is request:
             del self._running[slot]
             self._slots.release(slot)
+            # what the slot's cache holds for a later prompt with the same start (nothing after a failed step)
+            generated = np.asarray(request.generated[: request.cached - request.read], np.int64)
+            kept = np.concatenate([request.prompt[: request.read], generated]) if error is None else generated[:0]
+            self._prefixes.keep(slot, kept)
         request.stream.finish(reason, error)

@@ -114,11 +114,18 @@ class Model:
         return Generator(open_cache).generate(request, streamer)
 
     def engine(
-        self, slots: int = 8, max_sequence_length: int | None = None, max_queue: int = 256, prefill_chunk: int = 256
+        self,
+        slots: int = 8,
+        max_sequence_length: int | None = None,
+        max_queue: int = 256,
+        prefill_chunk: int = 256,
+        prefix_caching: bool = True,
     ) -> GenerationEngine:
         """A continuous-batching engine over this decoder (runtime/engine.py): `slots` requests decode together,
         each of at most `max_sequence_length` tokens (the compile's by default), with `max_queue` more waiting.
-        Up to `prefill_chunk` prompt tokens are read a turn. Close it (or use it as a context manager) when done."""
+        Up to `prefill_chunk` prompt tokens are read a turn; with `prefix_caching`, a prompt that starts as an
+        earlier request's did reuses that slot's cache for it (runtime/prefix_cache.py). Close it (or use it as a
+        context manager) when done."""
         layout = self.manifest.generation
         if layout is None or layout.kv_cache != "static":
             what = "not a decoder artifact" if layout is None else "compiled with the dynamic KV cache"
@@ -141,7 +148,12 @@ class Model:
                 )
         shape = CacheShape(layout, slots, capacity, self._cache_dtype())
         return GenerationEngine(
-            self._backend.open_slots(shape), self.manifest, str(self.directory), max_queue, prefill_chunk
+            self._backend.open_slots(shape),
+            self.manifest,
+            str(self.directory),
+            max_queue,
+            prefill_chunk,
+            prefix_caching,
         )
 
     def _cache_dtype(self) -> np.dtype:

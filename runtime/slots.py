@@ -53,9 +53,11 @@ class SlotCache:
     def capacity(self) -> int:
         return self.shape.capacity
 
-    def start(self, slot: int) -> None:
-        """Slot `slot` begins a request: its mask forgets the last one's tokens."""
+    def start(self, slot: int, keep: int = 0) -> None:
+        """Slot `slot` begins a request: its mask forgets the last one's tokens but the first `keep` (a shared
+        prefix: runtime/prefix_cache.py), and keeps one column until its prompt is read."""
         self.mask[slot] = 0
+        self.mask[slot, : max(keep, 1)] = 1
 
     def release(self, slot: int) -> None:
         """Slot `slot` is free again: one column stays unmasked."""

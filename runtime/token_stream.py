@@ -52,6 +52,7 @@ class TokenStream:
     def __init__(self, prompt_tokens: int, wake: Callable[[], None]) -> None:
         self.id = next(_ids)
         self.prompt_tokens = prompt_tokens
+        self.cached_tokens = 0  # prompt tokens found in the slot's cache, not read again (runtime/prefix_cache.py)
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
         self.error: InferenceError | None = None

@@ -147,13 +147,7 @@ async def _answer(
             completion.account(metrics, endpoint)
         stream = completion.stream
         return JSONResponse(
-            answer.whole(
-                text,
-                completion.finish_reason,
-                stream.prompt_tokens,
-                stream.completion_tokens,
-                stream.tokens if body.return_token_ids else None,
-            )
+            answer.whole(text, completion.finish_reason, stream, stream.tokens if body.return_token_ids else None)
         )
 
     async def events() -> AsyncIterator[str]:
@@ -170,7 +164,7 @@ async def _answer(
                 return
             yield answer.closing(completion.finish_reason)
             if body.include_usage:
-                yield answer.usage_chunk(completion.stream.prompt_tokens, completion.stream.completion_tokens)
+                yield answer.usage_chunk(completion.stream)
             yield DONE
         finally:
             completion.account(metrics, endpoint)

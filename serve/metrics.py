@@ -57,6 +57,8 @@ class ServeMetrics:
         self.slot_usage = gauge("kv_cache_usage_perc", "Share of the engine's cache slots in use (1 = all)")
         self.backend = gauge("backend_info", "The backend that runs the model (value 1)", ("backend",))
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens read")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the slots' kept prefixes")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found there, not read again")
         self.generation_tokens = counter("generation_tokens", "Tokens generated")
         self.success = counter("request_success", "Requests answered", ("finished_reason",))
         self.failures = counter("request_failure", "Requests refused or failed, by HTTP status", ("status",))
@@ -74,6 +76,8 @@ class ServeMetrics:
         """A request answered: its tokens and timings."""
         model, timings = self._model, stream.timings
         self.prompt_tokens.labels(model).inc(stream.prompt_tokens)
+        self.prefix_queries.labels(model).inc(stream.prompt_tokens)
+        self.prefix_hits.labels(model).inc(stream.cached_tokens)
         self.generation_tokens.labels(model).inc(stream.completion_tokens)
         self.success.labels(model, reason).inc()
         self.prompt_lengths.labels(model).observe(stream.prompt_tokens)

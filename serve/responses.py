@@ -8,6 +8,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tensorsmith.runtime.token_stream import TokenStream
+
 DONE = "data: [DONE]\n\n"
 
 
@@ -47,17 +49,12 @@ class Answer:
         return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason, **ids}
 
     def whole(
-        self,
-        text: str,
-        finish_reason: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        token_ids: list[int] | None = None,
+        self, text: str, finish_reason: str, stream: TokenStream, token_ids: list[int] | None = None
     ) -> dict[str, object]:
         return {
             **self._head(False),
             "choices": [self._choice(text, finish_reason, False, token_ids=token_ids)],
-            "usage": usage(prompt_tokens, completion_tokens),
+            "usage": usage(stream),
         }
 
     def opening(self) -> str:
@@ -70,16 +67,18 @@ class Answer:
     def closing(self, finish_reason: str) -> str:
         return sse({**self._head(True), "choices": [self._choice(None, finish_reason, True)]})
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
+    def usage_chunk(self, stream: TokenStream) -> str:
         """stream_options.include_usage: a last chunk with no choices and the usage."""
-        return sse({**self._head(True), "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+        return sse({**self._head(True), "choices": [], "usage": usage(stream)})
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(stream: TokenStream) -> dict[str, object]:
+    """OpenAI's usage, with the prompt tokens the engine found cached (`prompt_tokens_details.cached_tokens`)."""
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens": stream.prompt_tokens,
+        "completion_tokens": stream.completion_tokens,
+        "total_tokens": stream.prompt_tokens + stream.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": stream.cached_tokens},
     }
 
 

@@ -25,6 +25,7 @@ class ServeSettings:
     max_queue: int = 256
     max_sequence_length: int | None = None
     prefill_chunk: int = 256
+    prefix_caching: bool = True
     chat_template: str | None = None
     tokenizer: Path | None = None  # where the artifact has none (a PyTorch source's encoder)
     metrics_prefix: str = "vllm:"
@@ -66,7 +67,11 @@ class Served:
         model = self.model = load(settings.artifact, backend=settings.backend)
         if model.manifest.generation is not None:
             self.engine = model.engine(
-                settings.slots, settings.max_sequence_length, settings.max_queue, settings.prefill_chunk
+                settings.slots,
+                settings.max_sequence_length,
+                settings.max_queue,
+                settings.prefill_chunk,
+                settings.prefix_caching,
             )
         else:
             self.embedder = Embedder(model, self.codec)

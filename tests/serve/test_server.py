@@ -28,6 +28,8 @@ VLLM_NAMES = [
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
     "vllm:prompt_tokens",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
     "vllm:generation_tokens",
     "vllm:kv_cache_usage_perc",
     "vllm:backend_info",
@@ -93,8 +95,35 @@ def test_chat_streamed_and_whole_agree_with_generate(client: openai.OpenAI, tiny
     assert whole.choices[0].message.content == streamed == _greedy_text(tinylm_cpu_artifact, ids, 30)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
-    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage and whole.usage is not None
+    streamed_usage, usage = chunks[-1].usage, whole.usage
+    assert chunks[-1].choices == [] and streamed_usage is not None and usage is not None
+    assert (streamed_usage.prompt_tokens, streamed_usage.completion_tokens) == (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    )
     assert whole.usage.prompt_tokens == len(ids)
+
+
+def test_a_repeated_system_prompt_is_read_from_the_slots_cache(
+    client: openai.OpenAI, server: Server, tinylm_cpu_artifact: Path
+) -> None:
+    """The second conversation with the same system prompt reads only what follows the shared tokens; usage says
+    how many were cached (OpenAI's `prompt_tokens_details.cached_tokens`), and so do vLLM's prefix-cache counters."""
+    system = "You are a careful assistant who answers questions about the Python language in one short sentence."
+    tokenizer = Tokenizer.from_file(str(tinylm_cpu_artifact / "tokenizer" / "tokenizer.json"))
+    answers, ids = [], []
+    for question in ("What is a tuple?", "How do I open a file?"):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        answers.append(client.chat.completions.create(model="tinylm", messages=messages, max_tokens=6, temperature=0))  # type: ignore[arg-type]
+        rendered = f"<s>system: {system}\nuser: {question}\nassistant:"  # the sample's template
+        ids.append(tokenizer.encode(rendered, add_special_tokens=False).ids)
+        assert answers[-1].choices[0].message.content == _greedy_text(tinylm_cpu_artifact, ids[-1], 6)
+    shared = next(index for index, (a, b) in enumerate(zip(*ids, strict=False)) if a != b)
+    cached = [answer.usage.prompt_tokens_details.cached_tokens for answer in answers if answer.usage is not None]
+    assert cached == [0, shared] and shared > 20
+    labels = json.dumps({"model_name": "tinylm"})
+    hits = _metrics(server)["vllm:prefix_cache_hits"][labels + "vllm:prefix_cache_hits_total"]
+    assert hits >= shared
 
 
 def test_the_event_stream_ends_with_done(server: Server) -> None:
