@@ -77,7 +77,9 @@ class GenerationEngine:
         prefix_caching: bool = True,
     ) -> None:
         self._slots = slots
-        self._prefixes = KeptPrefixes(slots.slots, slots.capacity, prefix_caching)
+        # a recurrent layer's state holds every token it has read, not one per position: no prefix of it is kept
+        recurrent = manifest.generation is not None and bool(manifest.generation.state_layers)
+        self._prefixes = KeptPrefixes(slots.slots, slots.capacity, prefix_caching and not recurrent)
         self._manifest = manifest
         self._origin = origin
         self.max_queue = max_queue

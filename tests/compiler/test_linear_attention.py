@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -14,6 +15,7 @@ from transformers.models.qwen3_5 import modeling_qwen3_5
 
 from tensorsmith.compiler import CompileConfig, compile
 from tensorsmith.compiler.frontend.delta_rule import gated_delta_rule
+from tensorsmith.runtime import load
 from tensorsmith.runtime.device import Device
 from tensorsmith.runtime.manifest import read_manifest
 from tensorsmith.runtime.selection import select_engine
@@ -77,6 +79,16 @@ def test_a_hybrid_caches_its_states_generates_transformers_tokens_and_builds_eng
     selection = select_engine(read_manifest(tmp_path / "out"), Device("sm_86", tensorrt={"tensorrt-rtx": _rtx()}),
                               tmp_path / "out")  # fmt: skip
     assert selection.target is None and "linear-attention states" in selection.reason
+
+    # the continuous-batching engine carries the states too, and keeps no prefix of them for a later prompt: a
+    # recurrent state holds every token it read, not one per position
+    prompt = np.arange(3, 40, dtype=np.int64)
+    with load(tmp_path / "out", backend="onnxruntime") as model, model.engine(slots=2) as engine:
+        expected = model.generate(prompt, max_new_tokens=4, eos_token_id=[])[0, len(prompt) :].tolist()
+        first = engine.submit(prompt, max_new_tokens=4, ignore_eos=True)
+        assert list(first) == expected
+        again = engine.submit(prompt, max_new_tokens=4, ignore_eos=True)
+        assert list(again) == expected and again.cached_tokens == 0
 
 
 def _rtx() -> str:
