@@ -1,5 +1,7 @@
 """The slots on ONNX Runtime's CPU provider, written in place: each present bound to its past's rows (a view of
-the slot arrays, so TensorScatter writes into them, as runtime/onnxruntime_cache.py does for one request).
+the slot arrays, so TensorScatter writes into them, as runtime/onnxruntime_cache.py does for one request). A
+recurrent layer's state is read whole by the step that replaces it, so it is never written in its own buffer: it
+goes to a spare beside the slots and is copied back for the visible rows.
 
 A binding per row range is made once and kept (a decode range grows and shrinks with the requests; a prefill
 runs one slot), so a step rebinds only its token ids, positions and write indices.
@@ -24,6 +26,7 @@ class OnnxRuntimeSlotCache(SlotCache):
         super().__init__(self._unused_run, shape)
         self._session = session
         self._bindings: dict[tuple[int, int], onnxruntime.IOBinding] = {}
+        self._spares = {name: np.zeros_like(self.cache[name]) for name in self.states}
 
     @staticmethod
     def _unused_run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -39,16 +42,21 @@ class OnnxRuntimeSlotCache(SlotCache):
             for name, cache in self.cache.items():
                 value = onnxruntime.OrtValue.ortvalue_from_numpy(cache[rows])  # a view: the slots' own memory
                 binding.bind_ortvalue_input(name, value)
+                if name in self._spares:  # a state: written beside, copied back after the step
+                    value = onnxruntime.OrtValue.ortvalue_from_numpy(self._spares[name][rows])
                 binding.bind_ortvalue_output(present_of(name), value)
             binding.bind_ortvalue_input("attention_mask", onnxruntime.OrtValue.ortvalue_from_numpy(self.mask[rows]))
             self._bindings[key] = binding
         return self._bindings[key]
 
-    def _run_rows(self, feeds: SlotFeeds) -> np.ndarray:
+    def _run_rows(self, feeds: SlotFeeds, visible: np.ndarray) -> np.ndarray:
         binding = self._binding(feeds.rows)
         for name, array in feeds.small(self.shape.layout.position_ids).items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         run_bound(self._session, binding, "a batched step")
+        for name, spare in self._spares.items():
+            rows = self.cache[name][feeds.rows]
+            rows[visible] = spare[feeds.rows][visible]
         logits = binding.get_outputs()[0].numpy()
         return np.asarray(logits[:, -1, :])
 

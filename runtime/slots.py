@@ -9,6 +9,8 @@ Rows in a call that hold no decoding request (a free slot, or one between prefil
 token: it is written where the slot's next real write lands (a free slot's 0, a prefilling slot's next
 position), so nothing visible changes. Every row keeps one unmasked column, so no row's softmax is over nothing:
 an all-masked row would make NaNs, and a NaN left in a cache poisons later steps (0 × NaN in the attention).
+A recurrent layer's state has no position to aim a throwaway at: a row's new state is kept only where the row is
+visible, so a request between prefill chunks keeps the state its last chunk left.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class SlotCache:
         self.mask = np.zeros((shape.rows, shape.capacity), np.int64)
         self.mask[:, 0] = 1  # see the module's note: a free slot attends to one (finite) column
         self.cache = {name: np.zeros(shape.tensor_shape(name), shape.dtype) for name in shape.pasts}
+        growing = set(shape.growing_pasts)
+        self.states = [name for name in shape.pasts if name not in growing]  # fixed-size, replaced every step
 
     @property
     def slots(self) -> int:
@@ -58,6 +62,8 @@ class SlotCache:
         prefix: runtime/prefix_cache.py), and keeps one column until its prompt is read."""
         self.mask[slot] = 0
         self.mask[slot, : max(keep, 1)] = 1
+        for name in self.states:  # a recurrent layer starts from zero: the last request's state is not this one's
+            self.cache[name][slot] = 0
 
     def release(self, slot: int) -> None:
         """Slot `slot` is free again: one column stays unmasked."""
@@ -75,14 +81,17 @@ class SlotCache:
                 if end > self.capacity:
                     raise ValueError(f"slot {first + offset} writes up to {end}, past the cache's {self.capacity}")
                 self.mask[first + offset, int(index) : end] = 1
-        return self._run_rows(feeds)
+        return self._run_rows(feeds, visible)
 
-    def _run_rows(self, feeds: SlotFeeds) -> np.ndarray:
+    def _run_rows(self, feeds: SlotFeeds, visible: np.ndarray) -> np.ndarray:
         rows = feeds.rows
         pasts = {name: cache[rows] for name, cache in self.cache.items()}
         outputs = self._run({**feeds.small(self.shape.layout.position_ids), "attention_mask": self.mask[rows], **pasts})
         for name, past in pasts.items():
-            np.copyto(past, outputs[present_of(name)])
+            if name in self.states:
+                past[visible] = outputs[present_of(name)][visible]
+            else:
+                np.copyto(past, outputs[present_of(name)])
         return np.asarray(outputs["logits"])[:, -1, :]
 
     def close(self) -> None:

@@ -80,15 +80,33 @@ def test_a_hybrid_caches_its_states_generates_transformers_tokens_and_builds_eng
                               tmp_path / "out")  # fmt: skip
     assert selection.target is None and "linear-attention states" in selection.reason
 
-    # the continuous-batching engine carries the states too, and keeps no prefix of them for a later prompt: a
-    # recurrent state holds every token it read, not one per position
-    prompt = np.arange(3, 40, dtype=np.int64)
-    with load(tmp_path / "out", backend="onnxruntime") as model, model.engine(slots=2) as engine:
-        expected = model.generate(prompt, max_new_tokens=4, eos_token_id=[])[0, len(prompt) :].tolist()
-        first = engine.submit(prompt, max_new_tokens=4, ignore_eos=True)
-        assert list(first) == expected
-        again = engine.submit(prompt, max_new_tokens=4, ignore_eos=True)
-        assert list(again) == expected and again.cached_tokens == 0
+    # the continuous-batching engine carries the states too: a request read in chunks while the slots on both
+    # sides decode keeps its state through their calls (its throwaway rows' states are not kept), and no prefix
+    # of a state is reused for a later prompt (a recurrent state holds every token it read, not one per position)
+    prompts = [np.arange(3, 9), np.arange(20, 24), np.arange(40, 46), np.arange(60, 100)]
+    new_tokens = [24, 2, 24, 6]
+    with load(tmp_path / "out", backend="onnxruntime") as model:
+        expected = [
+            model.generate(prompt, max_new_tokens=n, eos_token_id=[])[0, len(prompt) :].tolist()
+            for prompt, n in zip(prompts, new_tokens, strict=True)
+        ]
+        with model.engine(slots=3, prefill_chunk=4) as engine:
+            streams = [
+                engine.submit(prompt, max_new_tokens=n, ignore_eos=True)
+                for prompt, n in zip(prompts[:3], new_tokens[:3], strict=True)
+            ]
+            list(streams[1])  # slot 1 is free again while slots 0 and 2 decode: the long prompt is read there
+            streams.append(engine.submit(prompts[3], max_new_tokens=new_tokens[3], ignore_eos=True))
+            for stream in (streams[0], streams[2], streams[3]):
+                list(stream)
+            got = [stream.tokens for stream in streams]
+            again = engine.submit(prompts[3], max_new_tokens=new_tokens[3], ignore_eos=True)
+            assert list(again) == expected[3] and again.cached_tokens == 0
+            slots = engine._slots  # a slot's states start at zero for its next request, whatever the last one left
+            assert all(slots.cache[name].any() for name in slots.states)
+            slots.start(1)
+            assert not any(slots.cache[name][1].any() for name in slots.states)
+    assert got == expected
 
 
 def _rtx() -> str:
