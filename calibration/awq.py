@@ -15,18 +15,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
+from tensorsmith.calibration.search_products import mapped, operand, products
 from tensorsmith.passes.int4 import block_amax, block_step
 from tensorsmith.passes.int4_codes import INT4_MAX, INT4_MIN
-
-if TYPE_CHECKING:
-    import torch
 
 ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))  # Model Optimizer awq_lite's grid (alpha_step 0.1)
 CLIP_RATIOS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 … 0.5
@@ -91,32 +87,11 @@ def _column_chunks(weights: Sequence[np.ndarray]) -> list[tuple[np.ndarray, slic
 
 
 def _over_chunks(search: Callable[[np.ndarray, slice], Found], weights: Sequence[np.ndarray]) -> list[Found]:
-    """`search(weight, chunk)` for every chunk of output columns, in their order, on WORKERS threads. BLAS is held
-    to one thread meanwhile (a process-wide setting: nothing else in the compile calls BLAS while the search runs):
-    its own threads beside these would contend for the same cores (two scale searches on two cores: 3.5 s so,
-    1.9 s with one BLAS thread, against 2.9 s one after the other)."""
-    import torch  # heavy: its bfloat16 products (_products)
-
-    # one torch thread in each worker: OpenMP's thread count is each thread's own setting
-    with (
-        threadpool_limits(1, user_api="blas"),
-        ThreadPoolExecutor(WORKERS, initializer=torch.set_num_threads, initargs=(1,)) as pool,
-    ):
-        return list(pool.map(lambda job: search(*job), _column_chunks(weights)))
-
-
-def _bfloat16(values: np.ndarray) -> torch.Tensor:
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(values)).to(torch.bfloat16)
-
-
-def _products(left: torch.Tensor, right: np.ndarray) -> np.ndarray:
-    """left · right, both rounded to bfloat16 and accumulated in float32: the searches' products, in about half
-    float32's time where the CPU has AVX-512 BF16 (Llama-3.2-1B's statistics and search: 189 → 168 s). They only
-    rank candidates: read to 3 significant digits, a [256, 2048] · [2048, 512] product of rounding errors moved
-    its squared sum by 7e-6 of itself, far less than the gaps between the candidates it ranks."""
-    return (left @ _bfloat16(right)).float().numpy()
+    """`search(weight, chunk)` for every chunk of output columns, in their order, on WORKERS threads, each of whose
+    products runs on one thread (calibration/search_products.py): BLAS's or torch's own threads beside these would
+    contend for the same cores (two scale searches on two cores: 3.5 s so, 1.9 s with one BLAS thread, against
+    2.9 s one after the other)."""
+    return mapped(lambda job: search(*job), _column_chunks(weights), WORKERS)
 
 
 def _rounding_error(blocks: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -142,7 +117,7 @@ def search_scale(
     and v share theirs), searched side by side.
 
     The error of α is ‖x·E‖² with E = Q(diag(t)·W)/t − W, the quantized product's difference from x·W."""
-    x = _bfloat16(statistics.sample)
+    x = operand(statistics.sample)
     rows, columns = weights[0].shape[0], sum(weight.shape[1] for weight in weights)
     mean = np.maximum(statistics.mean_abs, 1e-6)
     scales = []
@@ -158,11 +133,11 @@ def search_scale(
             difference = _rounding_error(blocks, _steps(block_amax(blocks.reshape(rows, -1), block)))
             difference = difference.reshape(rows, -1)
             difference /= scale[:, None]
-            errors[index] = float(np.square(_products(x, difference)).sum(dtype=np.float64))
+            errors[index] = float(np.square(products(x, difference)).sum(dtype=np.float64))
         return errors
 
     errors = np.sum(_over_chunks(chunk_errors, weights), axis=0)  # summed in chunk order: the same at any WORKERS
-    errors /= len(statistics.sample) * columns
+    errors /= x.shape[0] * columns
     best = int(np.argmin(errors))
     rtn_error = errors[ALPHAS.index(0.0)]
     return scales[best], ALPHAS[best], float(errors[best] / rtn_error) if rtn_error > 0 else 1.0
@@ -178,7 +153,7 @@ def search_clip(statistics: ActivationStatistics, weight: np.ndarray, scale: np.
     rows, columns = weight.shape
     blocks_count = rows // block
     x_blocks = x.reshape(len(x), blocks_count, block).transpose(1, 0, 2)  # [K/B, rows, B]
-    gram = _bfloat16(np.matmul(x_blocks.transpose(0, 2, 1), x_blocks))  # [K/B, B, B]
+    gram = operand(np.matmul(x_blocks.transpose(0, 2, 1), x_blocks))  # [K/B, B, B]
     best_ratio = np.ones((blocks_count, columns), np.float32)
 
     def choose(weight: np.ndarray, columns_chunk: slice) -> None:
@@ -188,7 +163,7 @@ def search_clip(statistics: ActivationStatistics, weight: np.ndarray, scale: np.
         chosen = best_ratio[:, columns_chunk]  # a view: each chunk writes its own columns
         for ratio in CLIP_RATIOS:
             difference = _rounding_error(blocks, _steps(amax, ratio))
-            error = np.einsum("kbn,kbn->kn", difference, _products(gram, difference))  # [K/B, n]
+            error = np.einsum("kbn,kbn->kn", difference, products(gram, difference))  # [K/B, n]
             better = error < best_error
             best_error[better] = error[better]
             chosen[better] = ratio

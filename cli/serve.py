@@ -78,17 +78,17 @@ def serve_command(
             hint=f"use --slots {limit} or fewer, or compile with a larger [generation] max_batch",
         )
     settings = ServeSettings(
-        artifact,
-        served_model_name or artifact.resolve().name,
-        slots,
-        max_queue,
-        max_sequence_length,
-        prefill_chunk,
-        enable_prefix_caching,
-        chat_template.read_text() if chat_template else None,
-        tokenizer,
-        metrics_prefix,
-        backend,
+        artifact=artifact,
+        name=served_model_name or artifact.resolve().name,
+        slots=slots,
+        max_queue=max_queue,
+        max_sequence_length=max_sequence_length,
+        prefill_chunk=prefill_chunk,
+        prefix_caching=enable_prefix_caching,
+        chat_template=chat_template.read_text() if chat_template else None,
+        tokenizer=tokenizer,
+        metrics_prefix=metrics_prefix,
+        backend=backend,
     )
     settings.tokenizer_folder()  # a missing tokenizer is named before the server starts too
     _check_address(host, port)

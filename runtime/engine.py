@@ -79,7 +79,7 @@ class GenerationEngine:
         self._slots = slots
         # a recurrent layer's state holds every token it has read, not one per position: no prefix of it is kept
         recurrent = manifest.generation is not None and bool(manifest.generation.state_layers)
-        self._prefixes = KeptPrefixes(slots.slots, slots.capacity, prefix_caching and not recurrent)
+        self._prefixes = KeptPrefixes(prefix_caching and not recurrent)
         self._manifest = manifest
         self._origin = origin
         self.max_queue = max_queue
@@ -182,6 +182,7 @@ class GenerationEngine:
                 with self._turn:
                     for slot, request in list(self._running.items()):
                         self._end(slot, request, "error", err)
+                    self._prefixes.forget_all()
 
     def _end_cancelled(self) -> None:
         for request in [request for request in self._waiting if request.stream.cancelled]:
@@ -199,6 +200,7 @@ class GenerationEngine:
             free.discard(choice.slot)
             request.slot = choice.slot
             request.read = request.cached = request.stream.cached_tokens = choice.reused
+            request.stream.prefix_looked_up = self._prefixes.enabled
             self._slots.start(choice.slot, keep=choice.reused)
             request.stream.timings.scheduled = time.monotonic()
             self._running[request.slot] = request
@@ -276,8 +278,7 @@ class GenerationEngine:
         if self._running.get(slot) is request:
             del self._running[slot]
             self._slots.release(slot)
-            # what the slot's cache holds for a later prompt with the same start (nothing after a failed step)
+            # what the slot's cache holds for a later prompt with the same start
             generated = np.asarray(request.generated[: request.cached - request.read], np.int64)
-            kept = np.concatenate([request.prompt[: request.read], generated]) if error is None else generated[:0]
-            self._prefixes.keep(slot, kept)
+            self._prefixes.keep(slot, np.concatenate([request.prompt[: request.read], generated]))
         request.stream.finish(reason, error)

@@ -109,6 +109,7 @@ class Completion:
             "request": stream.id,
             "endpoint": endpoint,
             "prompt_tokens": stream.prompt_tokens,
+            "cached_tokens": stream.cached_tokens,
             "completion_tokens": stream.completion_tokens,
             "finish_reason": self.finish_reason,
             "cancelled": stream.cancelled and not self.text.stopped,

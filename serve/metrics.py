@@ -76,8 +76,9 @@ class ServeMetrics:
         """A request answered: its tokens and timings."""
         model, timings = self._model, stream.timings
         self.prompt_tokens.labels(model).inc(stream.prompt_tokens)
-        self.prefix_queries.labels(model).inc(stream.prompt_tokens)
-        self.prefix_hits.labels(model).inc(stream.cached_tokens)
+        if stream.prefix_looked_up:
+            self.prefix_queries.labels(model).inc(stream.prompt_tokens)
+            self.prefix_hits.labels(model).inc(stream.cached_tokens)
         self.generation_tokens.labels(model).inc(stream.completion_tokens)
         self.success.labels(model, reason).inc()
         self.prompt_lengths.labels(model).observe(stream.prompt_tokens)

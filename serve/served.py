@@ -17,7 +17,7 @@ from tensorsmith.serve.metrics import ServeMetrics
 from tensorsmith.serve.text import TextCodec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServeSettings:
     artifact: Path
     name: str  # the model's id in the API (`--served-model-name`; the artifact's folder name by default)
