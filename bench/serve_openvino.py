@@ -11,9 +11,10 @@ Runs in its own environment (openvino-genai pins its own stack), on a model expo
     python bench/serve_openvino.py OV_DIR CLIENTS COUNT OUT_JSON [PRECISION|default [SHARED_PREFIX_TOKENS]]
 
 PRECISION: the CPU plugin's INFERENCE_PRECISION_HINT (`f32`, `bf16`); without it, the plugin's default, which is
-bf16 on a CPU with AVX-512 BF16 or AMX (this machine's EPYC) and f32 elsewhere: tensorsmith's cpu target computes in
-float32 on ONNX Runtime, so `f32` is the like-for-like side. SHARED_PREFIX_TOKENS: bench/prefix_cache.py's workload
-(a system prompt that long shared by every request), with the pipeline's prefix caching on.
+bf16 on a CPU with AVX-512 BF16 or AMX (the benchmark machine's EPYC) and f32 elsewhere: tensorsmith's cpu target
+computes in float32 on ONNX Runtime, so `f32` is the like-for-like side. SHARED_PREFIX_TOKENS:
+bench/prefix_cache.py's workload (a system prompt that long shared by every request), with the pipeline's prefix
+caching on.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def main(
         },
         # the compute precision asked for (else the CPU plugin's default) and the KV cache's (the plugin's default)
         "cpu": {
-            key.lower(): str(properties.get(key) or core.get_property("CPU", key))
+            key.lower(): properties.get(key) or core.get_property("CPU", key).to_string()
             for key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")
         },
     }

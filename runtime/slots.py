@@ -6,11 +6,12 @@ contiguous range of slots (`rows`, a slice of the leading axis: a view, no copy)
 index, positions and mask row, which the static cache graph takes per row (passes/static_cache.py).
 
 Rows in a call that hold no decoding request (a free slot, or one between prefill chunks) compute a throwaway
-token: it is written where the slot's next real write lands (a free slot's 0, a prefilling slot's next
-position), so nothing visible changes. Every row keeps one unmasked column, so no row's softmax is over nothing:
-an all-masked row would make NaNs, and a NaN left in a cache poisons later steps (0 × NaN in the attention).
-A recurrent layer's state has no position to aim a throwaway at: a row's new state is kept only where the row is
-visible, so a request between prefill chunks keeps the state its last chunk left.
+token: it is written where the slot's next real write lands (a free slot's: past the tokens it keeps for a later
+prompt, runtime/prefix_cache.py; a prefilling slot's next position), so nothing visible changes. Every row keeps
+one unmasked column, so no row's softmax is over nothing: an all-masked row would make NaNs, and a NaN left in a
+cache poisons later steps (0 × NaN in the attention). A recurrent layer's state has no position to aim a throwaway
+at: a row's new state is kept only where the row is visible, so a request between prefill chunks keeps the state
+its last chunk left.
 """
 
 from __future__ import annotations

@@ -29,9 +29,8 @@ def test_without_bfloat16_hardware_the_products_are_numpys_float32(float32_produ
     np.testing.assert_array_equal(search_products.products(made, right), left @ right)
 
 
-def test_bfloat16_products_stay_within_bfloat16s_rounding_of_float32() -> None:
-    if not search_products.in_bfloat16():
-        pytest.skip("this CPU multiplies bfloat16 in software: the products are float32 (the test above)")
+def test_bfloat16_products_stay_within_bfloat16s_rounding_of_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search_products, "in_bfloat16", lambda: True)  # emulated where the CPU has no bfloat16
     rng = np.random.default_rng(0)
     left, right = rng.standard_normal((256, 512)).astype(np.float32), rng.standard_normal((512, 64)).astype(np.float32)
     exact = left.astype(np.float64) @ right
@@ -41,7 +40,9 @@ def test_bfloat16_products_stay_within_bfloat16s_rounding_of_float32() -> None:
 
 
 def test_the_searches_choose_alike_in_float32_and_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 forced where the CPU would not take it (emulated: slower, the same rounding)."""
     observed, w = statistics(64, 128), weight(128, 64)
+    monkeypatch.setattr(search_products, "in_bfloat16", lambda: True)
     chosen = awq.search_scale(observed, [w], BLOCK)
     clips = awq.search_clip(observed, w, chosen[0], BLOCK)
     monkeypatch.setattr(search_products, "in_bfloat16", lambda: False)
@@ -50,12 +51,12 @@ def test_the_searches_choose_alike_in_float32_and_bfloat16(monkeypatch: pytest.M
     assert np.mean(clips == awq.search_clip(observed, w, chosen[0], BLOCK)) > 0.98
 
 
-def test_the_pool_leaves_torchs_thread_count_as_it_found_it() -> None:
+@pytest.mark.parametrize("bfloat16", [True, False])
+def test_the_pool_leaves_torchs_thread_count_as_it_found_it(monkeypatch: pytest.MonkeyPatch, bfloat16: bool) -> None:
+    monkeypatch.setattr(search_products, "in_bfloat16", lambda: bfloat16)
     before = torch.get_num_threads()
-    assert (
-        search_products.mapped(lambda _: torch.get_num_threads(), range(4), workers=2)
-        == [1 if search_products.in_bfloat16() else before] * 4
-    )
+    threads_seen = search_products.mapped(lambda _: torch.get_num_threads(), range(4), workers=2)
+    assert threads_seen == [1 if bfloat16 else before] * 4
     seen: list[int] = []
     later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
     later.start()

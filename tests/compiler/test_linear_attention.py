@@ -91,10 +91,11 @@ def test_a_hybrid_caches_its_states_generates_transformers_tokens_and_builds_eng
             for prompt, n in zip(prompts, new_tokens, strict=True)
         ]
         with model.engine(slots=3, prefill_chunk=4) as engine:
-            streams = [
-                engine.submit(prompt, max_new_tokens=n, ignore_eos=True)
-                for prompt, n in zip(prompts[:3], new_tokens[:3], strict=True)
-            ]
+            with engine._turn:  # admitted together, in this order, into slots 0, 1 and 2
+                streams = [
+                    engine.submit(prompt, max_new_tokens=n, ignore_eos=True)
+                    for prompt, n in zip(prompts[:3], new_tokens[:3], strict=True)
+                ]
             list(streams[1])  # slot 1 is free again while slots 0 and 2 decode: the long prompt is read there
             streams.append(engine.submit(prompts[3], max_new_tokens=new_tokens[3], ignore_eos=True))
             for stream in (streams[0], streams[2], streams[3]):
@@ -103,7 +104,7 @@ def test_a_hybrid_caches_its_states_generates_transformers_tokens_and_builds_eng
             again = engine.submit(prompts[3], max_new_tokens=new_tokens[3], ignore_eos=True)
             assert list(again) == expected[3] and again.cached_tokens == 0
             slots = engine._slots  # a slot's states start at zero for its next request, whatever the last one left
-            assert all(slots.cache[name].any() for name in slots.states)
+            assert slots.states and all(slots.cache[name][1].any() for name in slots.states)
             slots.start(1)
             assert not any(slots.cache[name][1].any() for name in slots.states)
     assert got == expected

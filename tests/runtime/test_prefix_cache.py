@@ -94,9 +94,10 @@ def test_a_shared_system_prompt_is_read_once_and_the_tokens_stay_generates(
     ]
     expected_second = model.generate(second, max_new_tokens=8, eos_token_id=[])[0, len(second) :].tolist()
     with model.engine(slots=3, prefill_chunk=512, prefix_caching=caching) as engine:
-        left = engine.submit(long[0], max_new_tokens=40, ignore_eos=True)
-        ended = engine.submit(first, max_new_tokens=3, ignore_eos=True)
-        right = engine.submit(long[1], max_new_tokens=40, ignore_eos=True)
+        with engine._turn:  # admitted together, in this order, into slots 0, 1 and 2 (the engine waits meanwhile)
+            left = engine.submit(long[0], max_new_tokens=40, ignore_eos=True)
+            ended = engine.submit(first, max_new_tokens=3, ignore_eos=True)
+            right = engine.submit(long[1], max_new_tokens=40, ignore_eos=True)
         list(ended)  # slot 1 is free again; slots 0 and 2 go on decoding over it
         again = engine.submit(second, max_new_tokens=8, ignore_eos=True)
         got = list(again)
