@@ -17,15 +17,13 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.serve import SHAPES_DIRECTORY, SLOTS
-from bench.serve_workload import RequestTimes, figures, shared_prefix_workload
+from bench.serve_workload import engine_closed_loop, shared_prefix_workload
 from bench.shapes import make_checkpoint
 
 CLIENTS = 8
@@ -37,33 +35,12 @@ def side(artifact: str, caching: bool, system_tokens: int) -> dict[str, Any]:
     from tensorsmith.runtime import load
 
     items = shared_prefix_workload(REQUESTS, system_tokens)
-    pending, lock, times, cached = list(range(len(items)))[::-1], threading.Lock(), [], []
     with load(artifact, backend="onnxruntime") as model, model.engine(slots=CLIENTS, prefix_caching=caching) as engine:
         list(engine.submit(np.array(items[0].prompt[:8]), max_new_tokens=2))  # warm-up, shares nothing
-
-        def client() -> None:
-            while True:
-                with lock:
-                    if not pending:
-                        return
-                    item = items[pending.pop()]
-                request = RequestTimes(time.monotonic())
-                stream = engine.submit(np.array(item.prompt), max_new_tokens=item.max_new_tokens, ignore_eos=True)
-                for _ in stream:
-                    request.arrivals.append(time.monotonic())
-                request.tokens = len(request.arrivals)
-                times.append(request)
-                cached.append(stream.cached_tokens)
-
-        started = time.monotonic()
-        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        result = figures(times, time.monotonic() - started, CLIENTS)
+        result, streams = engine_closed_loop(engine, items, CLIENTS)
+    cached = sum(stream.cached_tokens for stream in streams)
     prompt_tokens = sum(len(item.prompt) for item in items)
-    return {**result, "prompt_tokens": prompt_tokens, "cached_prompt_tokens": int(sum(cached))}
+    return {**result, "prompt_tokens": prompt_tokens, "cached_prompt_tokens": cached}
 
 
 def main() -> None:

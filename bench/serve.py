@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.serve_workload import RequestTimes, figures, workload
+from bench.serve_workload import RequestTimes, engine_closed_loop, figures, workload
 from bench.shapes import make_checkpoint
 
 SHAPES_DIRECTORY = Path("/tmp/tensorsmith-shapes")
@@ -106,7 +106,6 @@ def in_process(artifact: str, clients: int) -> dict[str, Any]:
 
         .venv/bin/python -m bench.serve --in-process ARTIFACT [CLIENTS]
     """
-    import threading
     from collections import defaultdict
 
     import numpy as np
@@ -130,27 +129,7 @@ def in_process(artifact: str, clients: int) -> dict[str, Any]:
             return logits
 
         engine._slots.step = timed_step
-        pending, lock, times = list(range(len(items)))[::-1], threading.Lock(), []
-
-        def client() -> None:
-            while True:
-                with lock:
-                    if not pending:
-                        return
-                    item = items[pending.pop()]
-                request = RequestTimes(time.monotonic())
-                for _ in engine.submit(np.array(item.prompt), max_new_tokens=item.max_new_tokens, ignore_eos=True):
-                    request.arrivals.append(time.monotonic())
-                request.tokens = len(request.arrivals)
-                times.append(request)
-
-        started = time.monotonic()
-        threads = [threading.Thread(target=client) for _ in range(clients)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        result = figures(times, time.monotonic() - started, clients)
+        result, _ = engine_closed_loop(engine, items, clients)
     model_calls = {
         kind: {"calls": int(c), "seconds": round(s, 2), "tokens": int(n)} for kind, (c, s, n) in calls.items()
     }

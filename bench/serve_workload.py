@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -95,3 +98,33 @@ def figures(times: list[RequestTimes], wall: float, clients: int) -> dict[str, f
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
+
+
+def engine_closed_loop(engine: Any, items: list[WorkItem], clients: int) -> tuple[dict[str, Any], list[Any]]:
+    """`items` through a runtime engine (`load().engine`, no HTTP), `clients` threads each sending its next request
+    as its last ends: the figures, and each request's finished stream."""
+    pending, lock = list(range(len(items)))[::-1], threading.Lock()
+    times: list[RequestTimes] = []
+    streams: list[Any] = []
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                item = items[pending.pop()]
+            request = RequestTimes(time.monotonic())
+            stream = engine.submit(np.array(item.prompt), max_new_tokens=item.max_new_tokens, ignore_eos=True)
+            for _ in stream:
+                request.arrivals.append(time.monotonic())
+            request.tokens = len(request.arrivals)
+            times.append(request)
+            streams.append(stream)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return figures(times, time.monotonic() - started, clients), streams
