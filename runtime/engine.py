@@ -97,6 +97,11 @@ class GenerationEngine:
         return self._slots.slots
 
     @property
+    def prefix_caching(self) -> bool:
+        """Whether a prompt is looked up in the slots' kept prefixes (asked for, and no recurrent state)."""
+        return self._prefixes.enabled
+
+    @property
     def capacity(self) -> int:
         """Prompt and new tokens of one request, at most."""
         return self._slots.capacity
@@ -200,7 +205,6 @@ class GenerationEngine:
             free.discard(choice.slot)
             request.slot = choice.slot
             request.read = request.cached = request.stream.cached_tokens = choice.reused
-            request.stream.prefix_looked_up = self._prefixes.enabled
             self._slots.start(choice.slot, keep=choice.reused)
             request.stream.timings.scheduled = time.monotonic()
             self._running[request.slot] = request

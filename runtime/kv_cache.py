@@ -56,6 +56,12 @@ class CacheShape:
         """The pasts with a sequence dim (keys and values; a state's size is fixed)."""
         return [name for name in self.pasts if name.rsplit(".", 1)[-1] not in self.layout.state_shapes]
 
+    @property
+    def state_pasts(self) -> list[str]:
+        """The recurrent layers' states: a fixed size, replaced whole by every step."""
+        growing = set(self.growing_pasts)
+        return [name for name in self.pasts if name not in growing]
+
     def tensor_shape(self, name: str, length: int | None = None) -> tuple[int, ...]:
         """Past `name`'s [rows, kv_heads, length, last dim] (keys and values may differ in the last); the
         capacity by default. A state's [rows, *its fixed shape]."""

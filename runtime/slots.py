@@ -47,8 +47,7 @@ class SlotCache:
         self.mask = np.zeros((shape.rows, shape.capacity), np.int64)
         self.mask[:, 0] = 1  # see the module's note: a free slot attends to one (finite) column
         self.cache = {name: np.zeros(shape.tensor_shape(name), shape.dtype) for name in shape.pasts}
-        growing = set(shape.growing_pasts)
-        self.states = [name for name in shape.pasts if name not in growing]  # fixed-size, replaced every step
+        self.states = shape.state_pasts
 
     @property
     def slots(self) -> int:

@@ -53,7 +53,6 @@ class TokenStream:
         self.id = next(_ids)
         self.prompt_tokens = prompt_tokens
         self.cached_tokens = 0  # prompt tokens found in the slot's cache, not read again (runtime/prefix_cache.py)
-        self.prefix_looked_up = False  # whether the engine looked for them (prefix caching on, no recurrent state)
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
         self.error: InferenceError | None = None

@@ -38,7 +38,8 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
 class ServeMetrics:
-    def __init__(self, model_name: str, backend: str, prefix: str = "vllm:") -> None:
+    def __init__(self, model_name: str, backend: str, prefix: str = "vllm:", prefix_caching: bool = False) -> None:
+        """`prefix_caching`: whether the engine looks prompts up in its kept prefixes (the counters count then)."""
         disable_created_metrics()  # no `_created` series beside each counter and histogram, as vLLM
         self.registry = CollectorRegistry()
         labels = ["model_name"]
@@ -70,13 +71,14 @@ class ServeMetrics:
         self.prompt_lengths = histogram("request_prompt_tokens", "Prompt tokens per request", TOKEN_BUCKETS)
         self.output_lengths = histogram("request_generation_tokens", "Generated tokens per request", TOKEN_BUCKETS)
         self._model = model_name
+        self._prefix_caching = prefix_caching
         self.backend.labels(model_name, backend).set(1)
 
     def finished(self, stream: TokenStream, reason: str) -> None:
         """A request answered: its tokens and timings."""
         model, timings = self._model, stream.timings
         self.prompt_tokens.labels(model).inc(stream.prompt_tokens)
-        if stream.prefix_looked_up:
+        if self._prefix_caching:
             self.prefix_queries.labels(model).inc(stream.prompt_tokens)
             self.prefix_hits.labels(model).inc(stream.cached_tokens)
         self.generation_tokens.labels(model).inc(stream.completion_tokens)

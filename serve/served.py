@@ -75,7 +75,8 @@ class Served:
             )
         else:
             self.embedder = Embedder(model, self.codec)
-        self.metrics = ServeMetrics(self.name, model.backend, settings.metrics_prefix)
+        prefix_caching = self.engine is not None and self.engine.prefix_caching
+        self.metrics = ServeMetrics(self.name, model.backend, settings.metrics_prefix, prefix_caching)
 
     def check(self, model: str | None) -> None:
         """503 until loaded; 404 for another model's name."""
