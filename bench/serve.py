@@ -100,11 +100,11 @@ def one_at_a_time(artifact: str, out: str) -> None:
     Path(out).write_text(json.dumps(result))
 
 
-def in_process(artifact: str, clients: int) -> dict[str, Any]:
+def in_process(artifact: str, clients: int, backend: str = "onnxruntime") -> dict[str, Any]:
     """The 32-client level on the engine itself (`load().engine`, threads as clients, no HTTP), with the time
     its model calls take, prefill and decode apart: where the server's time goes.
 
-        .venv/bin/python -m bench.serve --in-process ARTIFACT [CLIENTS]
+        .venv/bin/python -m bench.serve --in-process ARTIFACT [CLIENTS [BACKEND]]
     """
     from collections import defaultdict
 
@@ -114,7 +114,7 @@ def in_process(artifact: str, clients: int) -> dict[str, Any]:
 
     items = workload(LEVELS[clients], seed=clients)
     calls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])  # calls, seconds, tokens or rows
-    with load(artifact, backend="onnxruntime") as model, model.engine(slots=SLOTS) as engine:
+    with load(artifact, backend=backend) as model, model.engine(slots=SLOTS) as engine:
         list(engine.submit(np.array(items[0].prompt), max_new_tokens=4))  # warm-up
         step = engine._slots.step
 
@@ -141,7 +141,8 @@ def main() -> None:
         one_at_a_time(sys.argv[2], sys.argv[3])
         return
     if sys.argv[1:2] == ["--in-process"]:
-        print(json.dumps(in_process(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 32), indent=2))
+        clients, backend = (sys.argv[3:] + ["32", "onnxruntime"][len(sys.argv[3:]) :])[:2]
+        print(json.dumps(in_process(sys.argv[2], int(clients), backend), indent=2))
         return
     arguments = sys.argv[1:]
     openvino = None

@@ -17,6 +17,7 @@ import numpy as np
 from tensorsmith.runtime.artifact import Artifact
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.errors import BackendUnavailable, InferenceError, RuntimeLoadError
+from tensorsmith.runtime.openvino_ops import conversion_extensions
 from tensorsmith.runtime.specs import Limits, TensorSpec
 
 if TYPE_CHECKING:
@@ -43,12 +44,8 @@ def openvino_unavailable() -> str | None:
 
 
 def open_backend(artifact: Artifact) -> OpenVinoBackend:
-    """The cpu variant (runtime/backends.py), where OpenVINO is installed and has the graph's ops."""
-    if artifact.static_cache:
-        raise BackendUnavailable(
-            "OpenVINO has no TensorScatter for the static KV cache",
-            hint="compile with --kv-cache dynamic, or use backend='auto'",
-        )
+    """The cpu variant (runtime/backends.py), where OpenVINO is installed and has the graph's ops (a static KV
+    cache's TensorScatter through runtime/openvino_ops.py)."""
     reason = openvino_unavailable()
     if reason is not None:
         raise BackendUnavailable(reason, hint="use backend='auto'")
@@ -86,6 +83,8 @@ class OpenVinoBackend(Backend):
             properties["INFERENCE_NUM_THREADS"] = threads
         properties.update(config or {})
         core = openvino.Core()
+        for extension in conversion_extensions():
+            core.add_extension(extension)
         try:
             # The ONNX frontend keeps the file's dynamic dims, so one compiled model serves every batch and
             # sequence length (and a KV cache's zero-length past).

@@ -88,7 +88,8 @@ def build_variants(
     if cpu is None or cpu.name in tuned:  # its variant, backend and session chosen together (cpu_choice.py)
         return variants
     specs = Signature([record.spec() for record in fused.inputs], [record.spec() for record in fused.outputs])
-    # OpenVINO has no TensorScatter (opset 24): a decoder's static KV cache runs on ONNX Runtime
+    # a decoder's static KV cache runs on ONNX Runtime, which writes it in place; OpenVINO returns each step's cache
+    # as a new tensor to copy back (runtime/openvino_ops.py), which a forward's timing would not show
     static_cache = config.generation.kv_cache != "dynamic" and any(
         r.name.startswith("past_key_values.") for r in fused.inputs
     )

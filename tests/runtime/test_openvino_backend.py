@@ -189,14 +189,28 @@ def test_minilm_fp32_and_its_int8_qdq_cpu_variant_run_on_openvino(minilm_int8: P
 
 @pytest.fixture
 def tinylm(tinylm_dynamic_cache_artifact: Path) -> Path:
-    return tinylm_dynamic_cache_artifact  # OpenVINO has no TensorScatter: the dynamic cache (tests/conftest.py)
+    return tinylm_dynamic_cache_artifact  # the growing cache (tests/conftest.py); the static one is tested below
 
 
 @needs_openvino
-def test_a_static_cache_decoder_is_refused_on_openvino_with_the_way_out(tinylm_cpu_artifact: Path) -> None:
-    with pytest.raises(RuntimeLoadError, match="TensorScatter") as caught:
-        load(tinylm_cpu_artifact, backend="openvino")
-    assert "--kv-cache dynamic" in str(caught.value.hint)
+def test_a_static_cache_decoder_generates_and_serves_on_openvino_as_on_onnxruntime(tinylm_cpu_artifact: Path) -> None:
+    """The static cache's TensorScatter and grouped-query Attention through runtime/openvino_ops.py: `generate`
+    and the continuous-batching engine (4 requests over 3 slots, so that one waits for a freed slot) give ONNX
+    Runtime's greedy tokens."""
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 200, (length,)).astype(np.int64) for length in (5, 17, 9, 30)]
+    with load(tinylm_cpu_artifact, backend="onnxruntime") as reference:
+        expected = [reference.generate(p[None], max_new_tokens=10, eos_token_id=[])[0, len(p) :] for p in prompts]
+    with load(tinylm_cpu_artifact, backend="openvino") as model:
+        assert model.backend == "openvino:CPU"
+        for prompt, tokens in zip(prompts, expected, strict=True):
+            np.testing.assert_array_equal(
+                model.generate(prompt[None], max_new_tokens=10, eos_token_id=[])[0, len(prompt) :], tokens
+            )
+        with model.engine(slots=3) as engine:
+            streams = [engine.submit(prompt, max_new_tokens=10, ignore_eos=True) for prompt in prompts]
+            served = [[int(token) for token in stream] for stream in streams]
+    assert served == [tokens.tolist() for tokens in expected]
 
 
 @needs_openvino
