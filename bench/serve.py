@@ -2,7 +2,10 @@
 beside one request at a time through `load().generate` and OpenVINO GenAI's continuous-batching pipeline on the
 same model, each side its own process.
 
-    .venv/bin/python -m bench.serve [smollm-135m] [--openvino /tmp/ov-venv/bin/python OV_MODEL_DIR]
+    .venv/bin/python -m bench.serve [smollm-135m] [--openvino /tmp/ov-venv/bin/python OV_MODEL_DIR] [-- COMPILE_FLAGS]
+
+COMPILE_FLAGS go to our side's compile (e.g. `--precision int4 --int4-algorithm rtn --int4-block-size 64`, beside
+an OpenVINO model exported with `--weight-format int4 --group-size 64 --sym`).
 
 The model: a decoder of the shape's public config (bench/shapes.py, seeded bf16 weights), compiled for the cpu
 target (`--max-sequence-length 512 --max-batch 32`: the workload's longest request is 384 tokens). The workload
@@ -141,10 +144,15 @@ def main() -> None:
         one_at_a_time(sys.argv[2], sys.argv[3])
         return
     if sys.argv[1:2] == ["--in-process"]:
-        clients, backend = (sys.argv[3:] + ["32", "onnxruntime"][len(sys.argv[3:]) :])[:2]
-        print(json.dumps(in_process(sys.argv[2], int(clients), backend), indent=2))
+        clients = int(sys.argv[3]) if len(sys.argv) > 3 else 32
+        backend = sys.argv[4] if len(sys.argv) > 4 else "onnxruntime"
+        print(json.dumps(in_process(sys.argv[2], clients, backend), indent=2))
         return
     arguments = sys.argv[1:]
+    compile_flags: list[str] = []
+    if "--" in arguments:
+        at = arguments.index("--")
+        arguments, compile_flags = arguments[:at], arguments[at + 1 :]
     openvino = None
     if "--openvino" in arguments:
         at = arguments.index("--openvino")
@@ -152,11 +160,12 @@ def main() -> None:
         del arguments[at : at + 3]
     shape = arguments[0] if arguments else "smollm-135m"
     checkpoint = make_checkpoint(shape, SHAPES_DIRECTORY / shape)
-    results: dict[str, Any] = {"shape": shape}
+    results: dict[str, Any] = {"shape": shape, "compile_flags": compile_flags}
     with tempfile.TemporaryDirectory(prefix="tensorsmith-serve-") as scratch:
         artifact = Path(scratch) / "artifact"
         subprocess.run([str(Path(sys.executable).with_name("tensorsmith")), "compile", str(checkpoint), "-o",
-                        str(artifact), "--target", "cpu", "--max-sequence-length", "512", "--max-batch", str(SLOTS)],
+                        str(artifact), "--target", "cpu", "--max-sequence-length", "512", "--max-batch", str(SLOTS),
+                        *compile_flags],
                        check=True, stdout=subprocess.DEVNULL)  # fmt: skip
         results["tensorsmith serve (slots 32)"] = serve_side(artifact)
         out = Path(scratch) / "one.json"

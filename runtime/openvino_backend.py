@@ -17,7 +17,7 @@ import numpy as np
 from tensorsmith.runtime.artifact import Artifact
 from tensorsmith.runtime.backend import Backend
 from tensorsmith.runtime.errors import BackendUnavailable, InferenceError, RuntimeLoadError
-from tensorsmith.runtime.openvino_ops import conversion_extensions
+from tensorsmith.runtime.openvino_ops import UNSUPPORTED, conversion_extensions
 from tensorsmith.runtime.specs import Limits, TensorSpec
 
 if TYPE_CHECKING:
@@ -50,7 +50,9 @@ def open_backend(artifact: Artifact) -> OpenVinoBackend:
     if reason is not None:
         raise BackendUnavailable(reason, hint="use backend='auto'")
     path, _ = artifact.cpu_variant()
-    return OpenVinoBackend(path, artifact.inputs, artifact.outputs, limits=artifact.manifest.dims)
+    return OpenVinoBackend(
+        path, artifact.inputs, artifact.outputs, limits=artifact.manifest.dims, static_cache=artifact.static_cache
+    )
 
 
 class OpenVinoBackend(Backend):
@@ -64,11 +66,13 @@ class OpenVinoBackend(Backend):
         performance_hint: str = "LATENCY",
         inference_precision: str = "f32",
         config: Mapping[str, object] | None = None,
+        static_cache: bool = False,
     ) -> None:
         """`threads`: OpenVINO's INFERENCE_NUM_THREADS (None: its default, every core); `performance_hint`:
         LATENCY (one stream, for one caller) or THROUGHPUT; `inference_precision`: f32 by default, because on a
         CPU with AMX OpenVINO would otherwise compute the float layers in bf16, not what the artifact's
-        accuracy was measured in; `config`: further CPU plugin properties, over SAFE_CONFIG."""
+        accuracy was measured in; `config`: further CPU plugin properties, over SAFE_CONFIG; `static_cache`: the
+        graph is a static-cache decoder's, whose Attention nodes runtime/openvino_ops.py translates."""
         super().__init__(inputs, outputs, limits)
         try:
             import openvino
@@ -83,7 +87,7 @@ class OpenVinoBackend(Backend):
             properties["INFERENCE_NUM_THREADS"] = threads
         properties.update(config or {})
         core = openvino.Core()
-        for extension in conversion_extensions():
+        for extension in conversion_extensions(grouped_attention=static_cache):
             core.add_extension(extension)
         try:
             # The ONNX frontend keeps the file's dynamic dims, so one compiled model serves every batch and
@@ -136,11 +140,16 @@ def _onnx_name(names: set[str], spec_names: set[str]) -> str:
 
 # OpenVINO's location lines (`Exception from src/...cpp:84:`, `Check '...' failed at src/...cpp:117:`)
 _LOCATION = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:\d+:)$")
+# a translator of runtime/openvino_ops.py refusing a node, inside the frontend's report (its Python stack follows)
+_REFUSED = re.compile(rf"ONNX node '<Node\((\w+)\): ([^>]*)>': ValueError: (.*?{UNSUPPORTED}.*?\))")
 
 
 def openvino_reason(err: BaseException) -> str:
     """OpenVINO's error as one line, without the source locations it stacks in front (the rest names the file,
-    the node or the op)."""
+    the node or the op); a node runtime/openvino_ops.py refused, as its own line and the node's name."""
+    refused = _REFUSED.search(str(err))
+    if refused is not None:
+        return f"{refused.group(3)}, node '{refused.group(2)}'"
     lines = [line.strip() for line in str(err).splitlines()]
     kept = [line for line in lines if line and not _LOCATION.match(line)]
     return " ".join(kept) if kept else type(err).__name__

@@ -22,7 +22,9 @@ def _value(name: str, dtype: int, shape: list[int | str]) -> onnx.ValueInfoProto
     return helper.make_tensor_value_info(name, dtype, shape)
 
 
-def cached_step_onnx(path: Path, mask_dtype: int, scale: float | None) -> Path:
+def cached_step_onnx(
+    path: Path, mask_dtype: int, scale: float | None, value_dim: int = HEAD_DIM, mask_heads: int = 1
+) -> Path:
     """A static-cache attention step: the new keys and values written into the caches at each row's write index
     (TensorScatter), then Attention of 6 query heads over the 2 key/value heads of the whole cache."""
     attrs: dict[str, object] = {"q_num_heads": QUERY_HEADS, "kv_num_heads": KV_HEADS}
@@ -33,17 +35,17 @@ def cached_step_onnx(path: Path, mask_dtype: int, scale: float | None) -> Path:
         helper.make_node("TensorScatter", ["past_value", "value", "write_indices"], ["present_value"], axis=-2),
         helper.make_node("Attention", ["query", "present_key", "present_value", "mask"], ["y"], **attrs),
     ]
-    cache = [BATCH, KV_HEADS, CACHE, HEAD_DIM]
+    key_cache, value_cache = [BATCH, KV_HEADS, CACHE, HEAD_DIM], [BATCH, KV_HEADS, CACHE, value_dim]
     graph = helper.make_graph(
         nodes, "cached_step",
         [_value("query", TensorProto.FLOAT, [BATCH, QUERY_HEADS, NEW, HEAD_DIM]),
          _value("key", TensorProto.FLOAT, [BATCH, KV_HEADS, NEW, HEAD_DIM]),
-         _value("value", TensorProto.FLOAT, [BATCH, KV_HEADS, NEW, HEAD_DIM]),
-         _value("past_key", TensorProto.FLOAT, cache), _value("past_value", TensorProto.FLOAT, cache),
+         _value("value", TensorProto.FLOAT, [BATCH, KV_HEADS, NEW, value_dim]),
+         _value("past_key", TensorProto.FLOAT, key_cache), _value("past_value", TensorProto.FLOAT, value_cache),
          _value("write_indices", TensorProto.INT64, [BATCH]),
-         _value("mask", mask_dtype, [BATCH, 1, NEW, CACHE])],
-        [_value("y", TensorProto.FLOAT, [BATCH, QUERY_HEADS, NEW, HEAD_DIM]),
-         _value("present_key", TensorProto.FLOAT, cache), _value("present_value", TensorProto.FLOAT, cache)],
+         _value("mask", mask_dtype, [BATCH, mask_heads, NEW, CACHE])],
+        [_value("y", TensorProto.FLOAT, [BATCH, QUERY_HEADS, NEW, value_dim]),
+         _value("present_key", TensorProto.FLOAT, key_cache), _value("present_value", TensorProto.FLOAT, value_cache)],
     )  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)]), str(path))
     return path
@@ -59,35 +61,44 @@ def _specs(model: onnx.ModelProto) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return [spec(value) for value in model.graph.input], [spec(value) for value in model.graph.output]
 
 
-def _feeds(mask_dtype: int) -> dict[str, np.ndarray]:
+def _feeds(mask_dtype: int, value_dim: int = HEAD_DIM, mask_heads: int = 1) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     write = np.array([2, 9])  # each row's new entries land at its own slots
     visible = np.arange(CACHE)[None, None, :] <= (write[:, None, None] + np.arange(NEW)[None, :, None])  # causal
-    visible = visible[:, None]  # [batch, 1, new, cache]
+    visible = np.repeat(visible[:, None], mask_heads, axis=1)  # [batch, heads, new, cache]
+    if mask_heads > 1:
+        visible[0, 1:] &= rng.random(visible[0, 1:].shape) < 0.5  # heads that see differently
+        visible[1, 4, 0] = False  # a query that sees nothing: zeros, not NaN
     mask = visible if mask_dtype == TensorProto.BOOL else np.where(visible, 0.0, -1e9).astype(np.float32)
-    cache = (BATCH, KV_HEADS, CACHE, HEAD_DIM)
     return {
         "query": rng.standard_normal((BATCH, QUERY_HEADS, NEW, HEAD_DIM), np.float32),
         "key": rng.standard_normal((BATCH, KV_HEADS, NEW, HEAD_DIM), np.float32),
-        "value": rng.standard_normal((BATCH, KV_HEADS, NEW, HEAD_DIM), np.float32),
-        "past_key": rng.standard_normal(cache, np.float32),
-        "past_value": rng.standard_normal(cache, np.float32),
+        "value": rng.standard_normal((BATCH, KV_HEADS, NEW, value_dim), np.float32),
+        "past_key": rng.standard_normal((BATCH, KV_HEADS, CACHE, HEAD_DIM), np.float32),
+        "past_value": rng.standard_normal((BATCH, KV_HEADS, CACHE, value_dim), np.float32),
         "write_indices": write,
         "mask": mask,
     }
 
 
 @needs_openvino
-@pytest.mark.parametrize(("mask_dtype", "scale"), [(TensorProto.FLOAT, 1.0), (TensorProto.BOOL, None)])
+@pytest.mark.parametrize(
+    ("mask_dtype", "scale", "value_dim", "mask_heads"),
+    [(TensorProto.FLOAT, 1.0, HEAD_DIM, 1), (TensorProto.BOOL, None, HEAD_DIM, 1),
+     (TensorProto.FLOAT, 0.5, 2 * HEAD_DIM, 1), (TensorProto.BOOL, 1.0, HEAD_DIM, QUERY_HEADS)],
+    ids=["additive", "boolean-default-scale", "values-wider-than-keys", "a-boolean-mask-per-query-head"],
+)  # fmt: skip
 def test_a_static_cache_step_runs_on_openvino_as_on_onnxruntime(
-    mask_dtype: int, scale: float | None, tmp_path: Path
+    mask_dtype: int, scale: float | None, value_dim: int, mask_heads: int, tmp_path: Path
 ) -> None:
-    """Additive mask with the passes' folded scale, and boolean mask with Attention's default 1/sqrt(head_dim)."""
-    path = cached_step_onnx(tmp_path / "step.onnx", mask_dtype, scale)
-    feeds = _feeds(mask_dtype)
+    """The passes' additive mask with the scale folded; a boolean mask with Attention's default 1/sqrt(head_dim);
+    values of another head size than the keys (DeepSeek's decompressed cache); a mask per query head with a
+    query that sees no slot."""
+    path = cached_step_onnx(tmp_path / "step.onnx", mask_dtype, scale, value_dim, mask_heads)
+    feeds = _feeds(mask_dtype, value_dim, mask_heads)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     expected = dict(zip(["y", "present_key", "present_value"], session.run(None, feeds), strict=True))
-    with OpenVinoBackend(path, *_specs(onnx.load(str(path))), threads=2) as backend:
+    with OpenVinoBackend(path, *_specs(onnx.load(str(path))), threads=2, static_cache=True) as backend:
         actual = backend.run(feeds)
     for name in ("present_key", "present_value"):  # every untouched slot as it was, the new rows where they go
         np.testing.assert_array_equal(actual[name], expected[name])
@@ -96,10 +107,30 @@ def test_a_static_cache_step_runs_on_openvino_as_on_onnxruntime(
 
 
 @needs_openvino
-def test_an_attention_form_the_passes_do_not_write_is_refused_naming_it(tmp_path: Path) -> None:
+def test_tensor_scatter_without_write_indices_writes_from_the_first_slot(tmp_path: Path) -> None:
     model = onnx.load(str(cached_step_onnx(tmp_path / "step.onnx", TensorProto.FLOAT, 1.0)))
-    attention = model.graph.node[2]
-    attention.attribute.append(helper.make_attribute("softcap", 30.0))
-    onnx.save(model, str(tmp_path / "softcap.onnx"))
-    with pytest.raises(RuntimeLoadError, match=r"Attention with softcap: not converted for OpenVINO"):
-        OpenVinoBackend(tmp_path / "softcap.onnx", *_specs(model), threads=2)
+    for node in model.graph.node[:2]:
+        del node.input[2]
+    del model.graph.input[5]  # write_indices
+    onnx.save(model, str(tmp_path / "from_zero.onnx"))
+    feeds = _feeds(TensorProto.FLOAT)
+    del feeds["write_indices"]
+    session = onnxruntime.InferenceSession(str(tmp_path / "from_zero.onnx"), providers=["CPUExecutionProvider"])
+    with OpenVinoBackend(tmp_path / "from_zero.onnx", *_specs(model), threads=2, static_cache=True) as backend:
+        actual = backend.run(feeds)
+    np.testing.assert_array_equal(actual["present_key"], session.run(["present_key"], feeds)[0])
+
+
+@needs_openvino
+@pytest.mark.parametrize(("attribute", "value", "named"), [("softcap", 30.0, "softcap"), ("is_causal", 1, "is_causal")])
+def test_an_attention_form_the_passes_do_not_write_is_refused_in_one_line_naming_it(
+    attribute: str, value: object, named: str, tmp_path: Path
+) -> None:
+    model = onnx.load(str(cached_step_onnx(tmp_path / "step.onnx", TensorProto.FLOAT, 1.0)))
+    model.graph.node[2].attribute.append(helper.make_attribute(attribute, value))
+    onnx.save(model, str(tmp_path / "refused.onnx"))
+    with pytest.raises(RuntimeLoadError) as caught:
+        OpenVinoBackend(tmp_path / "refused.onnx", *_specs(model), threads=2, static_cache=True)
+    message = str(caught.value)
+    assert f"Attention with {named}: not converted for OpenVINO (use backend='onnxruntime'), node '" in message
+    assert "\n" not in message and "Traceback" not in message and ".py(" not in message
