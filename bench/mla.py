@@ -1,7 +1,7 @@
 """DeepSeek-V2-Lite's layers on the cpu target: the latent cache against the decompressed one, and routed experts
 against every expert, each side compiled and measured in its own process.
 
-    python -m bench.mla [--layers=N]        (default 2: the dense first layer and one MoE layer)
+    python -m bench.mla [--layers=N] [--sides=latent,full,every]   (default 2 layers: the dense first and one MoE)
 
 The checkpoint has DeepSeek-V2-Lite's config.json values (hidden 2048, 16 heads, kv_lora_rank 512, qk_rope 64,
 qk_nope 128, v_head 128, 64 routed experts of 1,408, 6 active, 2 shared, a vocabulary of 102,400) with its first N
@@ -29,6 +29,8 @@ from bench.shapes import SAMPLE, TOKENIZER_FILES, shape_config, write_checkpoint
 
 SIDES = {"latent cache, routed experts": ("latent", "routed"), "full cache, routed experts": ("full", "routed"),
          "latent cache, every expert": ("latent", "every")}  # fmt: skip
+SHORT = {"latent": "latent cache, routed experts", "full": "full cache, routed experts",
+         "every": "latent cache, every expert"}  # fmt: skip
 PROMPTS = (128, 1024)
 
 
@@ -61,10 +63,12 @@ def main() -> None:
         _compile_side(*sys.argv[2:6])
         return
     layers = next((int(arg.split("=")[1]) for arg in sys.argv if arg.startswith("--layers=")), 2)
+    chosen = next((arg.split("=")[1].split(",") for arg in sys.argv if arg.startswith("--sides=")), list(SHORT))
+    sides = {SHORT[name]: SIDES[SHORT[name]] for name in chosen}
     checkpoint = _checkpoint(layers, Path(f"/tmp/tensorsmith-shapes/deepseek-v2-lite-{layers}l"))
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tensorsmith-mla-") as scratch:
-        for side, (mla_cache, experts) in SIDES.items():
+        for side, (mla_cache, experts) in sides.items():
             out = Path(scratch) / side.replace(" ", "-").replace(",", "")
             figures = _process([sys.executable, "-m", "bench.mla", "--compile", mla_cache, experts, str(checkpoint),
                                 str(out)], Path(scratch) / f"{out.name}.log")  # fmt: skip

@@ -148,12 +148,15 @@ def check_resources(
         )
     if found.disk > found.free_disk:
         short.append(f"{found.disk / GB:.0f} GB of disk ({found.free_disk / GB:.0f} GB free on {found.disk_path})")
-    memory_hint = (
-        f"this machine's memory holds decoders up to about {found.largest_fitting() / 1e9:.1f}B parameters "
-        "(--precision int4); "
-        if found.memory_short
-        else ""
-    )
+    if not found.memory_short:
+        memory_hint = ""
+    elif streamed:
+        memory_hint = (
+            f"this machine's memory holds decoders up to about {found.largest_fitting() / 1e9:.1f}B parameters "
+            "(--precision int4); "
+        )
+    else:  # the whole float32 module, whatever the precision
+        memory_hint = "its weights are loaded whole as float32 (their tensors are converted as they load); "
     raise ConfigError(
         f"{directory}: compiling {found.parameters / 1e9:.2f}B parameters ({plan.request} for {targets}) needs about "
         f"{' and '.join(short)}",

@@ -12,11 +12,17 @@ It is used only where the layers are the same by construction: config.json gives
 (`layer_types` all alike, no per-layer lists), layer 0 and layer 1 trace to the same ops, and layer 1 hands on a
 single activation. Anything else is traced whole. The compile's verification runs the stamped graph against the
 full transformers model, so a difference the checks miss still fails loudly.
+
+Mixtures of experts stamp too: a mixture layer's If (compiler/frontend/routed_experts.py) reads the layer's
+stacked experts inside its branches, from outside them, so a layer's weights and activations are found through
+subgraphs (layer_graph.py), and the clones' branches read their own layer's experts. The pair count that chooses
+the branch is computed once by the trace, in the first mixture layer, and shared with the next: it is not a
+difference between them. Dense first layers (DeepSeek's `first_k_dense_replace`: 1 in V2-Lite, 3 in V3) are
+traced as they are, with the two layers after them; the stamping starts from the second of those.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import logging
 import re
@@ -28,6 +34,15 @@ import onnx_ir as ir
 from onnx_ir._cloner import Cloner
 
 from tensorsmith.compiler.frontend.config_json import ConfigJson
+from tensorsmith.compiler.frontend.layer_graph import (
+    NAME_SCOPES,
+    depending_on,
+    in_layer,
+    layer_nodes,
+    lent_to_next,
+    reads,
+    with_subgraphs,
+)
 from tensorsmith.core.checkpoint_references import REFERENCE_KEY
 
 if TYPE_CHECKING:
@@ -38,11 +53,10 @@ logger = logging.getLogger(__name__)
 
 TRACED_LAYERS = 2  # layer 0 (it may differ: it reads the embeddings) and layer 1, the template for the rest
 MIN_LAYERS = 4  # below this the trace of the whole stack costs little
-NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # the dynamo exporter's module path of each node
+LEADING_KEY = "first_k_dense_replace"  # config.json's count of dense layers before the mixture-of-experts ones
 # config.json keys that make some layers differ from others (MoE every k layers, dense first layers, …)
 PER_LAYER_KEYS = (
     "mlp_only_layers",
-    "first_k_dense_replace",
     "decoder_sparse_step",
     "moe_layer_freq",
     "interleave_moe_layer_step",
@@ -65,6 +79,17 @@ class LayerStack:
     count: int
     parent: torch.nn.Module  # the module holding the list
     attribute: str
+    lead: int = 0  # layers before the repeated kind (DeepSeek's dense first layers), traced as they are
+
+    @property
+    def template(self) -> int:
+        """The layer the rest are stamped from: the second of the repeated kind (the first may differ, reading
+        what the lead layers or the embeddings hand on)."""
+        return self.lead + 1
+
+    @property
+    def traced(self) -> int:
+        return self.lead + TRACED_LAYERS
 
 
 def find_layer_stack(module: torch.nn.Module, count: int) -> LayerStack | None:
@@ -91,11 +116,20 @@ def per_layer_variation(config: ConfigJson, count: int) -> str | None:
     return None
 
 
+def leading_layers(config: ConfigJson) -> int:
+    """The dense layers config.json puts before the mixture-of-experts ones (DeepSeek's first_k_dense_replace):
+    traced as they are, the stamping starting after them."""
+    value = config.get(LEADING_KEY)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 @contextlib.contextmanager
-def truncated(stack: LayerStack, configs: list[PretrainedConfig], keep: int = TRACED_LAYERS) -> Iterator[None]:
-    """The module with only its first `keep` layers (and its configs saying so), for the trace; restored after."""
+def truncated(stack: LayerStack, configs: list[PretrainedConfig]) -> Iterator[None]:
+    """The module with only its first `stack.traced` layers (and its configs saying so), for the trace; restored
+    after."""
     import torch
 
+    keep = stack.traced
     layers = getattr(stack.parent, stack.attribute)
     counts = [config.num_hidden_layers for config in configs]
     setattr(stack.parent, stack.attribute, torch.nn.ModuleList(list(layers)[:keep]))
@@ -109,49 +143,15 @@ def truncated(stack: LayerStack, configs: list[PretrainedConfig], keep: int = TR
             config.num_hidden_layers = count
 
 
-def _scopes(node: ir.Node) -> list[str]:
-    text = node.metadata_props.get(NAME_SCOPES, "")
-    try:
-        return [str(scope) for scope in ast.literal_eval(text)] if text else []
-    except (ValueError, SyntaxError):
-        return []
-
-
-def _in_layer(node: ir.Node, layer_path: str) -> bool:
-    return layer_path in _scopes(node)
-
-
-def _layer_nodes(graph: ir.Graph, layer_path: str) -> list[ir.Node]:
-    """The nodes of the layer at `layer_path`, in order: those its module made, and those the optimizer made
-    without a module path (a Split for a layer's Slices) from their values."""
-    members: list[ir.Node] = []
-    produced: set[int] = set()
-    for node in graph:
-        unscoped = NAME_SCOPES not in node.metadata_props
-        if _in_layer(node, layer_path) or (unscoped and any(id(v) in produced for v in node.inputs if v)):
-            members.append(node)
-            produced.update(id(output) for output in node.outputs)
-    return members
-
-
 def check_alike(model: ir.Model, stack: LayerStack) -> None:
-    """Layers 0 and 1 of the (unoptimized) trace are the same ops, or the layers are not stamped."""
-    first, second = ([node for node in model.graph if _in_layer(node, f"{stack.path}.{i}")] for i in (0, 1))
-    if not second or _ops(first) != _ops(second):
-        raise StampingRefused("layers 0 and 1 trace to different ops")
-
-
-def _depending_on(nodes: list[ir.Node], weight_prefix: str) -> set[int]:
-    """ids of the values `nodes` (in order) compute from a weight named with `weight_prefix`."""
-    found: set[int] = set()
-    for node in nodes:
-        if any(
-            value is not None
-            and (id(value) in found or (value.is_graph_input() and str(value.name).startswith(weight_prefix)))
-            for value in node.inputs
-        ):
-            found.update(id(output) for output in node.outputs)
-    return found
+    """The template layer and the one before it (layers 0 and 1 without lead layers) of the (unoptimized) trace
+    are the same ops, but for what the first computes once for both from no weight of its own (a mixture of
+    experts' pair count), or the layers are not stamped."""
+    before, template = stack.template - 1, stack.template
+    first, second = ([node for node in model.graph if in_layer(node, f"{stack.path}.{i}")] for i in (before, template))
+    lent = lent_to_next(first, second, f"{stack.path}.{before}.")
+    if not second or _ops([node for node in first if id(node) not in lent]) != _ops(second):
+        raise StampingRefused(f"layers {before} and {template} trace to different ops")
 
 
 def _ops(nodes: list[ir.Node]) -> list[str]:
@@ -159,8 +159,8 @@ def _ops(nodes: list[ir.Node]) -> list[str]:
     return [node.op_type for node in nodes if node.op_type != "Constant"]
 
 
-def _renamed_scopes(text: str, stack: str, layer: int) -> str:
-    return re.sub(rf"{re.escape(stack)}\.1(?=[.'\]])", f"{stack}.{layer}", text)
+def _renamed_scopes(text: str, stack: str, template: int, layer: int) -> str:
+    return re.sub(rf"{re.escape(stack)}\.{template}(?=[.'\]])", f"{stack}.{layer}", text)
 
 
 def _input_like(graph: ir.Graph, old: ir.Value, name: str) -> ir.Value:
@@ -212,26 +212,27 @@ def stamp_layers(
     for a name the module does not have; the new layers' weights are added to `lifted`; `past_names` and
     `present_names`: the graph inputs and outputs of every layer, two a layer, in order."""
     graph = model.graph
-    template, first = _layer_nodes(graph, f"{stack.path}.1"), _layer_nodes(graph, f"{stack.path}.0")
+    index = stack.template
+    template, first = layer_nodes(graph, f"{stack.path}.{index}"), layer_nodes(graph, f"{stack.path}.{index - 1}")
     if not template:
-        raise StampingRefused(f"no node of the trace is in {stack.path}.1")
-    inside = {id(node) for node in template}
-    from_first_weights = _depending_on(first, f"{stack.path}.0.")
+        raise StampingRefused(f"no node of the trace is in {stack.path}.{index}")
+    inside = {id(member) for node in template for member in with_subgraphs(node)}
+    from_first_weights = depending_on(first, f"{stack.path}.{index - 1}.")
     inputs = {value.name: value for value in graph.inputs}
     outputs = {value.name: value for value in graph.outputs}
-    weight_prefix = f"{stack.path}.1."
+    weight_prefix = f"{stack.path}.{index}."
 
     carried_in: list[ir.Value] = []
     weights: list[ir.Value] = []
     for node in template:
-        for value in node.inputs:
-            if value is None or value in carried_in or value in weights:
+        for value in reads(node):  # an If's branches read the layer's experts from outside them
+            if value in carried_in or value in weights:
                 continue
             if value.is_graph_input() and value.name and value.name.startswith(weight_prefix):
                 weights.append(value)  # lifted by `weights_as_inputs`
             elif id(value) in from_first_weights:
                 carried_in.append(value)  # layer 0's activation (the optimizer shares layer 0's shape arithmetic)
-    from_template_weights = _depending_on(template, weight_prefix)
+    from_template_weights = depending_on(template, weight_prefix)
     carried_out = [
         value
         for node in template
@@ -242,15 +243,15 @@ def stamp_layers(
     ]
     if len(carried_in) != 1 or len(carried_out) != 1:
         counts = f"{len(carried_in)} and hands on {len(carried_out)}"
-        raise StampingRefused(f"layer 1 takes {counts} activations, not one")
-    past = [inputs.get(name) for name in past_names[2:4]]
-    present = [outputs.get(name) for name in present_names[2:4]]
+        raise StampingRefused(f"layer {index} takes {counts} activations, not one")
+    past = [inputs.get(name) for name in past_names[2 * index : 2 * index + 2]]
+    present = [outputs.get(name) for name in present_names[2 * index : 2 * index + 2]]
     if None in past or None in present:
-        raise StampingRefused("layer 1's past or present is not a graph input or output")
+        raise StampingRefused(f"layer {index}'s past or present is not a graph input or output")
 
     after = [(user, index) for user, index in carried_out[0].uses() if id(user) not in inside]  # the final norm
     previous, anchor = carried_out[0], template[-1]
-    for layer in range(TRACED_LAYERS, stack.count):
+    for layer in range(stack.traced, stack.count):
         value_map: dict[ir.Value, ir.Value | None] = {carried_in[0]: previous}
         for old, name in zip(past, past_names[2 * layer : 2 * layer + 2], strict=True):
             assert old is not None
@@ -268,7 +269,8 @@ def stamp_layers(
         def rename(node: ir.Node, layer: int = layer, suffix: str = suffix) -> None:
             node.name = f"{node.name}{suffix}" if node.name else None
             if NAME_SCOPES in node.metadata_props:
-                node.metadata_props[NAME_SCOPES] = _renamed_scopes(node.metadata_props[NAME_SCOPES], stack.path, layer)
+                scopes = node.metadata_props[NAME_SCOPES]
+                node.metadata_props[NAME_SCOPES] = _renamed_scopes(scopes, stack.path, index, layer)
             for output in node.outputs:
                 output.name = f"{output.name}{suffix}"
 
@@ -285,6 +287,6 @@ def stamp_layers(
         handed_on = value_map[carried_out[0]]
         assert handed_on is not None
         previous, anchor = handed_on, clones[-1]
-    for user, index in after:  # what came after layer 1 reads the last layer's activation
-        user.replace_input_with(index, previous)
-    logger.info("traced %d of %d layers; stamped the rest from %s.1", TRACED_LAYERS, stack.count, stack.path)
+    for user, position in after:  # what came after the template reads the last layer's activation
+        user.replace_input_with(position, previous)
+    logger.info("traced %d of %d layers; stamped the rest from %s.%d", stack.traced, stack.count, stack.path, index)

@@ -4,6 +4,7 @@ either the loaded module's or read from the checkpoint one tensor at a time (che
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,10 +20,10 @@ from tensorsmith.compiler.frontend.exporters import EXPORTED_NAME, dynamo_progra
 from tensorsmith.compiler.frontend.huggingface import build_module, class_config, experts_option, model_class
 from tensorsmith.compiler.frontend.layer_stamping import (
     MIN_LAYERS,
-    TRACED_LAYERS,
     StampingRefused,
     check_alike,
     find_layer_stack,
+    leading_layers,
     per_layer_variation,
     stamp_layers,
     truncated,
@@ -47,6 +48,7 @@ from tensorsmith.core.progress import Reporter
 if TYPE_CHECKING:
     import onnx_ir as ir
     import torch
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger("tensorsmith.compiler.frontend.export")  # one logger for the export, as before
 
@@ -58,6 +60,20 @@ def build_empty_decoder(
     never written, the checkpoint's persistent buffers loaded; with each tensor's name in the checkpoint by its
     name in the module. An ExportError where some parameter has no name in the checkpoint (transformers renames
     that family's keys as it loads them): the caller loads the module whole instead."""
+    loaded, names = _meta_decoder(model, weights)
+    try:
+        empty_parameters(loaded)  # address space only, but a strict overcommit policy may refuse it
+        load_buffers(loaded, weights, names)
+    except (RuntimeError, MemoryError) as err:
+        raise ExportError(f"{model.directory}: the empty module could not be made ({first_line(err)})") from err
+    module = kv_cache_module(loaded.eval(), mla_cache)
+    return module, {f"model.{name}": key for name, key in names.items()}  # kv_cache_module holds it as `model`
+
+
+def _meta_decoder(model: HuggingFaceModel, weights: CheckpointWeights) -> tuple[PreTrainedModel, dict[str, str]]:
+    """The decoder built on the meta device (nothing allocated) and each parameter's name in the checkpoint; an
+    ExportError where transformers cannot build it, or converts or renames tensors as it loads them (a mixture's
+    experts stacked from one tensor each): such a module is loaded whole."""
     import torch
 
     cls = model_class(model)
@@ -73,13 +89,7 @@ def build_empty_decoder(
             f"{model.directory}: transformers renames or converts some of {model.architecture}'s "
             "tensors as it loads them"
         )
-    try:
-        empty_parameters(loaded)  # address space only, but a strict overcommit policy may refuse it
-        load_buffers(loaded, weights, names)
-    except (RuntimeError, MemoryError) as err:
-        raise ExportError(f"{model.directory}: the empty module could not be made ({first_line(err)})") from err
-    module = kv_cache_module(loaded.eval(), mla_cache)
-    return module, {f"model.{name}": key for name, key in names.items()}  # kv_cache_module holds it as `model`
+    return loaded, names
 
 
 WeightTensor = Callable[[str], "ir.TensorProtocol"]  # a module's tensor name → the graph's tensor of its weight
@@ -117,7 +127,7 @@ def _stamping_refusal(model: HuggingFaceModel, config: CompileConfig) -> str | N
         return "asked for"
     layers = kv_layout(model.config).layers
     reason = per_layer_variation(model.config, layers)
-    if reason is None and layers < MIN_LAYERS:
+    if reason is None and layers < leading_layers(model.config) + MIN_LAYERS:
         reason = f"{layers} layers"  # the whole trace costs little
     return reason
 
@@ -136,15 +146,16 @@ def export_stamped(
     reason = _stamping_refusal(model, config)
     layout = kv_layout(model.config)
     layers = layout.layers
-    stack = find_layer_stack(module, layers) if reason is None else None
-    if reason is not None or stack is None:
+    found = find_layer_stack(module, layers) if reason is None else None
+    if reason is not None or found is None:
         logger.info("tracing every layer: %s", reason or "no module list of the layers")
         return None
+    stack = dataclasses.replace(found, lead=leading_layers(model.config))
     pasts, presents = past_names(layout), present_names(layout)
     trimmed = config.model_copy(
         update={
-            "inputs": [decl for decl in config.inputs if decl.name not in pasts[2 * TRACED_LAYERS :]],
-            "outputs": [name for name in config.outputs if name not in presents[2 * TRACED_LAYERS :]],
+            "inputs": [decl for decl in config.inputs if decl.name not in pasts[2 * stack.traced :]],
+            "outputs": [name for name in config.outputs if name not in presents[2 * stack.traced :]],
         }
     )
     held = (getattr(m, "config", None) for m in module.modules())  # transformers' configs, the model's and its parts'
@@ -175,7 +186,7 @@ def export_stamped(
     except ExportError:
         raise  # a damaged checkpoint tensor, named
     except Exception as err:  # the exporter's errors of any type: the whole trace gives its own, for the user
-        logger.info("tracing every layer: the trace of %d failed (%s)", TRACED_LAYERS, exporter_cause(err))
+        logger.info("tracing every layer: the trace of %d failed (%s)", stack.traced, exporter_cause(err))
         logger.debug("the trace of two layers", exc_info=True)
         return None
     reference = torch_reference(module, [decl.name for decl in config.inputs])
@@ -186,7 +197,7 @@ def export_stamped(
         if cause is err:
             raise
         raise cause from err
-    return ExportedModel(exported, "dynamo", None, reference, warned, traced_layers=TRACED_LAYERS)
+    return ExportedModel(exported, "dynamo", None, reference, warned, traced_layers=stack.traced)
 
 
 def _named_cause(err: BaseException) -> BaseException:
@@ -199,8 +210,15 @@ def _named_cause(err: BaseException) -> BaseException:
 
 def streams_weights(model: HuggingFaceModel, config: CompileConfig) -> bool:
     """Whether the export will read `model`'s weights from its checkpoint (no float32 module): a decoder whose
-    config.json says its layers are alike, as far as config.json tells (the trace may still refuse)."""
-    return model.is_decoder and _stamping_refusal(model, config) is None
+    config.json says its layers are alike (the trace may still refuse) and whose tensors transformers reads as
+    stored (a meta-device build, as the export's first step makes it)."""
+    if not model.is_decoder or _stamping_refusal(model, config) is not None:
+        return False
+    try:
+        _meta_decoder(model, model.checkpoint_weights())
+    except ExportError:
+        return False  # loaded whole: its float32 module counted in the estimate
+    return True
 
 
 def export_decoder_from_checkpoint(

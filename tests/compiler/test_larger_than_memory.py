@@ -273,3 +273,25 @@ def test_a_large_decoder_s_artifact_holds_what_its_targets_run(tmp_path: Path, m
     with pytest.raises(ArtifactError, match="neither a cpu target nor the fp32 reference graph"):
         load(tmp_path / "gpu")  # no GPU here, and nothing left to run without one
     assert plan_variants(CompileConfig.create({**int4, "targets": ["cpu"], "precision": "fp32"})).ships_reference
+
+
+def test_a_mixture_whose_experts_load_converted_is_estimated_whole(tmp_path: Path) -> None:
+    """transformers stacks a mixture's experts from one checkpoint tensor each as it loads them: such a decoder is
+    loaded whole as float32 (stamped_export.py), so its estimate counts the module, and a machine too small for
+    that refuses it in one line before any work (DeepSeek-V2-Lite's first 5 layers, 2.84B parameters, were killed
+    by the kernel at 23 GB in the graph passes while the estimate assumed streamed weights)."""
+    from tensorsmith.compiler.frontend.huggingface import read_model_directory
+    from tensorsmith.compiler.frontend.stamped_export import streams_weights
+    from tests.families import save_family
+
+    save_family("qwen2_moe", tmp_path / "moe", num_hidden_layers=4)
+    dense = _llama(tmp_path / "llama", layers=4)
+    config = CompileConfig.create({"source": str(tmp_path / "moe"), "targets": ["cpu"]})
+    assert not streams_weights(read_model_directory(tmp_path / "moe"), config)
+    assert streams_weights(read_model_directory(dense), config.model_copy(update={"source": str(dense)}))
+    plan = plan_variants(config, True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(resources, "available_memory", lambda: 10**6)
+        with pytest.raises(ConfigError, match="needs about") as caught:
+            check_resources(tmp_path / "moe", plan, tmp_path / "out", search=False, streamed=False)
+    assert "loaded whole as float32" in str(caught.value.hint)

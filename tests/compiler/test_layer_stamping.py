@@ -16,10 +16,11 @@ import torch
 
 from tensorsmith.compiler import CompileConfig
 from tensorsmith.compiler.frontend.fused import FusedGraph, fused_graph
-from tensorsmith.compiler.frontend.layer_stamping import per_layer_variation
+from tensorsmith.compiler.frontend.layer_stamping import leading_layers, per_layer_variation
 from tensorsmith.compiler.frontend.source import open_source
 from tensorsmith.core.module_paths import MODULE_KEY
 from tensorsmith.core.progress import LogReporter
+from tests.families import save_family
 
 COMMON = {"vocab_size": 256, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 LAYERS = 4
@@ -100,6 +101,30 @@ def test_the_stamped_graph_is_the_whole_trace(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "options", "traced"),
+    [("qwen2_moe", {}, 2), ("deepseek_v3", {"first_k_dense_replace": 2}, 4)],
+    ids=["every-layer-a-mixture", "two-dense-layers-first"],
+)
+def test_mixtures_of_experts_stamp_their_layers_as_their_whole_trace(
+    family: str, options: dict[str, int], traced: int, tmp_path: Path
+) -> None:
+    """A mixture's layer holds an If whose branches read the layer's stacked experts from outside them: each
+    stamped layer must read its own (a clone reading the template's would miss transformers by far more than
+    1e-4). DeepSeek's dense first layers are traced as they are and the stamping starts after them; the trace
+    shares the first mixture layer's pair count with the next (lent arithmetic, not a difference)."""
+    save_family(family, tmp_path / "checkpoint", num_hidden_layers=traced + 2, **options)
+    stamped = _fused(tmp_path / "checkpoint", tmp_path / "stamped")
+    whole = _fused(tmp_path / "checkpoint", tmp_path / "whole", trace_every_layer=True)
+    assert (stamped.source.traced_layers, whole.source.traced_layers) == (traced, None)
+    assert stamped.accuracy["max_relative_error"] < 1e-4
+    counts = [Counter(node.op_type for node in fused.model.graph.node) for fused in (stamped, whole)]
+    assert counts[0] == counts[1] and counts[0]["If"] == traced + 2 - options.get("first_k_dense_replace", 0)
+    paths = {e.value for node in stamped.model.graph.node for e in node.metadata_props if e.key == MODULE_KEY}
+    assert any(f".{traced + 1}.mlp" in path for path in paths), "the last layer's nodes name its modules"
+
+
+@pytest.mark.slow
 def test_layers_that_differ_are_traced_whole(tmp_path: Path) -> None:
     _model("gemma2").save_pretrained(tmp_path / "checkpoint")
     fused = _fused(tmp_path / "checkpoint", tmp_path / "out")
@@ -112,3 +137,5 @@ def test_config_json_says_when_layers_differ() -> None:
     assert "mlp_only_layers" in str(per_layer_variation({"mlp_only_layers": [0]}, 4))
     assert per_layer_variation({"mlp_only_layers": []}, 4) is None
     assert "max_window_layers" in str(per_layer_variation({"use_sliding_window": True, "max_window_layers": 2}, 4))
+    assert per_layer_variation({"first_k_dense_replace": 3}, 8) is None  # traced as they are, then stamped
+    assert (leading_layers({"first_k_dense_replace": 3}), leading_layers({"first_k_dense_replace": 0})) == (3, 0)
