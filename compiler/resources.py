@@ -156,7 +156,7 @@ def check_resources(
             "(--precision int4); "
         )
     else:  # the whole float32 module, whatever the precision
-        memory_hint = "its weights are loaded whole as float32 (their tensors are converted as they load); "
+        memory_hint = "its weights are loaded whole as float32, not read from the checkpoint tensor by tensor; "
     raise ConfigError(
         f"{directory}: compiling {found.parameters / 1e9:.2f}B parameters ({plan.request} for {targets}) needs about "
         f"{' and '.join(short)}",

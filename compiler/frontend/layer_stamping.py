@@ -155,8 +155,9 @@ def check_alike(model: ir.Model, stack: LayerStack) -> None:
 
 
 def _ops(nodes: list[ir.Node]) -> list[str]:
-    """The ops in order, but for Constants: the exporter makes each constant once, in the first layer to use it."""
-    return [node.op_type for node in nodes if node.op_type != "Constant"]
+    """The ops in order, their subgraphs' (an If's branches) included, but for Constants: the exporter makes each
+    constant once, in the first layer to use it."""
+    return [member.op_type for node in nodes for member in with_subgraphs(node) if member.op_type != "Constant"]
 
 
 def _renamed_scopes(text: str, stack: str, template: int, layer: int) -> str:
@@ -175,7 +176,7 @@ def weights_as_inputs(model: ir.Model, stack: LayerStack) -> Iterator[dict[str, 
     """The layers' weights as graph inputs while inside, initializers again after (those `stamp_layers` adds
     too). As inputs the optimizer can neither fold them into new, unnamed tensors (a Linear's transposed weight)
     nor merge equal ones across layers (norm weights that start as ones), so each layer's weights keep their
-    module's names through the exporter's optimizer, and it can run on two layers instead of all of them. A weight
+    module's names through the exporter's optimizer, and it can run on the traced layers, not all of them. A weight
     kept in the checkpoint's files (core/checkpoint_references.py) is lifted too, wherever it is: the optimizer would
     fold the output projection's Transpose into a new float32 tensor (2.1 GB written at 8B)."""
     graph = model.graph
@@ -205,7 +206,7 @@ def stamp_layers(
     past_names: list[str],
     present_names: list[str],
 ) -> None:
-    """Grow `model`, traced with TRACED_LAYERS layers and its weights lifted by `weights_as_inputs`, to
+    """Grow `model`, traced with `stack.traced` layers and its weights lifted by `weights_as_inputs`, to
     `stack.count` layers in place.
 
     `weight_tensor`: a weight's tensor by its name in the trace (the module's parameter or buffer name), None

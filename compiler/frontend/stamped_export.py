@@ -140,8 +140,8 @@ def export_stamped(
     scratch: Path | None,
     weight_tensor: WeightTensor,
 ) -> ExportedModel | None:
-    """A decoder traced with two layers and the rest stamped from the second (layer_stamping.py); None where the
-    layers may differ or the trace of two fails, for the whole stack to be traced instead. `weight_tensor` gives
+    """A decoder traced with its lead layers and two more, the rest stamped from the last (layer_stamping.py); None
+    where the layers may differ or that trace fails, for the whole stack to be traced instead. `weight_tensor` gives
     every weight of the graph, the traced layers' included (the module's may be empty: checkpoint_weights.py)."""
     reason = _stamping_refusal(model, config)
     layout = kv_layout(model.config)
@@ -187,7 +187,7 @@ def export_stamped(
         raise  # a damaged checkpoint tensor, named
     except Exception as err:  # the exporter's errors of any type: the whole trace gives its own, for the user
         logger.info("tracing every layer: the trace of %d failed (%s)", stack.traced, exporter_cause(err))
-        logger.debug("the trace of two layers", exc_info=True)
+        logger.debug("the trace of %d layers", stack.traced, exc_info=True)
         return None
     reference = torch_reference(module, [decl.name for decl in config.inputs])
     try:
@@ -228,7 +228,7 @@ def export_decoder_from_checkpoint(
     scratch: Path | None,
     reporter: Reporter,
 ) -> ExportedModel | None:
-    """A decoder exported without loading its weights: an empty module traced with two layers, every weight of
+    """A decoder exported without loading its weights: an empty module traced with a few layers, every weight of
     the graph read from the checkpoint as it is written, and a reference that reads one module's weights at a
     time (checkpoint_weights.py); each shown as a counted task. None where the layers cannot be stamped or the
     module's tensors have other names in the checkpoint: the module is then loaded whole."""

@@ -294,4 +294,4 @@ def test_a_mixture_whose_experts_load_converted_is_estimated_whole(tmp_path: Pat
         patch.setattr(resources, "available_memory", lambda: 10**6)
         with pytest.raises(ConfigError, match="needs about") as caught:
             check_resources(tmp_path / "moe", plan, tmp_path / "out", search=False, streamed=False)
-    assert "loaded whole as float32" in str(caught.value.hint)
+    assert "loaded whole as float32, not read from the checkpoint tensor by tensor" in str(caught.value.hint)
