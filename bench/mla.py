@@ -27,10 +27,11 @@ from typing import Any
 from bench.scale import _process
 from bench.shapes import SAMPLE, TOKENIZER_FILES, shape_config, write_checkpoint
 
-SIDES = {"latent cache, routed experts": ("latent", "routed"), "full cache, routed experts": ("full", "routed"),
-         "latent cache, every expert": ("latent", "every")}  # fmt: skip
-SHORT = {"latent": "latent cache, routed experts", "full": "full cache, routed experts",
-         "every": "latent cache, every expert"}  # fmt: skip
+SIDES = {  # --sides name: the side's label, --mla-cache, the experts computed
+    "latent": ("latent cache, routed experts", "latent", "routed"),
+    "full": ("full cache, routed experts", "full", "routed"),
+    "every": ("latent cache, every expert", "latent", "every"),
+}
 PROMPTS = (128, 1024)
 
 
@@ -63,12 +64,11 @@ def main() -> None:
         _compile_side(*sys.argv[2:6])
         return
     layers = next((int(arg.split("=")[1]) for arg in sys.argv if arg.startswith("--layers=")), 2)
-    chosen = next((arg.split("=")[1].split(",") for arg in sys.argv if arg.startswith("--sides=")), list(SHORT))
-    sides = {SHORT[name]: SIDES[SHORT[name]] for name in chosen}
+    chosen = next((arg.split("=")[1].split(",") for arg in sys.argv if arg.startswith("--sides=")), list(SIDES))
     checkpoint = _checkpoint(layers, Path(f"/tmp/tensorsmith-shapes/deepseek-v2-lite-{layers}l"))
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tensorsmith-mla-") as scratch:
-        for side, (mla_cache, experts) in sides.items():
+        for side, mla_cache, experts in (SIDES[name] for name in chosen):
             out = Path(scratch) / side.replace(" ", "-").replace(",", "")
             figures = _process([sys.executable, "-m", "bench.mla", "--compile", mla_cache, experts, str(checkpoint),
                                 str(out)], Path(scratch) / f"{out.name}.log")  # fmt: skip

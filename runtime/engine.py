@@ -78,8 +78,7 @@ class GenerationEngine:
     ) -> None:
         self._slots = slots
         # a recurrent layer's state holds every token it has read, not one per position: no prefix of it is kept
-        recurrent = manifest.generation is not None and bool(manifest.generation.state_layers)
-        self._prefixes = KeptPrefixes(prefix_caching and not recurrent)
+        self._prefixes = KeptPrefixes(prefix_caching and not slots.states)
         self._manifest = manifest
         self._origin = origin
         self.max_queue = max_queue

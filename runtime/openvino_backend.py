@@ -141,7 +141,7 @@ def _onnx_name(names: set[str], spec_names: set[str]) -> str:
 # OpenVINO's location lines (`Exception from src/...cpp:84:`, `Check '...' failed at src/...cpp:117:`)
 _LOCATION = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:\d+:)$")
 # a translator of runtime/openvino_ops.py refusing a node, inside the frontend's report (its Python stack follows)
-_REFUSED = re.compile(rf"ONNX node '<Node\((\w+)\): ([^>]*)>': ValueError: (.*?{UNSUPPORTED}.*?\))")
+_REFUSED = re.compile(rf"ONNX node '<Node\(\w+\): ([^>]*)>': ValueError: (.*?{UNSUPPORTED}.*?\))")
 
 
 def openvino_reason(err: BaseException) -> str:
@@ -149,7 +149,7 @@ def openvino_reason(err: BaseException) -> str:
     the node or the op); a node runtime/openvino_ops.py refused, as its own line and the node's name."""
     refused = _REFUSED.search(str(err))
     if refused is not None:
-        return f"{refused.group(3)}, node '{refused.group(2)}'"
+        return f"{refused.group(2)}, node '{refused.group(1)}'"
     lines = [line.strip() for line in str(err).splitlines()]
     kept = [line for line in lines if line and not _LOCATION.match(line)]
     return " ".join(kept) if kept else type(err).__name__

@@ -22,8 +22,8 @@ from tensorsmith.compiler.frontend.source import Source
 from tensorsmith.compiler.frontend.stamped_export import (
     export_decoder_from_checkpoint,
     export_stamped,
+    may_stream_weights,
     module_tensors,
-    streams_weights,
 )
 from tensorsmith.core.errors import ConfigError, ExportError
 from tensorsmith.core.importing import first_line, import_factory
@@ -151,7 +151,7 @@ def export_source(
             hint="add [[inputs]] to tensorsmith.toml or pass --input NAME:DTYPE:DIMS for each forward() argument",
         )
     if source.huggingface is not None:
-        if streams_weights(source.huggingface, config):
+        if may_stream_weights(source.huggingface, config):
             shown = reporter or LogReporter()
             streamed = export_decoder_from_checkpoint(source.huggingface, config, feeds, scratch, shown)
             if streamed is not None:

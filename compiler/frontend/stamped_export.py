@@ -208,11 +208,17 @@ def _named_cause(err: BaseException) -> BaseException:
     return cause or err
 
 
+def may_stream_weights(model: HuggingFaceModel, config: CompileConfig) -> bool:
+    """Whether the export tries to read `model`'s weights from its checkpoint: a decoder whose config.json says its
+    layers are alike (export_decoder_from_checkpoint then finds whether its tensors are read as stored)."""
+    return model.is_decoder and _stamping_refusal(model, config) is None
+
+
 def streams_weights(model: HuggingFaceModel, config: CompileConfig) -> bool:
-    """Whether the export will read `model`'s weights from its checkpoint (no float32 module): a decoder whose
-    config.json says its layers are alike (the trace may still refuse) and whose tensors transformers reads as
-    stored (a meta-device build, as the export's first step makes it)."""
-    if not model.is_decoder or _stamping_refusal(model, config) is not None:
+    """Whether the export will read `model`'s weights from its checkpoint (no float32 module), for the estimate
+    before any work: `may_stream_weights`, and transformers reads its tensors as stored (a meta-device build, as
+    the export's first step makes it; the trace may still refuse)."""
+    if not may_stream_weights(model, config):
         return False
     try:
         _meta_decoder(model, model.checkpoint_weights())
