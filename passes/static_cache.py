@@ -41,6 +41,7 @@ from tensorsmith.passes.cache_graph import (
     new_token_columns,
     reads_batch_only,
     reads_no_length,
+    replace_uses,
 )
 from tensorsmith.runtime.kv_cache import WRITE_INDICES, past_name, present_of
 
@@ -90,8 +91,9 @@ class StaticCache:
         visible: dict[int | None, gs.Variable] = {}
         if explicit:  # every layer's scores: the one mask of the slots
             visible[windows[0]] = self._visible(graph, slots, windows[0])
-        for add, operand in explicit:
-            add.inputs[operand] = self._mask_like(graph, add.name, add.inputs[operand], visible[windows[0]])
+        for add, operand in explicit:  # every reader of the scores' mask (DeepSeek-V3.2's indexer reads it too)
+            old = add.inputs[operand]
+            replace_uses(old, self._mask_like(graph, add.name, old, visible[windows[0]]))
         for slice_node in new_token_columns(old_mask, inputs["input_ids"]):  # linear attention's padding mask
             slice_node.inputs = [slots.mask, slots.columns]
             slice_node.op, slice_node.attrs = "GatherElements", {"axis": 1}

@@ -118,10 +118,11 @@ class GenerationRecord(_Record):
     kv_heads: int
     head_dim: int = Field(description="the keys' last dim")
     value_head_dim: int | None = Field(None, description="the values' last dim where it is not the keys'")
-    cache_form: Literal["per_head", "latent"] = Field(
+    cache_form: Literal["per_head", "latent", "latent_indexed"] = Field(
         "per_head",
         description="per_head: each kv head's keys and values; latent: multi-head latent attention's compressed "
-        "cache (DeepSeek's MLA), one head of the normalised latent as the key and the rotary key as the value",
+        "cache (DeepSeek's MLA), one head of the normalised latent as the key and the rotary key as the value; "
+        "latent_indexed: the same with DeepSeek-V3.2's indexer key after the rotary key in the value",
     )
     max_sequence_length: int = Field(description="prompt and new tokens together, at most")
     eos_token_id: list[int] = Field(default_factory=list)

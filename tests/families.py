@@ -27,6 +27,8 @@ FAMILIES = (
     "ernie4_5_moe", "hunyuan_v1_moe", "glm4_moe", "dots1", "minimax_m2", "exaone_moe", "cohere2_moe", "afmoe",
     # multi-head latent attention with its latent cache (compiler/frontend/latent_attention.py)
     "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3",
+    # DeepSeek-V3.2's sparse attention: its indexer's choice over the latent cache (frontend/indexed_attention.py)
+    "deepseek_v32",
     # Gated DeltaNet's linear attention beside full attention (compiler/frontend/linear_attention.py)
     "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next",
     # LFM2's short convolutions beside full attention (compiler/frontend/short_convolution.py)
@@ -36,7 +38,7 @@ FAMILIES = (
 REFUSED = {
     "kimi_linear": "linear_attention", "minimax": "linear_attention", "olmo_hybrid": "linear_attention",
     "jamba": "recurrent", "falcon_h1": "recurrent", "nemotron_h": "linear_attention",
-    "deepseek_v32": "indexed_attention", "recurrent_gemma": "recurrent",
+    "recurrent_gemma": "recurrent",
 }  # fmt: skip
 # config keys set where the family's config has them (under their own names, or transformers' attribute_map's)
 SIZES: dict[str, Any] = {
@@ -49,6 +51,7 @@ SIZES: dict[str, Any] = {
     "rotary_dim": 8, "attention_types": [[["global", "local"], 1]], "expert_ffn_hidden_size": 32, "zero_expert_num": 2,
     "num_dense_layers": 1, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
     "linear_value_head_dim": 8, "num_kv_shared_layers": 0, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+    "index_n_heads": 8, "index_head_dim": 16, "index_topk": 8,
     "tie_word_embeddings": False,
 }  # fmt: skip
 

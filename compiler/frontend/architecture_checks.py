@@ -41,9 +41,10 @@ STATE_LAYER_KINDS = {
 }
 
 
-# layer kinds whose only state is a KV cache (or none): an MoE or MLP block, attention in full, a window or chunks
+# layer kinds whose only state is a KV cache (or none): an MoE or MLP block, attention in full, a window or chunks,
+# DeepSeek-V3.2's indexed attention (its indexer's keys cached beside the latent: indexed_attention.py)
 KV_CACHE_LAYER_KINDS = frozenset(
-    {"full_attention", "sliding_attention", "chunked_attention", "attention", "mlp", "moe"}
+    {"full_attention", "sliding_attention", "chunked_attention", "attention", "mlp", "moe", "indexed_attention"}
 )
 
 

@@ -40,6 +40,7 @@ class ConfigJson(TypedDict, total=False):
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    index_head_dim: int  # DeepSeek-V3.2's indexer key, cached beside the rotary key
     # which layers are which
     layer_types: list[str]
     layers_block_type: list[str]  # Granite 4's

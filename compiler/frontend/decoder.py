@@ -32,6 +32,7 @@ from tensorsmith.compiler.frontend.linear_attention import (
 from tensorsmith.compiler.frontend.module_protocols import CachedKeysValues
 from tensorsmith.compiler.frontend.short_convolution import rewrite_short_convolution
 from tensorsmith.compiler.targets import get_target
+from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import GraphIO
 from tensorsmith.core.precisions import float_regions
 from tensorsmith.passes.static_cache import CACHE_DIM
@@ -88,10 +89,20 @@ def kv_layout(config: ConfigJson, mla_cache: str = "latent") -> KVLayout:
     if not (layers and heads and hidden):
         raise ValueError("config.json gives no num_hidden_layers/num_attention_heads/hidden_size (or n_layer, …)")
     if latent := config.get("kv_lora_rank"):
+        indexed = "indexed_attention" in (config.get("layer_types") or [])  # DeepSeek-V3.2's (indexed_attention.py)
         if mla_cache == "full":
+            if indexed:
+                raise ConfigError(
+                    f"--mla-cache full: {config.get('model_type')}'s indexer keys have no place in the "
+                    "decompressed cache",
+                    hint="compile its latent cache (the default, --mla-cache latent)",
+                )
             key = int(config["qk_nope_head_dim"]) + int(config["qk_rope_head_dim"])
             return KVLayout(int(layers), int(heads), key, int(config["v_head_dim"]))
-        return KVLayout(int(layers), 1, int(latent), int(config["qk_rope_head_dim"]), "latent")
+        rotary = int(config["qk_rope_head_dim"])
+        if indexed:  # the indexer's key cached beside the rotary key: the value [k_rot | index key]
+            return KVLayout(int(layers), 1, int(latent), rotary + int(config["index_head_dim"]), "latent_indexed")
+        return KVLayout(int(layers), 1, int(latent), rotary, "latent")
     kv_heads = config.get("num_key_value_heads") or heads
     # Falcon's and GPTBigCode's multi-query attention caches one key and value head; Falcon's new decoder
     # architecture (its num_kv_heads) broadcasts them to every head before the cache, which so holds them all.
@@ -137,7 +148,8 @@ def layer_windows(model: HuggingFaceModel) -> list[int | None]:
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if types:  # a stateful layer's states are fixed in size: static already (its window: None)
-        known = {"full_attention", "sliding_attention", *STATE_LAYER_KINDS.values()}
+        # DeepSeek-V3.2's indexed attention attends over every token its indexer may choose: no window
+        known = {"full_attention", "sliding_attention", "indexed_attention", *STATE_LAYER_KINDS.values()}
         unknown = sorted({kind for kind in types if kind not in known})
         if unknown:
             raise ValueError(f"config.json's layer_types has {unknown}: no static cache for these layers")

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from tensorsmith.compiler.frontend.complex_rotary import PairAngles, rewrite_complex_rotary, rotate_pairs
+from tensorsmith.compiler.frontend.indexed_attention import additive, index_bias, index_projections, indexer_of
 from tensorsmith.compiler.frontend.module_protocols import LatentAttention
 from tensorsmith.core.errors import ExportError
 
@@ -40,6 +41,7 @@ PositionEmbeddings = tuple[torch.Tensor, torch.Tensor]
 KNOWN_PARTS = frozenset(
     {"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
 )
+INDEXED_PARTS = KNOWN_PARTS | {"indexer"}  # DeepSeek-V3.2's (indexed_attention.py), with the latent cache only
 
 
 def is_latent_attention(module: torch.nn.Module) -> bool:
@@ -50,8 +52,9 @@ def rewrite_latent_attention(model: torch.nn.Module, mla_cache: str = "latent") 
     """Swap every MLA module's forward in `model` (in place) for the `mla_cache` form; returns how many."""
     latent = [module for module in model.modules() if is_latent_attention(module)]
     for module in latent:
-        unknown = sorted(name for name, _ in module.named_children() if name not in KNOWN_PARTS)
-        if unknown:  # DeepSeek-V3.2's indexer (its sparse attention's token choice) would be dropped silently
+        known = INDEXED_PARTS if mla_cache == "latent" else KNOWN_PARTS
+        unknown = sorted(name for name, _ in module.named_children() if name not in known)
+        if unknown:  # a part computed nowhere below would be dropped silently
             raise ExportError(
                 f"{type(module).__name__} holds {', '.join(unknown)}, which the latent attention's "
                 "export does not compute",
@@ -73,24 +76,35 @@ def _rotate(
         return rotate_pairs(q_rot, position_embeddings, 1), rotate_pairs(k_rot, position_embeddings, 1)
     family = sys.modules[type(self).__module__]
     cos, sin = position_embeddings
-    # DeepSeek-V3's config says whether its pairs interleave; LongCat-Flash's module has only the interleaved form
-    if getattr(self.config, "rope_interleave", not hasattr(family, "apply_rotary_pos_emb")):
+    # DeepSeek-V3's config says whether its pairs interleave; where it does not, a family with the interleaved form
+    # uses it (LongCat-Flash's and DeepSeek-V3.2's attention; V3.2's rotate-half form is its indexer's)
+    if getattr(self.config, "rope_interleave", hasattr(family, "apply_rotary_pos_emb_interleave")):
         rotated: tuple[torch.Tensor, torch.Tensor] = family.apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
     else:
         rotated = family.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
     return rotated
 
 
+class Projected(NamedTuple):
+    """An MLA module's projections of the new tokens."""
+
+    q_nope: torch.Tensor  # [batch, heads, sequence, qk_nope]
+    q_rot: torch.Tensor  # [batch, heads, sequence, qk_rope], rotated
+    latent: torch.Tensor  # [batch, 1, sequence, kv_lora_rank]
+    k_rot: torch.Tensor  # [batch, 1, sequence, qk_rope], rotated
+    query_latent: torch.Tensor | None  # q_a_layernorm(q_a_proj(x)), where the query has a LoRA (the indexer's input)
+
+
 def _projections(
     self: LatentAttention, hidden_states: torch.Tensor, position_embeddings: PositionEmbeddings
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The query's two parts [batch, heads, sequence, qk_nope | qk_rope] and the new tokens' latent
-    [batch, 1, sequence, kv_lora_rank] and rotary key [batch, 1, sequence, qk_rope], rotated."""
+) -> Projected:
     batch, sequence = hidden_states.shape[:-1]
+    query_latent = None
     if getattr(self, "q_lora_rank", None) is None:
         query = self.q_proj(hidden_states)
     else:
-        query = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+        query_latent = self.q_a_layernorm(self.q_a_proj(hidden_states))
+        query = self.q_b_proj(query_latent)
     query = query.view(batch, sequence, -1, self.qk_head_dim).transpose(1, 2)
     q_nope, q_rot = torch.split(query, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
     latent, k_rot = torch.split(
@@ -102,7 +116,7 @@ def _projections(
     query_scale, latent_scale = getattr(self, "mla_scale_q_lora", 1.0), getattr(self, "mla_scale_kv_lora", 1.0)
     q_nope, q_rot, latent = q_nope * query_scale, q_rot * query_scale, latent * latent_scale
     q_rot, k_rot = _rotate(self, q_rot, k_rot, position_embeddings)
-    return q_nope, q_rot, latent, k_rot
+    return Projected(q_nope, q_rot, latent, k_rot, query_latent)
 
 
 def _masked_softmax(scores: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -121,15 +135,30 @@ def _absorbed_forward(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     batch, sequence = hidden_states.shape[:-1]
-    q_nope, q_rot, latent, k_rot = _projections(self, hidden_states, position_embeddings)
+    q_nope, q_rot, latent, k_rot, query_latent = _projections(self, hidden_states, position_embeddings)
+    indexer = indexer_of(self)
+    if indexer is not None:  # DeepSeek-V3.2: the indexer's keys cached beside the rotary key (indexed_attention.py)
+        assert query_latent is not None, "DeepSeek-V3.2's attention has a query LoRA"
+        index_queries, index_keys = index_projections(indexer, hidden_states, query_latent, position_embeddings)
+        k_rot = torch.cat((k_rot, index_keys), dim=-1)
     if cache is not None:
         latent, k_rot = cache.update(latent, k_rot, self.layer_idx)
+    indexed = None  # the indexer's bias and the additive mask, sliced (one tensor: the indexer's and the scores')
+    if indexer is not None:
+        k_rot, index_keys = torch.split(k_rot, [self.qk_rope_head_dim, indexer.head_dim], dim=-1)
+        assert attention_mask is not None, "a causal decoder's attention has a mask"
+        mask = additive(attention_mask, latent.shape[2])
+        indexed = index_bias(indexer, hidden_states, index_queries, index_keys, mask), mask
     # kv_b_proj's weight [heads × (qk_nope + v), kv_lora_rank] split per head into W_UK and W_UV
     weight = self.kv_b_proj.weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
     w_uk, w_uv = torch.split(weight, [self.qk_nope_head_dim, self.v_head_dim], dim=1)
     q_latent = torch.matmul(q_nope, w_uk)  # [batch, heads, sequence, kv_lora_rank]
     scores = torch.matmul(q_latent, latent.transpose(2, 3)) + torch.matmul(q_rot, k_rot.transpose(2, 3))
-    probabilities = _masked_softmax(scores * self.scaling, attention_mask)
+    if indexed is None:
+        probabilities = _masked_softmax(scores * self.scaling, attention_mask)
+    else:  # the mask added last: Softmax(Add(x, mask)), as passes/static_cache.py finds it
+        bias, mask = indexed
+        probabilities = torch.softmax(scores * self.scaling + bias + mask, dim=-1, dtype=torch.float32)
     out = torch.matmul(torch.matmul(probabilities, latent), w_uv.transpose(1, 2))  # [batch, heads, sequence, v]
     return self.o_proj(out.transpose(1, 2).reshape(batch, sequence, -1)), None
 
@@ -143,7 +172,7 @@ def _full_forward(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     batch, sequence = hidden_states.shape[:-1]
-    q_nope, q_rot, latent, k_rot = _projections(self, hidden_states, position_embeddings)
+    q_nope, q_rot, latent, k_rot, _ = _projections(self, hidden_states, position_embeddings)
     decompressed = self.kv_b_proj(latent[:, 0]).view(batch, sequence, self.num_heads, -1).transpose(1, 2)
     k_nope, values = torch.split(decompressed, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
     keys = torch.cat((k_nope, k_rot.expand(-1, self.num_heads, -1, -1)), dim=-1)
