@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from tensorsmith.core import ir
+from tensorsmith.core.branch_copies import share_branch_copies
 from tensorsmith.core.checkpoint_references import Reference, ReferencedValues, holds_references, write_references
 from tensorsmith.core.file_layout import nearly_all_read, plan_layout
 from tensorsmith.core.files import write_array
@@ -62,6 +63,8 @@ def _save(
     path.parent.mkdir(parents=True, exist_ok=True)
     sidecar = external_data_path(path)
     constants = constants_of(graph)
+    share_branch_copies(graph)  # an If's two copies of its experts: one values object, its bytes written once
+    packed: dict[int, LazyValues] = {}  # copies sharing an array keep sharing its packed form
     for constant in constants:
         constant.data_location = None  # onnx-graphsurgeon would stamp an array it writes inline as external
         if isinstance(constant._values, MappedValues) and constant._values.length < INLINE_BELOW:
@@ -69,7 +72,10 @@ def _save(
         elif isinstance(constant._values, CONVERTED) and constant._values.nbytes < INLINE_BELOW:
             constant.values = constant._values.load()
         elif _packed_array(constant._values):  # onnx-graphsurgeon would write numpy's int4 a byte each
-            constant._values = LazyValues(onnx.numpy_helper.from_array(constant._values, constant.name))
+            array = constant._values
+            if id(array) not in packed:
+                packed[id(array)] = LazyValues(onnx.numpy_helper.from_array(array, constant.name))
+            constant._values = packed[id(array)]
     if weight_bytes(graph) <= ir.EXTERNAL_DATA_ABOVE:
         for constant in constants:
             if isinstance(constant._values, MappedValues):
@@ -85,13 +91,19 @@ def _save(
     kept, placed = in_place or (set(), {})
     scratch = sidecar.with_name(f".{sidecar.name}.partial")
     written: list[tuple[gs.Constant, onnx.TensorProto]] = []
+    placed_at: dict[int, onnx.TensorProto] = {}  # a values object shared by copies (id) → where its bytes went
     # weights still in the file stay where they are, new ones go into the bytes no weight reads any more where they
     # fit, the rest is appended; the structure is replaced last
     with sidecar.open("r+b") if in_place else scratch.open("wb") as stream:
         for constant in constants:
+            if (copy_of := placed_at.get(id(constant._values))) is not None:  # a copy: the same bytes
+                written.append((constant, _renamed(copy_of, constant.name)))
+                continue
+            values_id = id(constant._values)
             if id(constant) in kept:
                 values = constant._values
                 written.append((constant, _external(values.tensor, sidecar.name, values.offset, values.length)))
+                placed_at[values_id] = written[-1][1]
                 continue
             if in_place:
                 at = placed.get(id(constant))
@@ -101,16 +113,19 @@ def _save(
                 stored, tensor = constant._values.stored(), constant._values.tensor
                 write_array(stored, stream)
                 written.append((constant, _external(tensor, sidecar.name, offset, stored.nbytes)))
+                placed_at[values_id] = written[-1][1]
                 continue
             if isinstance(constant._values, CONVERTED):  # converted as it is written
                 tensor = constant._values.write(stream, constant.name)
                 written.append((constant, _external(tensor, sidecar.name, offset, stream.tell() - offset)))
+                placed_at[values_id] = written[-1][1]
                 continue
             tensor = OnnxExporter.export_tensor_proto(constant)  # packed where the type is (INT4, FP4)
             if not tensor.HasField("raw_data") or len(tensor.raw_data) < INLINE_BELOW:
                 continue  # small, or typed fields: stays inside the protobuf
             stream.write(tensor.raw_data)
             written.append((constant, _external(tensor, sidecar.name, offset, len(tensor.raw_data))))
+            placed_at[values_id] = written[-1][1]
             constant.values = np.empty(0, np.uint8)  # the array goes now
     for constant, tensor in written:
         constant._values = MappedValues(tensor, sidecar)
@@ -130,8 +145,7 @@ def _share_weights(constants: list[gs.Constant], sidecar: Path) -> None:
         return
     files: set[Path] = set()
     read = 0
-    for constant in constants:
-        values = constant._values
+    for values in {id(constant._values): constant._values for constant in constants}.values():  # copies once
         if isinstance(values, MappedValues):
             files.add(values.file)
             read += values.length
@@ -163,9 +177,10 @@ def _in_place(constants: list[gs.Constant], sidecar: Path) -> tuple[set[int], di
         return None
     ids = {id(constant) for constant in kept}
     others = [constant for constant in constants if id(constant) not in ids]
+    firsts = {id(c._values): c for c in reversed(others)}.values()  # copies sharing values: the first one placed
     new = [
         (id(c), int(c._values.nbytes), isinstance(c._values, np.ndarray) and not _packed_array(c._values))
-        for c in others
+        for c in firsts
         if c._values.nbytes >= INLINE_BELOW
     ]
     if new and sidecar.stat().st_nlink > 1:  # shared with another graph (_share_weights): never written into
@@ -205,6 +220,13 @@ def _packed_array(values: object) -> bool:
         return onnx.helper.np_dtype_to_tensor_dtype(values.dtype) in PACKED
     except (KeyError, ValueError, TypeError):
         return False
+
+
+def _renamed(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
+    renamed = onnx.TensorProto()
+    renamed.CopyFrom(tensor)
+    renamed.name = name
+    return renamed
 
 
 def _external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> onnx.TensorProto:

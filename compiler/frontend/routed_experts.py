@@ -92,7 +92,11 @@ def _every_expert(
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, is_transposed: bool) -> torch.Tensor:
-    return x @ weight if is_transposed else x @ weight.transpose(-1, -2)
+    """x [experts or 1, tokens, in] through the stacked `weight` → [experts, tokens, out]. A weight stored
+    [experts, out, in] is read as it is (W @ xᵀ, as batched_mm's gather reads it), never transposed: a transposed
+    weight would be folded into a second copy of every expert, where the branches' equal copies are written once
+    (core/branch_copies.py)."""
+    return x @ weight if is_transposed else (weight @ x.transpose(-1, -2)).transpose(-1, -2)
 
 
 def register_routed_experts() -> str:

@@ -7,9 +7,9 @@ weight is, blocks along K.
 
 The export holds each stacked weight as an initializer of the If branch that reads it (compiler/frontend/
 routed_experts.py: a branch gathers the chosen experts' weights, the other multiplies every expert); each copy
-gets its DequantizeLinear where it is read, from codes made once per weight. K is the axis the every-expert
-branch's MatMul contracts: the middle one where the weight is read as it is stored, the last one behind a
-Transpose; a weight whose K no MatMul shows, or whose K the format's block does not divide, stays float. In fp16
+gets its DequantizeLinear where it is read, from codes made once per weight (and written once: core/
+branch_copies.py). K is the axis the MatMul contracts: the middle one of x @ W, the last one of W @ x or behind
+a Transpose; a weight whose K no MatMul shows, or whose K the format's block does not divide, stays float. In fp16
 regions its DequantizeLinear computes in fp32 and its output is cast (passes/fp16.py): NVFP4's scales folded into
 one level, or small MXFP4 powers of two, may be subnormal in fp16.
 
@@ -90,7 +90,7 @@ class StackedDetails(PassDetails):
     precision: str
     weights: dict[str, list[int]]  # stacked weight → its shape
     block_sizes: list[int]  # rows of K a scale covers
-    weight_bytes: int  # codes and scales, once per weight (each If branch's copy holds its own)
+    weight_bytes: int  # codes and scales, once per weight (an If's branches read the same bytes)
     skipped: dict[str, str]  # stacked weight → why it stays float
     stored: int = 0  # weights whose codes are a checkpoint's own, as stored
 

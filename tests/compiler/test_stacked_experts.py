@@ -52,11 +52,11 @@ def test_int4_reaches_the_stacked_experts_of_the_gpu_variant(tmp_path: Path) -> 
     }
     variants = {variant.name: variant for variant in manifest.variants}
     stacked = _branch_dequantizers(tmp_path / "out" / variants["int4"].path)
-    # two layers, each gate/up and down projection in both branches' layouts: all INT4, [experts, ·, ·]
+    # two layers' gate/up and down projections (4 weights), each read in both branches: all INT4, [experts, ·, ·]
     assert len(stacked) == 8 and all(len(shape) == 3 and kind == onnx.TensorProto.INT4 for shape, kind in stacked)
     assert _branch_dequantizers(tmp_path / "out" / variants["cpu-int4"].path) == []
     recipes = json.loads((tmp_path / "out" / "precision.json").read_text())["recipes"]
-    assert recipes["int4"]["stacked_experts"].startswith("8 stacked weights in int4")
+    assert recipes["int4"]["stacked_experts"].startswith("4 stacked weights in int4")
     assert recipes["cpu-int4"]["stacked_experts"].startswith("float: ONNX Runtime would dequantize every expert")
     assert variants["int4"].accuracy["cosine"] > 0.8  # measured on ONNX Runtime, experts in INT4
     generated = load(tmp_path / "out", backend="onnxruntime").generate(np.array([[1, 5, 9]]), max_new_tokens=4)
