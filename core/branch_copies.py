@@ -55,5 +55,5 @@ def _digest(constant: gs.Constant) -> bytes:
     flat = stored.reshape(-1).view(np.uint8)
     digest = hashlib.blake2b(digest_size=32)
     for start in range(0, flat.size, HASH_BLOCK):
-        digest.update(memoryview(flat[start : start + HASH_BLOCK]))
+        digest.update(flat[start : start + HASH_BLOCK].data)
     return digest.digest()
