@@ -295,3 +295,6 @@ def test_a_mixture_whose_experts_load_converted_is_estimated_whole(tmp_path: Pat
         with pytest.raises(ConfigError, match="needs about") as caught:
             check_resources(tmp_path / "moe", plan, tmp_path / "out", search=False, streamed=False)
     assert "loaded whole as float32, not read from the checkpoint tensor by tensor" in str(caught.value.hint)
+    whole = resources.estimate(tmp_path / "moe", plan, tmp_path / "out", search=False, streamed=False)
+    # compiled to fp32 alone, its exported graph is the variant: twice its fp32 bytes (V2-Lite's 4 layers: 1.47x)
+    assert whole.memory == resources.BASE_MEMORY + 2 * 4 * whole.parameters
