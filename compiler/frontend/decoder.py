@@ -22,7 +22,7 @@ from tensorsmith.compiler.config import CompileConfig, DimRange, InputDecl
 from tensorsmith.compiler.frontend.architecture_checks import STATE_LAYER_KINDS
 from tensorsmith.compiler.frontend.complex_rotary import real_rotation_while_tracing, rewrite_complex_rotary
 from tensorsmith.compiler.frontend.config_json import ConfigJson
-from tensorsmith.compiler.frontend.latent_attention import rewrite_latent_attention
+from tensorsmith.compiler.frontend.latent_attention import latent_cache_widths, rewrite_latent_attention
 from tensorsmith.compiler.frontend.layer_states import LayerStates, layer_states
 from tensorsmith.compiler.frontend.linear_attention import (
     StateLayer,
@@ -32,7 +32,6 @@ from tensorsmith.compiler.frontend.linear_attention import (
 from tensorsmith.compiler.frontend.module_protocols import CachedKeysValues
 from tensorsmith.compiler.frontend.short_convolution import rewrite_short_convolution
 from tensorsmith.compiler.targets import get_target
-from tensorsmith.core.errors import ConfigError
 from tensorsmith.core.ir import GraphIO
 from tensorsmith.core.precisions import float_regions
 from tensorsmith.passes.static_cache import CACHE_DIM
@@ -88,21 +87,8 @@ def kv_layout(config: ConfigJson, mla_cache: str = "latent") -> KVLayout:
     hidden = config.get("hidden_size") or config.get("n_embd")
     if not (layers and heads and hidden):
         raise ValueError("config.json gives no num_hidden_layers/num_attention_heads/hidden_size (or n_layer, …)")
-    if latent := config.get("kv_lora_rank"):
-        indexed = "indexed_attention" in (config.get("layer_types") or [])  # DeepSeek-V3.2's (indexed_attention.py)
-        if mla_cache == "full":
-            if indexed:
-                raise ConfigError(
-                    f"--mla-cache full: {config.get('model_type')}'s indexer keys have no place in the "
-                    "decompressed cache",
-                    hint="compile its latent cache (the default, --mla-cache latent)",
-                )
-            key = int(config["qk_nope_head_dim"]) + int(config["qk_rope_head_dim"])
-            return KVLayout(int(layers), int(heads), key, int(config["v_head_dim"]))
-        rotary = int(config["qk_rope_head_dim"])
-        if indexed:  # the indexer's key cached beside the rotary key: the value [k_rot | index key]
-            return KVLayout(int(layers), 1, int(latent), rotary + int(config["index_head_dim"]), "latent_indexed")
-        return KVLayout(int(layers), 1, int(latent), rotary, "latent")
+    if config.get("kv_lora_rank"):
+        return KVLayout(int(layers), *latent_cache_widths(config, mla_cache))
     kv_heads = config.get("num_key_value_heads") or heads
     # Falcon's and GPTBigCode's multi-query attention caches one key and value head; Falcon's new decoder
     # architecture (its num_kv_heads) broadcasts them to every head before the cache, which so holds them all.

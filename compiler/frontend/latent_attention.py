@@ -29,10 +29,12 @@ import torch
 from tensorsmith.compiler.frontend.complex_rotary import PairAngles, rewrite_complex_rotary, rotate_pairs
 from tensorsmith.compiler.frontend.indexed_attention import additive, index_bias, index_projections, indexer_of
 from tensorsmith.compiler.frontend.module_protocols import LatentAttention
-from tensorsmith.core.errors import ExportError
+from tensorsmith.core.errors import ConfigError, ExportError
 
 if TYPE_CHECKING:
     from transformers import Cache
+
+    from tensorsmith.compiler.frontend.config_json import ConfigJson
 
 # the rotary embedding's (cos, sin), or its PairAngles (DeepSeek-V2's complex rotation: complex_rotary.py)
 PositionEmbeddings = tuple[torch.Tensor, torch.Tensor]
@@ -42,6 +44,25 @@ KNOWN_PARTS = frozenset(
     {"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
 )
 INDEXED_PARTS = KNOWN_PARTS | {"indexer"}  # DeepSeek-V3.2's (indexed_attention.py), with the latent cache only
+
+
+def latent_cache_widths(config: ConfigJson, mla_cache: str) -> tuple[int, int, int, str]:
+    """An MLA decoder's cache per layer from config.json: (kv heads, key width, value width, cache form). The latent
+    cache holds one head: the normalised latent as the key, the rotary key as the value (DeepSeek-V3.2's indexer key
+    after it); `mla_cache="full"` every head's keys (qk_nope + qk_rope) and values (v_head_dim)."""
+    indexed = "indexed_attention" in (config.get("layer_types") or [])  # DeepSeek-V3.2's (indexed_attention.py)
+    rotary, latent = int(config["qk_rope_head_dim"]), int(config.get("kv_lora_rank") or 0)
+    if mla_cache == "full":
+        if indexed:
+            raise ConfigError(
+                f"--mla-cache full: {config.get('model_type')}'s indexer keys have no place in the decompressed cache",
+                hint="compile its latent cache (the default, --mla-cache latent)",
+            )
+        heads = int(config["num_attention_heads"])
+        return heads, int(config["qk_nope_head_dim"]) + rotary, int(config["v_head_dim"]), "per_head"
+    if indexed:  # the indexer's key cached beside the rotary key: the value [k_rot | index key]
+        return 1, latent, rotary + int(config["index_head_dim"]), "latent_indexed"
+    return 1, latent, rotary, "latent"
 
 
 def is_latent_attention(module: torch.nn.Module) -> bool:
