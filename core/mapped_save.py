@@ -92,6 +92,11 @@ def _save(
     scratch = sidecar.with_name(f".{sidecar.name}.partial")
     written: list[tuple[gs.Constant, onnx.TensorProto]] = []
     placed_at: dict[int, onnx.TensorProto] = {}  # a values object shared by copies (id) → where its bytes went
+
+    def place(constant: gs.Constant, tensor: onnx.TensorProto) -> None:
+        written.append((constant, tensor))
+        placed_at[id(constant._values)] = tensor
+
     # weights still in the file stay where they are, new ones go into the bytes no weight reads any more where they
     # fit, the rest is appended; the structure is replaced last
     with sidecar.open("r+b") if in_place else scratch.open("wb") as stream:
@@ -99,11 +104,9 @@ def _save(
             if (copy_of := placed_at.get(id(constant._values))) is not None:  # a copy: the same bytes
                 written.append((constant, _renamed(copy_of, constant.name)))
                 continue
-            values_id = id(constant._values)
             if id(constant) in kept:
                 values = constant._values
-                written.append((constant, _external(values.tensor, sidecar.name, values.offset, values.length)))
-                placed_at[values_id] = written[-1][1]
+                place(constant, _external(values.tensor, sidecar.name, values.offset, values.length))
                 continue
             if in_place:
                 at = placed.get(id(constant))
@@ -112,20 +115,17 @@ def _save(
             if isinstance(constant._values, MappedValues):  # its stored bytes, copied as they are
                 stored, tensor = constant._values.stored(), constant._values.tensor
                 write_array(stored, stream)
-                written.append((constant, _external(tensor, sidecar.name, offset, stored.nbytes)))
-                placed_at[values_id] = written[-1][1]
+                place(constant, _external(tensor, sidecar.name, offset, stored.nbytes))
                 continue
             if isinstance(constant._values, CONVERTED):  # converted as it is written
                 tensor = constant._values.write(stream, constant.name)
-                written.append((constant, _external(tensor, sidecar.name, offset, stream.tell() - offset)))
-                placed_at[values_id] = written[-1][1]
+                place(constant, _external(tensor, sidecar.name, offset, stream.tell() - offset))
                 continue
             tensor = OnnxExporter.export_tensor_proto(constant)  # packed where the type is (INT4, FP4)
             if not tensor.HasField("raw_data") or len(tensor.raw_data) < INLINE_BELOW:
                 continue  # small, or typed fields: stays inside the protobuf
             stream.write(tensor.raw_data)
-            written.append((constant, _external(tensor, sidecar.name, offset, len(tensor.raw_data))))
-            placed_at[values_id] = written[-1][1]
+            place(constant, _external(tensor, sidecar.name, offset, len(tensor.raw_data)))
             constant.values = np.empty(0, np.uint8)  # the array goes now
     for constant, tensor in written:
         constant._values = MappedValues(tensor, sidecar)

@@ -88,16 +88,8 @@ def _gathered(
     tokens, top_k = top_k_index.shape
     experts = top_k_index.reshape(-1)  # [pairs]
     pairs = hidden_states.repeat_interleave(top_k, dim=0).unsqueeze(1)  # [pairs, 1, hidden]
-    projected = torch.bmm(pairs, up[experts]).squeeze(1)  # [pairs, out]
-    if self.has_bias:
-        projected = projected + (self.gate_up_proj_bias if self.has_gate else self.up_proj_bias)[experts]
-    projected = self._apply_gate(projected) if self.has_gate else self.act_fn(projected)
-    projected = torch.bmm(projected.unsqueeze(1), down[experts]).squeeze(1)  # [pairs, hidden]
-    if self.has_bias:
-        projected = projected + self.down_proj_bias[experts]
-    if self.has_post_expert_norm:
-        projected = self.post_expert_norm(projected)
-    weighted = projected * top_k_weights.reshape(-1).unsqueeze(-1)
+    projected = _through_experts(self, pairs, up[experts], down[experts], lambda bias: bias[experts].unsqueeze(1))
+    weighted = projected.squeeze(1) * top_k_weights.reshape(-1).unsqueeze(-1)  # [pairs, hidden]
     return weighted.view(tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
 
 
@@ -114,17 +106,30 @@ def _every_expert(
     experts = torch.arange(self.num_experts, device=hidden_states.device)
     chose = (top_k_index.unsqueeze(-1) == experts).float()  # [tokens, k, experts]; no scatter: TensorRT has no add
     routing = (chose * top_k_weights.float().unsqueeze(-1)).sum(dim=1)  # [tokens, experts]
-    projected = hidden_states.unsqueeze(0) @ up  # [experts, tokens, out]
-    if self.has_bias:
-        projected = projected + (self.gate_up_proj_bias if self.has_gate else self.up_proj_bias).unsqueeze(1)
-    projected = self._apply_gate(projected) if self.has_gate else self.act_fn(projected)
-    projected = projected @ down  # [experts, tokens, hidden]
-    if self.has_bias:
-        projected = projected + self.down_proj_bias.unsqueeze(1)
-    if self.has_post_expert_norm:
-        projected = self.post_expert_norm(projected)
+    projected = _through_experts(self, hidden_states.unsqueeze(0), up, down, lambda bias: bias.unsqueeze(1))
     weighted = projected.float() * routing.transpose(0, 1).unsqueeze(-1)
     return weighted.sum(dim=0).to(hidden_states.dtype)
+
+
+def _through_experts(
+    self: StackedExperts,
+    x: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    biases: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """x [n, rows, hidden] through n experts' [in, out] weights `up` and `down` (each expert's MLP, as the
+    family's own kernels compute it) → [n, rows, hidden]; `biases` shapes a stacked bias [experts, out] to add."""
+    projected = x @ up
+    if self.has_bias:
+        projected = projected + biases(self.gate_up_proj_bias if self.has_gate else self.up_proj_bias)
+    projected = self._apply_gate(projected) if self.has_gate else self.act_fn(projected)
+    projected = projected @ down
+    if self.has_bias:
+        projected = projected + biases(self.down_proj_bias)
+    if self.has_post_expert_norm:
+        projected = self.post_expert_norm(projected)
+    return projected
 
 
 def register_routed_experts() -> str:
